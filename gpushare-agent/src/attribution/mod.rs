@@ -1,0 +1,313 @@
+//! Who a GPU process belongs to.
+//!
+//! The [`Attribution`] table holds every known GPU task: its verified identity (pid + start time),
+//! cgroup id and path, workload, comm and ioctl counts. It is fed by kernel events
+//! ([`Attribution::apply`]), by `/proc` where eBPF cannot serve ([`Attribution::attribute_pid`]),
+//! and corrected by [`Attribution::reconcile`], so a lost ring-buffer event cannot leave it wrong
+//! for longer than one reconcile interval.
+
+pub mod cgroupfs;
+pub mod procinfo;
+pub mod tracker;
+pub mod workload;
+
+use std::collections::BTreeMap;
+
+use gpushare_common::{EventKind, GpuTask, IoctlCounts};
+use log::debug;
+
+pub use self::{
+    cgroupfs::CgroupResolver,
+    procinfo::ProcessIdentity,
+    workload::{WorkloadId, WorkloadKind, parse_cgroup_path},
+};
+use crate::ebpf::{KernelEvent, decode::comm_to_string};
+
+/// How a task came to be known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// An open of an nvidia device node, seen by the eBPF programs.
+    Ebpf,
+    /// Found in the kernel table by reconciliation (its event was lost).
+    Reconciled,
+    /// Found through `/proc` (fallback, or a process that opened the GPU before the agent started).
+    Procfs,
+}
+
+/// One GPU task.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct GpuTaskEntry {
+    /// pid + start time, verified against `/proc` when the task was added.
+    pub identity: ProcessIdentity,
+    /// cgroup v2 id (0 when only the path is known).
+    pub cgroup_id: u64,
+    /// cgroup v2 path, when resolved.
+    pub cgroup_path: Option<String>,
+    /// The workload, when the path is known.
+    pub workload: Option<WorkloadId>,
+    /// comm.
+    pub comm: String,
+    /// ioctls issued (all kinds), summed over CPUs.
+    pub ioctls: u64,
+    /// RM allocation ioctls.
+    pub alloc_ioctls: u64,
+    /// Allocation events received (after the kernel's rate limit).
+    pub alloc_events: u64,
+    /// How the task was found.
+    pub source: Source,
+}
+
+/// What applying an event changed; the caller reacts (e.g. re-samples on `AllocHint`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// A new GPU task.
+    Added(u32),
+    /// A GPU task exited.
+    Removed(u32),
+    /// A GPU task's memory may have grown.
+    AllocHint(u32),
+    /// Comm or cgroup changed.
+    Updated(u32),
+    /// Nothing (unknown task, or an identity that failed verification).
+    None,
+}
+
+/// Counters of the attribution layer (exported as metrics).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct AttributionStats {
+    /// Events applied, by kind name.
+    pub events: BTreeMap<&'static str, u64>,
+    /// Events whose pid failed identity verification (exited already, or pid reused).
+    pub identity_rejected: u64,
+    /// Tasks removed by reconciliation (their exit event was lost or never sent).
+    pub reconciled_removed: u64,
+    /// Tasks added by reconciliation (their open event was lost).
+    pub reconciled_added: u64,
+    /// Tasks added from `/proc`.
+    pub procfs_added: u64,
+}
+
+/// The GPU task table.
+pub struct Attribution {
+    tasks: BTreeMap<u32, GpuTaskEntry>,
+    resolver: CgroupResolver,
+    stats: AttributionStats,
+}
+
+impl Attribution {
+    /// An empty table resolving cgroups with `resolver`.
+    pub fn new(resolver: CgroupResolver) -> Self {
+        Self {
+            tasks: BTreeMap::new(),
+            resolver,
+            stats: AttributionStats::default(),
+        }
+    }
+
+    /// The task with this pid.
+    pub fn get(&self, pid: u32) -> Option<&GpuTaskEntry> {
+        self.tasks.get(&pid)
+    }
+
+    /// All tasks, by pid.
+    pub fn tasks(&self) -> impl Iterator<Item = &GpuTaskEntry> {
+        self.tasks.values()
+    }
+
+    /// Number of tasks.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &AttributionStats {
+        &self.stats
+    }
+
+    /// The cgroup resolver.
+    pub fn resolver_mut(&mut self) -> &mut CgroupResolver {
+        &mut self.resolver
+    }
+
+    /// Applies one kernel event.
+    pub fn apply(&mut self, ev: &KernelEvent) -> Change {
+        *self.stats.events.entry(ev.kind.name()).or_default() += 1;
+        match ev.kind {
+            EventKind::GpuOpen => {
+                if self.tasks.contains_key(&ev.tgid) {
+                    return Change::None;
+                }
+                match self.verified_entry(
+                    ev.tgid,
+                    ev.cgroup_id,
+                    Some(ev.ktime_boot_ns),
+                    Source::Ebpf,
+                ) {
+                    Some(entry) => {
+                        self.tasks.insert(ev.tgid, entry);
+                        Change::Added(ev.tgid)
+                    }
+                    None => Change::None,
+                }
+            }
+            EventKind::GpuExit => {
+                if self.tasks.remove(&ev.tgid).is_some() {
+                    Change::Removed(ev.tgid)
+                } else {
+                    Change::None
+                }
+            }
+            EventKind::AllocIoctl | EventKind::GpuExec => {
+                let alloc = ev.kind == EventKind::AllocIoctl;
+                let Some(cgroup_id) = self.tasks.get(&ev.tgid).map(|t| t.cgroup_id) else {
+                    // Known to the kernel but not to us (its open event was lost): reconcile.
+                    return Change::None;
+                };
+                if cgroup_id != ev.cgroup_id {
+                    let path = self.resolver.resolve(ev.cgroup_id, Some(ev.tgid));
+                    let t = self.tasks.get_mut(&ev.tgid).expect("checked above");
+                    t.cgroup_id = ev.cgroup_id;
+                    t.workload = path.as_deref().map(parse_cgroup_path);
+                    t.cgroup_path = path;
+                }
+                let t = self.tasks.get_mut(&ev.tgid).expect("checked above");
+                if !ev.comm.is_empty() {
+                    t.comm.clone_from(&ev.comm);
+                }
+                if alloc {
+                    t.alloc_events += 1;
+                    Change::AllocHint(ev.tgid)
+                } else {
+                    Change::Updated(ev.tgid)
+                }
+            }
+        }
+    }
+
+    /// Builds an entry for `pid` after verifying its identity: the process exists, is a process
+    /// (not a thread), and started no later than `seen_boot_ns` (so the pid was not reused since).
+    fn verified_entry(
+        &mut self,
+        pid: u32,
+        cgroup_id: u64,
+        seen_boot_ns: Option<u64>,
+        source: Source,
+    ) -> Option<GpuTaskEntry> {
+        let snap = match procinfo::snapshot(pid) {
+            Ok(s) => s,
+            Err(e) => {
+                self.stats.identity_rejected += 1;
+                debug!("GPU task {pid} not verified: {e:#}");
+                return None;
+            }
+        };
+        if let Some(seen) = seen_boot_ns
+            && snap.start_boot_ns > seen.saturating_add(procinfo::tick_ns())
+        {
+            self.stats.identity_rejected += 1;
+            debug!("GPU task {pid}: pid reused (started after the event)");
+            return None;
+        }
+        let (cgroup_id, path) = if cgroup_id != 0 {
+            (cgroup_id, self.resolver.resolve(cgroup_id, Some(pid)))
+        } else {
+            let path = cgroupfs::cgroup_path_of_pid(pid).ok();
+            let id = path
+                .as_deref()
+                .and_then(|p| self.resolver.id_of(p).ok())
+                .unwrap_or(0);
+            (id, path)
+        };
+        Some(GpuTaskEntry {
+            identity: snap.identity,
+            cgroup_id,
+            workload: path.as_deref().map(parse_cgroup_path),
+            cgroup_path: path,
+            comm: snap.comm,
+            ioctls: 0,
+            alloc_ioctls: 0,
+            alloc_events: 0,
+            source,
+        })
+    }
+
+    /// Attributes a pid reported by NVML that no kernel event announced, through `/proc`
+    /// (the fallback when eBPF cannot load, and for processes that opened the GPU before the agent
+    /// started). Returns the entry when the process exists.
+    pub fn attribute_pid(&mut self, pid: u32) -> Option<&GpuTaskEntry> {
+        if let Some(existing) = self.tasks.get(&pid)
+            && procinfo::is_same_process(existing.identity)
+        {
+            return self.tasks.get(&pid);
+        }
+        let entry = self.verified_entry(pid, 0, None, Source::Procfs)?;
+        self.stats.procfs_added += 1;
+        self.tasks.insert(pid, entry);
+        self.tasks.get(&pid)
+    }
+
+    /// Sets a task's ioctl counts (read from the kernel's per-CPU map).
+    pub fn set_ioctl_counts(&mut self, pid: u32, counts: IoctlCounts) {
+        if let Some(t) = self.tasks.get_mut(&pid) {
+            t.ioctls = counts.calls;
+            t.alloc_ioctls = counts.allocs;
+        }
+    }
+
+    /// Reconciles the table with the kernel's table and `/proc`: drops tasks whose process is gone
+    /// or was replaced (a lost exit), adds kernel-known tasks we missed (a lost open). Returns the
+    /// pids removed from the userspace table, so the caller can clear kernel state for them.
+    pub fn reconcile(&mut self, kernel_tasks: &[(u32, GpuTask)]) -> ReconcileReport {
+        let mut report = ReconcileReport::default();
+        let gone: Vec<u32> = self
+            .tasks
+            .values()
+            .filter(|t| !procinfo::is_same_process(t.identity))
+            .map(|t| t.identity.pid)
+            .collect();
+        for pid in gone {
+            self.tasks.remove(&pid);
+            self.stats.reconciled_removed += 1;
+            report.removed.push(pid);
+        }
+        for (tgid, task) in kernel_tasks {
+            if self.tasks.contains_key(tgid) {
+                continue;
+            }
+            match self.verified_entry(
+                *tgid,
+                task.cgroup_id,
+                Some(task.first_open_boot_ns),
+                Source::Reconciled,
+            ) {
+                Some(mut entry) => {
+                    if entry.comm.is_empty() {
+                        entry.comm = comm_to_string(&task.comm);
+                    }
+                    self.tasks.insert(*tgid, entry);
+                    self.stats.reconciled_added += 1;
+                    report.added.push(*tgid);
+                }
+                None => report.stale_kernel_entries.push(*tgid),
+            }
+        }
+        report
+    }
+}
+
+/// What a reconciliation changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// Tasks dropped from the table (process gone or pid reused).
+    pub removed: Vec<u32>,
+    /// Tasks the kernel knew and the table did not.
+    pub added: Vec<u32>,
+    /// Kernel entries whose process is gone: the caller removes them from the kernel table.
+    pub stale_kernel_entries: Vec<u32>,
+}

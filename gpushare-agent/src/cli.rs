@@ -1,0 +1,100 @@
+//! Command-line flags. Parsing and validation only: nothing here touches the system.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+
+/// gpushare node agent: attributes GPU processes to containers with eBPF and enforces per-container
+/// GPU-memory quotas.
+#[derive(Debug, Parser)]
+#[command(name = "gpushare-agent", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do; running the agent is the default.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Options of the agent itself (used when no subcommand is given).
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the agent (the default).
+    Run(RunArgs),
+}
+
+/// Options of a running agent.
+#[derive(Clone, Debug, Args)]
+pub struct RunArgs {
+    /// How often NVML is sampled, e.g. `1s`, `500ms`.
+    #[arg(long, default_value = "1s", value_parser = parse_duration, global = true)]
+    pub interval: Duration,
+    /// How often the GPU task table is reconciled against /proc and the kernel's table.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, global = true)]
+    pub reconcile_interval: Duration,
+    /// Path of libnvidia-ml to load (default: the system's libnvidia-ml.so.1).
+    #[arg(long, value_name = "PATH", global = true)]
+    pub nvml_lib: Option<PathBuf>,
+    /// Do not load the eBPF programs; attribute GPU processes through /proc only.
+    #[arg(long, global = true)]
+    pub no_ebpf: bool,
+    /// Least time between two allocation events of one GPU task.
+    #[arg(long, default_value = "20ms", value_parser = parse_duration, global = true)]
+    pub alloc_event_min_interval: Duration,
+}
+
+/// Parses `250ms`, `1s`, `1.5s`, `2m`. A bare number is rejected as ambiguous.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("`{s}` has no unit: write it as e.g. `500ms`, `1s` or `2m`"))?;
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}`: `{num}` is not a number"))?;
+    let secs = match unit.trim() {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        other => return Err(format!("`{s}`: unknown unit `{other}` (use ms, s, m or h)")),
+    };
+    if !secs.is_finite() || secs <= 0.0 || secs > 86_400.0 {
+        return Err(format!("`{s}` must be more than 0 and at most 24h"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_need_a_unit_and_a_sane_value() {
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("5").unwrap_err().contains("no unit"));
+        assert!(
+            parse_duration("5parsecs")
+                .unwrap_err()
+                .contains("unknown unit")
+        );
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("1..2s").is_err());
+    }
+
+    #[test]
+    fn default_invocation_runs_the_agent_with_documented_defaults() {
+        let cli = Cli::try_parse_from(["gpushare-agent"]).unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.run.interval, Duration::from_secs(1));
+        assert!(!cli.run.no_ebpf);
+        let cli = Cli::try_parse_from(["gpushare-agent", "--interval", "x"]);
+        assert!(cli.is_err());
+    }
+}

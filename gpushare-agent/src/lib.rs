@@ -1,0 +1,12 @@
+//! gpushare-agent: attributes GPU processes to containers (eBPF, with a /proc fallback), samples
+//! their GPU memory through NVML, and enforces per-workload quotas.
+//!
+//! Data flows one way: kernel events and `/proc` feed [`attribution`]; [`nvml`] samples memory;
+//! [`run`] ties them to the clock and to signals. See `docs/architecture.md`.
+#![deny(missing_docs)]
+
+pub mod attribution;
+pub mod cli;
+pub mod ebpf;
+pub mod nvml;
+pub mod run;

@@ -1,0 +1,224 @@
+//! The attribution pipeline against the real kernel: two cgroups, fake GPU processes opening a
+//! fake nvidia node and issuing ioctls, the eBPF programs and the agent's table.
+
+use std::time::Duration;
+
+use gpushare_agent::{
+    attribution::{CgroupResolver, Change, Source, WorkloadKind, cgroupfs, tracker::Tracker},
+    ebpf::{KernelPrograms, LoadOptions},
+};
+use gpushare_testkit::{FakeDeviceNode, FakeGpuProcess, TestCgroup, require_root, unique};
+
+use crate::util::poll_until;
+
+fn tracker(min_interval_ns: u64) -> Tracker {
+    let opts = LoadOptions {
+        alloc_event_min_interval_ns: min_interval_ns,
+        only: None,
+    };
+    let kernel = KernelPrograms::load(&opts).expect("eBPF programs load (root, BTF)");
+    let root = cgroupfs::find_cgroup2_mount().expect("cgroup2 mounted");
+    Tracker::with_kernel(kernel, CgroupResolver::new(root))
+}
+
+#[test]
+fn ebpf_attributes_gpu_tasks_to_their_cgroups_counts_ioctls_and_forgets_exits() {
+    if !require_root("ebpf_attributes_gpu_tasks") {
+        return;
+    }
+    // Rate limit of 50 ms: a burst of allocations yields one prompt event, not one per call.
+    let mut tracker = tracker(50_000_000);
+    let node = FakeDeviceNode::create(&unique("attr")).unwrap();
+    let cg_a = TestCgroup::create(&unique("a")).unwrap();
+    let cg_b = TestCgroup::create(&unique("b")).unwrap();
+
+    let mut a = FakeGpuProcess::spawn(Some(&cg_a), &[node.path()], &[]).unwrap();
+    let mut b = FakeGpuProcess::spawn(Some(&cg_b), &[node.path()], &[]).unwrap();
+    let (pa, pb) = (a.pid(), b.pid());
+    // A process that never opens a device stays unknown, even in the same cgroup.
+    let bystander = FakeGpuProcess::spawn(Some(&cg_a), &[], &[]).unwrap();
+
+    let seen = poll_until(&mut tracker, Duration::from_secs(5), |t, _| {
+        t.table().get(pa).is_some() && t.table().get(pb).is_some()
+    });
+    assert!(
+        seen.contains(&Change::Added(pa)),
+        "open of A seen: {seen:?}"
+    );
+    assert!(
+        seen.contains(&Change::Added(pb)),
+        "open of B seen: {seen:?}"
+    );
+    assert!(
+        tracker.table().get(bystander.pid()).is_none(),
+        "non-GPU task tracked"
+    );
+
+    for (pid, cg) in [(pa, &cg_a), (pb, &cg_b)] {
+        let t = tracker.table().get(pid).unwrap();
+        assert_eq!(t.identity.pid, pid);
+        assert_eq!(t.cgroup_id, cg.id(), "cgroup id of {pid}");
+        assert_eq!(
+            t.cgroup_path.as_deref(),
+            Some(cg.rel_path()),
+            "cgroup path of {pid}"
+        );
+        let w = t.workload.as_ref().unwrap();
+        assert_eq!(w.kind, WorkloadKind::Cgroup);
+        assert_eq!(w.key(), format!("cgroup://{}", cg.rel_path()));
+        assert_eq!(
+            t.comm, "gpushare-fake-g",
+            "comm is the kernel's 15-byte name"
+        );
+        assert_eq!(t.source, Source::Ebpf);
+    }
+
+    // ioctls: A issues 2000 plain + 20 direct allocations, B 1000 plain + 10 wrapped allocations.
+    a.command("ioctl 2000").unwrap();
+    a.command("alloc 20").unwrap();
+    b.command("ioctl 1000").unwrap();
+    b.command("xfer 10").unwrap();
+    let seen = poll_until(&mut tracker, Duration::from_secs(5), |_, seen| {
+        seen.contains(&Change::AllocHint(pa)) && seen.contains(&Change::AllocHint(pb))
+    });
+    assert!(
+        seen.contains(&Change::AllocHint(pa)),
+        "direct RM_ALLOC reported: {seen:?}"
+    );
+    assert!(
+        seen.contains(&Change::AllocHint(pb)),
+        "wrapped RM_ALLOC reported: {seen:?}"
+    );
+    tracker.refresh_ioctl_counts();
+    let ta = tracker.table().get(pa).unwrap();
+    let tb = tracker.table().get(pb).unwrap();
+    assert_eq!(ta.alloc_ioctls, 20);
+    assert_eq!(tb.alloc_ioctls, 10);
+    // Every ioctl of the task is counted; the runtime may add a handful of its own (e.g. TCGETS).
+    within_a_few_percent(ta.ioctls, 2020);
+    within_a_few_percent(tb.ioctls, 1010);
+    // The burst was rate limited to a few events, not 20.
+    assert!(
+        (1..20).contains(&ta.alloc_events),
+        "alloc events of A: {}",
+        ta.alloc_events
+    );
+
+    // Exit: A ends normally, B is killed. Both are forgotten, and so are their kernel counts.
+    a.finish().unwrap();
+    b.kill();
+    let seen = poll_until(&mut tracker, Duration::from_secs(5), |t, _| {
+        t.table().get(pa).is_none() && t.table().get(pb).is_none()
+    });
+    assert!(
+        seen.contains(&Change::Removed(pa)) && seen.contains(&Change::Removed(pb)),
+        "{seen:?}"
+    );
+    let kernel = tracker.kernel().unwrap();
+    assert!(kernel.ioctl_counts(pa).is_none() && kernel.ioctl_counts(pb).is_none());
+    assert!(!kernel.gpu_tasks().iter().any(|(t, _)| *t == pa || *t == pb));
+    assert_eq!(tracker.kernel_counters().events_lost, 0);
+    drop(bystander);
+}
+
+fn within_a_few_percent(got: u64, want: u64) {
+    let lo = want;
+    let hi = want + want / 20 + 10;
+    assert!(
+        (lo..=hi).contains(&got),
+        "ioctl count {got}, expected {want} (+5%)"
+    );
+}
+
+#[test]
+fn gpu_task_that_moves_cgroup_is_reattributed_on_its_next_allocation() {
+    if !require_root("gpu_task_that_moves_cgroup") {
+        return;
+    }
+    let mut tracker = tracker(0);
+    let node = FakeDeviceNode::create(&unique("move")).unwrap();
+    let from = TestCgroup::create(&unique("from")).unwrap();
+    let to = TestCgroup::create(&unique("to")).unwrap();
+    let mut p = FakeGpuProcess::spawn(Some(&from), &[node.path()], &[]).unwrap();
+    let pid = p.pid();
+    poll_until(&mut tracker, Duration::from_secs(5), |t, _| {
+        t.table().get(pid).is_some()
+    });
+    assert_eq!(
+        tracker.table().get(pid).unwrap().cgroup_path.as_deref(),
+        Some(from.rel_path())
+    );
+    std::fs::write(to.procs_file(), pid.to_string()).unwrap();
+    p.command("alloc 1").unwrap();
+    poll_until(&mut tracker, Duration::from_secs(5), |t, _| {
+        t.table()
+            .get(pid)
+            .and_then(|e| e.cgroup_path.clone())
+            .as_deref()
+            == Some(to.rel_path())
+    });
+    assert_eq!(tracker.table().get(pid).unwrap().cgroup_id, to.id());
+}
+
+#[test]
+fn procfs_fallback_attributes_pids_and_reconcile_forgets_dead_ones() {
+    if !require_root("procfs_fallback") {
+        return;
+    }
+    let root = cgroupfs::find_cgroup2_mount().unwrap();
+    let mut tracker = Tracker::procfs_only(CgroupResolver::new(root), "test".into());
+    let cg = TestCgroup::create(&unique("procfs")).unwrap();
+    let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
+    let pid = p.pid();
+    let entry = tracker
+        .table_mut()
+        .attribute_pid(pid)
+        .cloned()
+        .expect("attributed");
+    assert_eq!(entry.cgroup_path.as_deref(), Some(cg.rel_path()));
+    assert_eq!(entry.cgroup_id, cg.id());
+    assert_eq!(entry.source, Source::Procfs);
+    assert!(tracker.poll().is_empty(), "no kernel events without eBPF");
+    // The process dies with no exit event: reconciliation notices.
+    p.kill();
+    let report = tracker.reconcile();
+    assert_eq!(report.removed, vec![pid]);
+    assert!(tracker.table().get(pid).is_none());
+    assert!(
+        tracker.table_mut().attribute_pid(pid).is_none(),
+        "a dead pid is not attributed"
+    );
+}
+
+#[test]
+fn reconcile_recovers_a_gpu_task_whose_open_event_was_missed() {
+    if !require_root("reconcile_recovers") {
+        return;
+    }
+    let node = FakeDeviceNode::create(&unique("pre")).unwrap();
+    let cg = TestCgroup::create(&unique("pre")).unwrap();
+    // Started before the agent: no open event will ever arrive for it.
+    let p = FakeGpuProcess::spawn(Some(&cg), &[node.path()], &[]).unwrap();
+    let mut tracker = tracker(0);
+    // Found at start by the /proc fd scan, and put in the kernel table so ioctls count.
+    let t = tracker
+        .table()
+        .get(p.pid())
+        .expect("bootstrapped from /proc");
+    assert_eq!(t.cgroup_path.as_deref(), Some(cg.rel_path()));
+    assert!(
+        tracker
+            .kernel()
+            .unwrap()
+            .gpu_tasks()
+            .iter()
+            .any(|(pid, _)| *pid == p.pid())
+    );
+    let pid = p.pid();
+    p.kill();
+    // Its exit event is delivered (it is in the kernel table now).
+    poll_until(&mut tracker, Duration::from_secs(5), |t, _| {
+        t.table().get(pid).is_none()
+    });
+    assert!(tracker.table().get(pid).is_none());
+}

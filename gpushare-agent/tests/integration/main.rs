@@ -1,0 +1,5 @@
+//! Integration tests on the real kernel: real eBPF programs, cgroups, processes.
+//! One target (one link step), one module per area.
+
+mod attribution;
+mod util;

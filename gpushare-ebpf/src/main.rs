@@ -1,0 +1,24 @@
+//! gpushare's eBPF programs.
+//!
+//! They keep a table of GPU tasks (`GPU_TASKS`: tgid -> cgroup id, first-open time, comm) and tell the
+//! agent through the `EVENTS` ring buffer when a task becomes a GPU task, execs, exits, or issues an
+//! RM allocation ioctl. Every other task pays one hash lookup per exec/exit/ioctl, a short user-string
+//! read per open, and never writes to the ring buffer.
+//!
+//! Submits use `BPF_RB_NO_WAKEUP`; the agent drains on a short timer. Only events that need a prompt
+//! answer (a new GPU task, an allocation) force a wakeup.
+#![no_std]
+#![no_main]
+
+mod maps;
+mod probes;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,5 @@
+//! One file per domain: process lifetime, nvidia device opens, ioctls.
+
+mod ioctl;
+mod open;
+mod process;

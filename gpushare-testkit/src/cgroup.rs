@@ -1,0 +1,109 @@
+//! Real cgroup v2 groups for tests, removed on drop (processes killed first).
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+
+/// Parent of every test group, under the v2 root.
+pub const TEST_PARENT: &str = "gpushare-test";
+
+/// The cgroup v2 mount point: `/sys/fs/cgroup/unified` on hybrid systems, `/sys/fs/cgroup` on pure v2.
+pub fn v2_root() -> Result<PathBuf> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
+    let mut found: Vec<PathBuf> = mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            (right.split_whitespace().next()? == "cgroup2").then_some(())?;
+            let mut f = left.split_whitespace();
+            let root = f.nth(3)?;
+            let point = f.next()?;
+            (root == "/").then(|| PathBuf::from(point))
+        })
+        .collect();
+    found.sort_by_key(|p| p.as_os_str().len());
+    found
+        .into_iter()
+        .next()
+        .context("no cgroup2 hierarchy mounted")
+}
+
+/// A cgroup v2 group created for one test.
+pub struct TestCgroup {
+    dir: PathBuf,
+    rel: String,
+}
+
+impl TestCgroup {
+    /// Creates `<v2 root>/gpushare-test/<name>`.
+    pub fn create(name: &str) -> Result<Self> {
+        let root = v2_root()?;
+        Self::create_at(&root, &format!("{TEST_PARENT}/{name}"))
+    }
+
+    /// Creates `<root>/<rel>` (parents included).
+    pub fn create_at(root: &Path, rel: &str) -> Result<Self> {
+        let dir = root.join(rel);
+        fs::create_dir_all(&dir).with_context(|| format!("creating cgroup {}", dir.display()))?;
+        Ok(Self {
+            dir,
+            rel: format!("/{}", rel.trim_matches('/')),
+        })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The path as `/proc/<pid>/cgroup` spells it, e.g. `/gpushare-test/a-1-0`.
+    pub fn rel_path(&self) -> &str {
+        &self.rel
+    }
+
+    /// The cgroup id (directory inode).
+    pub fn id(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(&self.dir).map(|m| m.ino()).unwrap_or(0)
+    }
+
+    /// The `cgroup.procs` file (write a pid, or `0` for the writer, to move it here).
+    pub fn procs_file(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
+    /// Pids in the group.
+    pub fn pids(&self) -> Vec<u32> {
+        fs::read_to_string(self.procs_file())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Whether the kernel reports the group frozen (`cgroup.events`: `frozen 1`).
+    pub fn is_frozen(&self) -> bool {
+        fs::read_to_string(self.dir.join("cgroup.events"))
+            .map(|s| s.lines().any(|l| l.trim() == "frozen 1"))
+            .unwrap_or(false)
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let _ = fs::write(self.dir.join("cgroup.freeze"), "0");
+        if fs::write(self.dir.join("cgroup.kill"), "1").is_err() {
+            for pid in self.pids() {
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while fs::remove_dir(&self.dir).is_err() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! Test support for gpushare: real cgroups, fake nvidia device nodes and fake GPU processes.
+//!
+//! Every fixture cleans up on drop, so a failing test leaves nothing behind.
+#![deny(missing_docs)]
+
+pub mod cgroup;
+pub mod device;
+pub mod process;
+
+pub use cgroup::TestCgroup;
+pub use device::FakeDeviceNode;
+pub use process::FakeGpuProcess;
+
+use std::path::PathBuf;
+
+/// Whether the test runs as root. When not, prints a loud SKIPPED line; with
+/// `GPUSHARE_REQUIRE_ROOT=1` (set by CI) it panics instead, so CI cannot skip silently.
+pub fn require_root(test: &str) -> bool {
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var("GPUSHARE_REQUIRE_ROOT").as_deref() == Ok("1") {
+        panic!("{test} needs root and GPUSHARE_REQUIRE_ROOT=1 is set");
+    }
+    eprintln!(
+        "\n!!! SKIPPED {test}: needs root (eBPF, cgroups, mknod). Run the tests as root. !!!\n"
+    );
+    false
+}
+
+/// Directory holding the workspace's built binaries (the test executable's `target/<profile>`).
+pub fn target_profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test> -> target/<profile>
+    let mut dir = exe.parent().expect("exe dir").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir
+}
+
+/// Path of a binary of this workspace, built by `cargo build` (or `cargo xtask test`).
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let path = target_profile_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is not built; run `cargo build` first (`cargo xtask test` does)",
+        path.display()
+    );
+    path
+}
+
+/// A unique suffix for names of test objects: pid and a counter.
+pub fn unique(name: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}

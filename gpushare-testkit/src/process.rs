@@ -1,0 +1,107 @@
+//! Fake GPU processes (the `gpushare-fake-gpu-proc` binary), driven through stdin.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    os::unix::process::CommandExt,
+    path::Path,
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{TestCgroup, workspace_bin};
+
+/// A running fake GPU process; killed on drop.
+pub struct FakeGpuProcess {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    pid: u32,
+}
+
+impl FakeGpuProcess {
+    /// Starts the fake process in `cgroup` (moved there before exec), opening `devices`.
+    pub fn spawn(
+        cgroup: Option<&TestCgroup>,
+        devices: &[&Path],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
+        let mut cmd = Command::new(workspace_bin("gpushare-fake-gpu-proc"));
+        for d in devices {
+            cmd.arg("--device").arg(d);
+        }
+        cmd.envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        if let Some(cg) = cgroup {
+            let procs = std::ffi::CString::new(cg.procs_file().as_os_str().as_encoded_bytes())?;
+            // SAFETY: only async-signal-safe calls (open, write, close) between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+                    libc::close(fd);
+                    if n != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().context("spawning gpushare-fake-gpu-proc")?;
+        let stdin = child.stdin.take();
+        let mut stdout = BufReader::new(child.stdout.take().context("stdout")?);
+        let mut line = String::new();
+        stdout.read_line(&mut line)?;
+        let pid = line
+            .strip_prefix("ready ")
+            .and_then(|p| p.trim().parse().ok())
+            .with_context(|| format!("fake-gpu-proc did not start: {line:?}"))?;
+        Ok(Self {
+            child,
+            stdin,
+            stdout,
+            pid,
+        })
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Sends one command and waits for `ok`.
+    pub fn command(&mut self, cmd: &str) -> Result<()> {
+        let stdin = self.stdin.as_mut().context("stdin closed")?;
+        writeln!(stdin, "{cmd}")?;
+        stdin.flush()?;
+        let mut line = String::new();
+        self.stdout.read_line(&mut line)?;
+        if line.trim() != "ok" {
+            bail!("fake-gpu-proc answered {line:?} to {cmd:?}");
+        }
+        Ok(())
+    }
+
+    /// Closes stdin (the process exits 0) and waits.
+    pub fn finish(mut self) -> Result<std::process::ExitStatus> {
+        drop(self.stdin.take());
+        Ok(self.child.wait()?)
+    }
+
+    /// Kills it with SIGKILL and reaps it.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for FakeGpuProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

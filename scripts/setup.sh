@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# gpushare: idempotent setup of a fresh machine (Debian bookworm, root, kernel with BTF).
+# Quiet when everything is already in place; one line per thing it installs.
+# Usage: scripts/setup.sh [--check]   (--check: exit 1 if something is missing, install nothing)
+set -euo pipefail
+
+CHECK_ONLY=0
+[[ "${1:-}" == "--check" ]] && CHECK_ONLY=1
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+missing=()
+say() { echo "gpushare setup: $*" >&2; }
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+
+# 1. nightly toolchain + rust-src (the eBPF crate is built with -Z build-std=core)
+if ! rustup toolchain list | grep -q '^nightly'; then missing+=("rust nightly toolchain"); fi
+if ! rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src'; then
+  missing+=("rust-src for nightly")
+fi
+
+# 2. llvm-N-dev matching the nightly's LLVM major, bpf-linker built against it
+LLVM_MAJOR=""
+if rustup toolchain list | grep -q '^nightly'; then
+  LLVM_MAJOR="$(rustc +nightly -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')"
+fi
+APT_PKGS=()
+[[ -n "$LLVM_MAJOR" ]] && APT_PKGS+=("llvm-${LLVM_MAJOR}-dev" "libpolly-${LLVM_MAJOR}-dev")
+# tests: C ABI check (gcc), python venv, prometheus/promtool, docker engine, busybox for container images
+APT_PKGS+=(gcc python3-venv prometheus docker.io busybox-static systemd jq)
+apt_missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || apt_missing+=("$p")
+done
+((${#apt_missing[@]})) && missing+=("apt: ${apt_missing[*]}")
+
+bpf_linker_ok=0
+if command -v bpf-linker >/dev/null 2>&1 && [[ -n "$LLVM_MAJOR" ]]; then
+  # cargo records the features bpf-linker was installed with; llvm-N must match the nightly's LLVM.
+  if python3 - "$LLVM_MAJOR" <<'PY' 2>/dev/null; then bpf_linker_ok=1; fi
+import json, os, sys
+d = json.load(open(os.path.join(os.environ.get("CARGO_HOME", os.path.expanduser("~/.cargo")), ".crates2.json")))
+ok = any(k.startswith("bpf-linker ") and "llvm-" + sys.argv[1] in v.get("features", [])
+         for k, v in d.get("installs", {}).items())
+sys.exit(0 if ok else 1)
+PY
+fi
+((bpf_linker_ok)) || missing+=("bpf-linker for LLVM ${LLVM_MAJOR:-?}")
+
+tracefs_ok=1
+mountpoint -q /sys/kernel/tracing 2>/dev/null || tracefs_ok=0
+((tracefs_ok)) || missing+=("tracefs mount")
+
+VENV="$ROOT/target/pyenv"
+venv_ok=0
+[[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c 'import pynvml, nvitop' 2>/dev/null \
+  && [[ -f "$VENV/nvml-header/nvml.h" ]] && venv_ok=1
+((venv_ok)) || missing+=("python venv (nvidia-ml-py, nvitop, nvml.h)")
+
+if ((${#missing[@]} == 0)); then exit 0; fi
+if ((CHECK_ONLY)); then
+  printf 'gpushare setup: missing: %s\n' "${missing[@]}" >&2
+  exit 1
+fi
+
+if ! rustup toolchain list | grep -q '^nightly'; then
+  say "installing rust nightly toolchain"; rustup toolchain install nightly --profile minimal >/dev/null
+  LLVM_MAJOR="$(rustc +nightly -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')"
+fi
+if ! rustup component list --toolchain nightly --installed | grep -q '^rust-src'; then
+  say "installing rust-src for nightly"; rustup component add rust-src --toolchain nightly >/dev/null 2>&1
+fi
+if ((${#apt_missing[@]})); then
+  say "installing apt packages: ${apt_missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq >/dev/null
+  $SUDO apt-get install -y -qq --no-install-recommends "${apt_missing[@]}" >/dev/null
+  # Debian starts prometheus as a service on install; tests start their own.
+  $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi
+if ((bpf_linker_ok == 0)); then
+  say "building bpf-linker against LLVM ${LLVM_MAJOR} (about a minute)"
+  LLVM_PREFIX="/usr/lib/llvm-${LLVM_MAJOR}" cargo install --quiet --force bpf-linker \
+    --no-default-features --features "llvm-${LLVM_MAJOR}" >/dev/null
+fi
+if ((tracefs_ok == 0)); then
+  say "mounting tracefs at /sys/kernel/tracing"
+  $SUDO mount -t tracefs nodev /sys/kernel/tracing
+fi
+if ((venv_ok == 0)); then
+  say "creating python venv at target/pyenv (nvidia-ml-py, nvitop, nvidia-nvml-dev)"
+  mkdir -p "$ROOT/target"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check nvidia-ml-py nvitop nvidia-nvml-dev
+  hdr="$(find "$VENV" -name nvml.h | head -n1)"
+  [[ -n "$hdr" ]] || { say "nvidia-nvml-dev did not ship nvml.h"; exit 1; }
+  mkdir -p "$VENV/nvml-header" && cp "$hdr" "$VENV/nvml-header/nvml.h"
+fi
+exit 0
