@@ -9,4 +9,7 @@ pub mod attribution;
 pub mod cli;
 pub mod ebpf;
 pub mod nvml;
+pub mod policy;
+pub mod quota;
 pub mod run;
+pub mod sample;

@@ -1,1 +1,200 @@
-fn main() {}
+//! `cargo xtask`: what cargo cannot do alone: set up a fresh machine, run the agent as root, run the
+//! whole test suite (lints included) the way CI does, and run the benchmarks.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "gpushare developer commands")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what the project needs (apt packages, rust-src, bpf-linker, tracefs, test venv).
+    Setup,
+    /// Build and run the agent as root with its defaults; extra arguments go to the agent.
+    Run {
+        /// Arguments for gpushare-agent, after `--`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Everything CI checks: fmt, clippy (host crates and the eBPF crate), and all tests.
+    Test {
+        /// Skip fmt and clippy.
+        #[arg(long)]
+        no_lint: bool,
+        /// Extra arguments for `cargo test` (e.g. a test name filter), after `--`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run the benchmarks and print their tables.
+    Bench,
+    /// Build the mock libnvidia-ml and install it as target/fake-nvml/libnvidia-ml.so.1.
+    FakeNvml,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let root = workspace_root();
+    match cli.command {
+        Cmd::Setup => setup(&root, false),
+        Cmd::Run { args } => {
+            setup(&root, true)?;
+            cargo(&root, &["build", "--release", "-p", "gpushare-agent"])?;
+            let bin = root.join("target/release/gpushare-agent");
+            let mut cmd = as_root(&bin);
+            cmd.args(&args);
+            eprintln!("xtask: running {} {}", bin.display(), args.join(" "));
+            let status = cmd.status().context("starting gpushare-agent")?;
+            if !status.success() {
+                bail!("gpushare-agent exited with {status}");
+            }
+            Ok(())
+        }
+        Cmd::Test { no_lint, args } => {
+            setup(&root, true)?;
+            if !no_lint {
+                step("cargo fmt --check");
+                cargo(&root, &["fmt", "--all", "--check"])?;
+                step("clippy (host crates)");
+                cargo(&root, &["clippy", "--all-targets", "--", "-D", "warnings"])?;
+                step("clippy (eBPF crate, nightly, bpfel)");
+                clippy_ebpf(&root)?;
+            }
+            step("build");
+            cargo(&root, &["build"])?;
+            install_fake_nvml(&root)?;
+            step("tests");
+            let mut test = vec!["test", "--no-fail-fast"];
+            test.extend(args.iter().map(String::as_str));
+            let mut cmd = Command::new("cargo");
+            cmd.current_dir(&root).args(&test);
+            if is_root() {
+                // Tests that need root must not skip quietly where root is available.
+                cmd.env("GPUSHARE_REQUIRE_ROOT", "1");
+            }
+            cmd.env("GPUSHARE_REQUIRE_PYENV", "1");
+            check(cmd.status().context("running cargo test")?, "cargo test")
+        }
+        Cmd::Bench => {
+            setup(&root, true)?;
+            cargo(&root, &["build", "--release"])?;
+            install_fake_nvml_profile(&root, "release")?;
+            let mut cmd = as_root_cargo(&root);
+            cmd.args(["bench", "-p", "gpushare-agent", "--bench", "overhead"]);
+            check(cmd.status()?, "overhead bench")?;
+            let mut cmd = Command::new("cargo");
+            cmd.current_dir(&root).args(["bench", "-p", "gpushare-fake-nvml", "--bench", "sample"]);
+            check(cmd.status()?, "NVML sample bench")
+        }
+        Cmd::FakeNvml => {
+            cargo(&root, &["build", "-p", "gpushare-fake-nvml"])?;
+            install_fake_nvml(&root).map(|_| ())
+        }
+    }
+}
+
+fn step(name: &str) {
+    eprintln!("xtask: == {name}");
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask is in the workspace").to_path_buf()
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
+fn as_root(bin: &Path) -> Command {
+    if is_root() {
+        Command::new(bin)
+    } else {
+        let mut c = Command::new("sudo");
+        c.arg("-E").arg(bin);
+        c
+    }
+}
+
+fn as_root_cargo(root: &Path) -> Command {
+    let mut c = if is_root() {
+        Command::new("cargo")
+    } else {
+        let mut c = Command::new("sudo");
+        c.args(["-E", "cargo"]);
+        c
+    };
+    c.current_dir(root);
+    c
+}
+
+/// Runs scripts/setup.sh; with `only_if_missing`, first asks it whether anything is missing.
+fn setup(root: &Path, only_if_missing: bool) -> Result<()> {
+    let script = root.join("scripts/setup.sh");
+    if only_if_missing {
+        let ok = Command::new("bash").arg(&script).arg("--check").stderr(std::process::Stdio::null()).status()?;
+        if ok.success() {
+            return Ok(());
+        }
+        eprintln!("xtask: this machine is missing some of what gpushare needs; running scripts/setup.sh");
+    }
+    check(Command::new("bash").arg(&script).status().context("running scripts/setup.sh")?, "setup")
+}
+
+fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+    let status = Command::new("cargo").current_dir(root).args(args).status()?;
+    check(status, &format!("cargo {}", args.join(" ")))
+}
+
+fn check(status: std::process::ExitStatus, what: &str) -> Result<()> {
+    if status.success() { Ok(()) } else { bail!("{what} failed ({status})") }
+}
+
+fn clippy_ebpf(root: &Path) -> Result<()> {
+    let status = Command::new("cargo")
+        .current_dir(root.join("gpushare-ebpf"))
+        .args([
+            "+nightly", "clippy", "-p", "gpushare-ebpf", "--target", "bpfel-unknown-none", "-Z",
+            "build-std=core", "--release", "--", "-D", "warnings",
+        ])
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .status()?;
+    check(status, "clippy of gpushare-ebpf")
+}
+
+fn install_fake_nvml(root: &Path) -> Result<PathBuf> {
+    install_fake_nvml_profile(root, "debug")
+}
+
+/// Copies the built mock to target/fake-nvml/libnvidia-ml.so.1 (+ libnvidia-ml.so link).
+fn install_fake_nvml_profile(root: &Path, profile: &str) -> Result<PathBuf> {
+    let built = root.join(format!("target/{profile}/libgpushare_fake_nvml.so"));
+    let dir = root.join("target/fake-nvml");
+    let installer = root.join(format!("target/{profile}/gpushare-fake-nvml-install"));
+    let status = Command::new(&installer)
+        .arg("--from")
+        .arg(&built)
+        .arg("--to")
+        .arg(&dir)
+        .status()
+        .with_context(|| format!("running {}", installer.display()))?;
+    check(status, "installing the mock libnvidia-ml")?;
+    Ok(dir.join("libnvidia-ml.so.1"))
+}

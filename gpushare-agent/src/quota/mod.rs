@@ -1,0 +1,1 @@
+//! Quotas: files, environment, matching. (in progress)
