@@ -31,7 +31,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         only: None,
     };
     let mut tracker = Tracker::start(&load, args.no_ebpf)?;
-    let _nvml = nvml::open(args.nvml_lib.as_deref());
+    let mut sampler = nvml::NvmlSampler::open(args.nvml_lib.as_deref());
+    let mut last_sample = None;
 
     let events_fd: Option<AsyncFd<OwnedFd>> = match tracker.kernel() {
         Some(k) => {
@@ -73,15 +74,65 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 let changes = tracker.poll();
                 log_changes(&tracker, changes);
             }
-            _ = sample.tick() => tracker.refresh_ioctl_counts(),
+            _ = sample.tick() => {
+                tracker.refresh_ioctl_counts();
+                let s = sampler.sample();
+                attribute_sampled_pids(&mut tracker, &s);
+                log_sample(&tracker, &s);
+                last_sample = Some(s);
+            }
             _ = reconcile.tick() => { tracker.reconcile(); }
         }
     }
     info!("shutting down: detaching eBPF programs");
     drop(events_fd);
     drop(tracker);
+    drop(last_sample);
     info!("stopped");
     Ok(())
+}
+
+/// Pids NVML reports that no kernel event announced (eBPF unavailable, or started before the
+/// agent) are attributed through /proc.
+fn attribute_sampled_pids(tracker: &mut Tracker, sample: &crate::sample::GpuSample) {
+    for p in &sample.processes {
+        if tracker.table().get(p.pid).is_none() && tracker.table_mut().attribute_pid(p.pid).is_some() {
+            if let Some(t) = tracker.table().get(p.pid) {
+                info!(
+                    "GPU process {} ({}) reported by NVML on GPU {}: cgroup {}",
+                    p.pid,
+                    t.comm,
+                    p.device_index,
+                    t.cgroup_path.as_deref().unwrap_or("?")
+                );
+            }
+        }
+    }
+}
+
+/// At debug level, one line per GPU and per process of each sample (the GPU smoke test reads them).
+fn log_sample(tracker: &Tracker, sample: &crate::sample::GpuSample) {
+    if !log::log_enabled!(log::Level::Debug) {
+        return;
+    }
+    for d in &sample.devices {
+        log::debug!(
+            "sample: GPU {} {} \"{}\" total {} used {} free {} bytes",
+            d.index, d.uuid, d.name, d.memory_total, d.memory_used, d.memory_free
+        );
+    }
+    for p in &sample.processes {
+        let t = tracker.table().get(p.pid);
+        log::debug!(
+            "sample: GPU {} pid {} comm {} used {} bytes cgroup {} workload {}",
+            p.device_index,
+            p.pid,
+            t.map(|t| t.comm.as_str()).unwrap_or("?"),
+            p.used_bytes.map(|b| b.to_string()).unwrap_or_else(|| "n/a".into()),
+            t.and_then(|t| t.cgroup_path.as_deref()).unwrap_or("?"),
+            t.and_then(|t| t.workload.as_ref()).map(|w| w.key()).unwrap_or_else(|| "?".into()),
+        );
+    }
 }
 
 async fn readable(
@@ -111,7 +162,7 @@ fn log_changes(tracker: &Tracker, changes: Vec<Change>) {
                 }
             }
             Change::Removed(pid) => info!("GPU task {pid} exited"),
-            Change::AllocHint(pid) => log::debug!("GPU task {pid} issued an allocation ioctl"),
+            Change::AllocHint(pid) => log::debug!("GPU task {pid} issued an allocation ioctl (RM_ALLOC)"),
             Change::Updated(_) | Change::None => {}
         }
     }

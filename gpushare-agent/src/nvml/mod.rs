@@ -1,44 +1,249 @@
-//! GPU memory from NVML (nvml-wrapper), one session for the agent's lifetime.
+//! GPU memory from NVML (nvml-wrapper), one NVML session for the agent's lifetime.
+//!
+//! [`NvmlSampler::sample`] never fails: a missing driver, a lost GPU or any NVML error makes the
+//! affected device *degraded* in the returned [`GpuSample`] (the policy never enforces on it),
+//! is counted per NVML call, and is logged once per change.
 
-use std::path::Path;
+pub mod merge;
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
 
 use log::{info, warn};
-use nvml_wrapper::Nvml;
+use nvml_wrapper::{Device, Nvml, enums::device::UsedGpuMemory, error::NvmlError};
 
-/// Whether NVML is usable, and why not.
-pub enum NvmlStatus {
+use self::merge::{Distrust, RawProcess, merge_device_processes};
+use crate::sample::{DeviceHealth, DeviceSample, GpuSample, ProcessSample};
+
+/// How often initialisation is retried while no driver is found.
+const INIT_RETRY: Duration = Duration::from_secs(30);
+/// Attempts at a process list that keeps growing between NVML's two calls.
+const LIST_ATTEMPTS: usize = 4;
+
+/// Whether NVML is usable.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum DriverStatus {
     /// Initialised.
-    Ready(Box<Nvml>),
-    /// No driver (library missing, or driver not loaded): the agent keeps attributing.
-    NoDriver(String),
+    Ready {
+        /// Driver version string.
+        driver_version: String,
+    },
+    /// No driver (library missing, or driver not loaded).
+    NoDriver {
+        /// Why.
+        reason: String,
+    },
 }
 
-/// Opens NVML from `lib` (or the system's libnvidia-ml.so.1). Never fails: a missing driver is a
-/// state the agent runs in, reported once, plainly.
-pub fn open(lib: Option<&Path>) -> NvmlStatus {
-    let mut builder = Nvml::builder();
-    if let Some(lib) = lib {
-        builder.lib_path(lib.as_os_str());
+/// Samples every GPU through one NVML session.
+pub struct NvmlSampler {
+    lib: Option<PathBuf>,
+    nvml: Option<Nvml>,
+    status: DriverStatus,
+    last_init_attempt: Instant,
+    errors: BTreeMap<&'static str, u64>,
+    distrusted: BTreeMap<&'static str, u64>,
+    list_retries: u64,
+    last_problem: BTreeMap<String, String>,
+}
+
+impl NvmlSampler {
+    /// Opens NVML from `lib` (or the system's libnvidia-ml.so.1). Never fails: without a driver
+    /// the sampler reports "no NVIDIA driver" and retries now and then.
+    pub fn open(lib: Option<&Path>) -> Self {
+        let mut s = Self {
+            lib: lib.map(Path::to_path_buf),
+            nvml: None,
+            status: DriverStatus::NoDriver { reason: "not initialised".into() },
+            last_init_attempt: Instant::now(),
+            errors: BTreeMap::new(),
+            distrusted: BTreeMap::new(),
+            list_retries: 0,
+            last_problem: BTreeMap::new(),
+        };
+        s.try_init(true);
+        s
     }
-    match builder.init() {
-        Ok(nvml) => {
-            let driver = nvml
-                .sys_driver_version()
-                .unwrap_or_else(|_| "unknown".into());
-            let count = nvml.device_count().unwrap_or(0);
-            info!("NVML ready: driver {driver}, {count} GPU(s)");
-            NvmlStatus::Ready(Box::new(nvml))
+
+    fn try_init(&mut self, first: bool) {
+        self.last_init_attempt = Instant::now();
+        let mut builder = Nvml::builder();
+        if let Some(lib) = &self.lib {
+            builder.lib_path(lib.as_os_str());
         }
-        Err(e) => {
-            let which = lib
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|| "libnvidia-ml.so.1".into());
-            let reason = format!("{which}: {e}");
-            warn!(
-                "no NVIDIA driver found ({reason}); GPU memory is not sampled and no quota is \
-                 enforced, GPU processes are still attributed to their containers"
-            );
-            NvmlStatus::NoDriver(reason)
+        match builder.init() {
+            Ok(nvml) => {
+                let driver_version = nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
+                let count = nvml.device_count().unwrap_or(0);
+                info!("NVML ready: driver {driver_version}, {count} GPU(s)");
+                self.status = DriverStatus::Ready { driver_version };
+                self.nvml = Some(nvml);
+            }
+            Err(e) => {
+                let which = self.lib.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "libnvidia-ml.so.1".into());
+                let reason = format!("{which}: {e}");
+                if first {
+                    warn!(
+                        "no NVIDIA driver found ({reason}); GPU memory is not sampled and no quota \
+                         is enforced, GPU processes are still attributed to their containers"
+                    );
+                }
+                self.status = DriverStatus::NoDriver { reason };
+            }
         }
     }
+
+    /// The driver's state.
+    pub fn status(&self) -> &DriverStatus {
+        &self.status
+    }
+
+    /// NVML errors so far, per call name (e.g. `nvmlDeviceGetMemoryInfo_v2`).
+    pub fn errors(&self) -> &BTreeMap<&'static str, u64> {
+        &self.errors
+    }
+
+    /// Distrusted process records so far, per reason.
+    pub fn distrusted(&self) -> &BTreeMap<&'static str, u64> {
+        &self.distrusted
+    }
+
+    /// Times a process list grew between NVML's two calls and was read again.
+    pub fn list_retries(&self) -> u64 {
+        self.list_retries
+    }
+
+    /// Reads every GPU now.
+    pub fn sample(&mut self) -> GpuSample {
+        let mut sample = GpuSample { taken_at: Some(Instant::now()), devices: Vec::new(), health: Vec::new(), processes: Vec::new() };
+        if self.nvml.is_none() && self.last_init_attempt.elapsed() >= INIT_RETRY {
+            self.try_init(false);
+        }
+        let Some(nvml) = self.nvml.take() else { return sample };
+        match nvml.device_count() {
+            Ok(count) => {
+                self.recovered("count");
+                for index in 0..count {
+                    let health = match self.sample_device(&nvml, index, &mut sample) {
+                        Ok(()) => {
+                            self.recovered(&format!("device {index}"));
+                            DeviceHealth::Ok
+                        }
+                        Err(reason) => {
+                            self.problem(format!("device {index}"), &reason);
+                            DeviceHealth::Degraded { reason }
+                        }
+                    };
+                    sample.health.push((index, health));
+                }
+            }
+            Err(e) => {
+                self.count_error("nvmlDeviceGetCount_v2");
+                self.problem("count".into(), &format!("nvmlDeviceGetCount_v2: {e}"));
+            }
+        }
+        self.nvml = Some(nvml);
+        sample
+    }
+
+    fn sample_device(&mut self, nvml: &Nvml, index: u32, sample: &mut GpuSample) -> Result<(), String> {
+        let dev = nvml.device_by_index(index).map_err(|e| self.fail("nvmlDeviceGetHandleByIndex_v2", e))?;
+        let uuid = dev.uuid().map_err(|e| self.fail("nvmlDeviceGetUUID", e))?;
+        let name = dev.name().unwrap_or_else(|e| {
+            self.count_error("nvmlDeviceGetName");
+            format!("unknown ({e})")
+        });
+        let mem = dev.memory_info().map_err(|e| self.fail("nvmlDeviceGetMemoryInfo_v2", e))?;
+        // Device data is recorded even when the process lists fail, so metrics still show it.
+        sample.devices.push(DeviceSample {
+            index,
+            uuid: uuid.clone(),
+            name,
+            memory_total: mem.total,
+            memory_used: mem.used,
+            memory_free: mem.free,
+            memory_reserved: mem.reserved,
+        });
+        let compute = self.process_list(&dev, "nvmlDeviceGetComputeRunningProcesses_v3", |d| d.running_compute_processes())?;
+        let graphics = self.process_list(&dev, "nvmlDeviceGetGraphicsRunningProcesses_v3", |d| d.running_graphics_processes())?;
+        let mut distrusted = Vec::new();
+        let merged = merge_device_processes(&compute, &graphics, mem.total, &pid_exists, &mut distrusted);
+        for (pid, why) in distrusted {
+            *self.distrusted.entry(why.as_str()).or_default() += 1;
+            if why == Distrust::ImplausibleMemory || pid != 0 {
+                log::debug!("distrusted NVML record on GPU {index}: pid {pid} ({})", why.as_str());
+            }
+        }
+        sample.processes.extend(merged.into_iter().map(|p| ProcessSample {
+            pid: p.pid,
+            device_index: index,
+            device_uuid: uuid.clone(),
+            used_bytes: p.used_bytes,
+        }));
+        Ok(())
+    }
+
+    fn process_list(
+        &mut self,
+        dev: &Device<'_>,
+        call: &'static str,
+        read: impl Fn(&Device<'_>) -> Result<Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>, NvmlError>,
+    ) -> Result<Vec<RawProcess>, String> {
+        for attempt in 0..LIST_ATTEMPTS {
+            match read(dev) {
+                Ok(list) => {
+                    return Ok(list
+                        .into_iter()
+                        .map(|p| RawProcess {
+                            pid: p.pid,
+                            used_bytes: match p.used_gpu_memory {
+                                UsedGpuMemory::Used(b) => Some(b),
+                                UsedGpuMemory::Unavailable => None,
+                            },
+                        })
+                        .collect());
+                }
+                // The list grew between NVML's two calls: read it again.
+                Err(NvmlError::InsufficientSize(_)) if attempt + 1 < LIST_ATTEMPTS => self.list_retries += 1,
+                // Graphics lists are not supported on some compute-only products.
+                Err(NvmlError::NotSupported) => return Ok(Vec::new()),
+                Err(e) => return Err(self.fail(call, e)),
+            }
+        }
+        Err(format!("{call}: the process list kept growing"))
+    }
+
+    fn fail(&mut self, call: &'static str, e: NvmlError) -> String {
+        self.count_error(call);
+        match e {
+            NvmlError::GpuLost => format!("{call}: GPU is lost"),
+            e => format!("{call}: {e}"),
+        }
+    }
+
+    fn count_error(&mut self, call: &'static str) {
+        *self.errors.entry(call).or_default() += 1;
+    }
+
+    /// Logs a problem once per change of its text.
+    fn problem(&mut self, key: String, text: &str) {
+        if self.last_problem.get(&key).map(String::as_str) != Some(text) {
+            warn!("NVML {key}: {text}; not enforcing on it until it reads cleanly");
+            self.last_problem.insert(key, text.to_string());
+        }
+    }
+
+    fn recovered(&mut self, key: &str) {
+        if self.last_problem.remove(key).is_some() {
+            info!("NVML {key}: reads cleanly again");
+        }
+    }
+}
+
+fn pid_exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
 }
