@@ -51,16 +51,21 @@ fn main() {
         p.exists().then_some(p)
     });
     let Some(fake_proc) = fake_proc else {
-        eprintln!("overhead bench: FAILED: gpushare-fake-gpu-proc is not built (run `cargo build`)");
+        eprintln!(
+            "overhead bench: FAILED: gpushare-fake-gpu-proc is not built (run `cargo build`)"
+        );
         std::process::exit(1);
     };
     for round in 0..ROUNDS {
         eprint!("\rround {}/{ROUNDS}", round + 1);
         for with in [false, true] {
-            let programs = with.then(|| KernelPrograms::load(&LoadOptions::default()).expect("load programs"));
+            let programs =
+                with.then(|| KernelPrograms::load(&LoadOptions::default()).expect("load programs"));
             let null = OpenOptions::new().read(true).open("/dev/null").unwrap();
             let m = [
-                per_call(IOCTLS, || unsafe { libc::ioctl(null.as_raw_fd(), libc::TCGETS as _, 0) }),
+                per_call(IOCTLS, || unsafe {
+                    libc::ioctl(null.as_raw_fd(), libc::TCGETS as _, 0)
+                }),
                 0.0,
                 0.0,
                 per_call(OPENS, || {
@@ -69,16 +74,30 @@ fn main() {
                     0
                 }),
                 per_call(SPAWNS, || spawn(Path::new("/bin/true"), &[])),
-                per_call(SPAWNS, || spawn(&fake_proc, &["--device", node.path().to_str().unwrap()])),
+                per_call(SPAWNS, || {
+                    spawn(&fake_proc, &["--device", node.path().to_str().unwrap()])
+                }),
             ];
             // Now become a GPU task: open the fake nvidia node.
-            let gpu = OpenOptions::new().read(true).write(true).open(node.path()).unwrap();
+            let gpu = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(node.path())
+                .unwrap();
             let mut arg = [0u8; 64];
             let control = per_call(IOCTLS, || unsafe {
-                libc::ioctl(gpu.as_raw_fd(), nv_iowr(NV_ESC_RM_CONTROL, 32) as _, arg.as_mut_ptr())
+                libc::ioctl(
+                    gpu.as_raw_fd(),
+                    nv_iowr(NV_ESC_RM_CONTROL, 32) as _,
+                    arg.as_mut_ptr(),
+                )
             });
             let alloc = per_call(IOCTLS, || unsafe {
-                libc::ioctl(gpu.as_raw_fd(), nv_iowr(NV_ESC_RM_ALLOC, 48) as _, arg.as_mut_ptr())
+                libc::ioctl(
+                    gpu.as_raw_fd(),
+                    nv_iowr(NV_ESC_RM_ALLOC, 48) as _,
+                    arg.as_mut_ptr(),
+                )
             });
             if let Some(p) = &programs {
                 assert!(
@@ -88,7 +107,10 @@ fn main() {
             }
             drop(gpu);
             drop(programs);
-            for (i, v) in [m[0], control, alloc, m[3], m[4], m[5]].into_iter().enumerate() {
+            for (i, v) in [m[0], control, alloc, m[3], m[4], m[5]]
+                .into_iter()
+                .enumerate()
+            {
                 let s = &mut rows[i].2;
                 if with { s.with.push(v) } else { s.bare.push(v) }
             }
@@ -96,7 +118,10 @@ fn main() {
     }
     eprintln!();
     println!("eBPF overhead per call, median of {ROUNDS} alternating rounds (ns)");
-    println!("{:<28} {:<8} {:>12} {:>16} {:>8}", "operation", "task", "bare", "with programs", "ratio");
+    println!(
+        "{:<28} {:<8} {:>12} {:>16} {:>8}",
+        "operation", "task", "bare", "with programs", "ratio"
+    );
     for (op, task, s) in &rows {
         let (b, w) = (median(&s.bare), median(&s.with));
         println!("{op:<28} {task:<8} {b:>12.1} {w:>16.1} {:>7.2}x", w / b);

@@ -8,6 +8,7 @@
 pub mod attribution;
 pub mod cli;
 pub mod ebpf;
+pub mod enforce;
 pub mod nvml;
 pub mod policy;
 pub mod quota;

@@ -96,16 +96,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
 /// agent) are attributed through /proc.
 fn attribute_sampled_pids(tracker: &mut Tracker, sample: &crate::sample::GpuSample) {
     for p in &sample.processes {
-        if tracker.table().get(p.pid).is_none() && tracker.table_mut().attribute_pid(p.pid).is_some() {
-            if let Some(t) = tracker.table().get(p.pid) {
-                info!(
-                    "GPU process {} ({}) reported by NVML on GPU {}: cgroup {}",
-                    p.pid,
-                    t.comm,
-                    p.device_index,
-                    t.cgroup_path.as_deref().unwrap_or("?")
-                );
-            }
+        if tracker.table().get(p.pid).is_none()
+            && tracker.table_mut().attribute_pid(p.pid).is_some()
+            && let Some(t) = tracker.table().get(p.pid)
+        {
+            info!(
+                "GPU process {} ({}) reported by NVML on GPU {}: cgroup {}",
+                p.pid,
+                t.comm,
+                p.device_index,
+                t.cgroup_path.as_deref().unwrap_or("?")
+            );
         }
     }
 }
@@ -118,7 +119,12 @@ fn log_sample(tracker: &Tracker, sample: &crate::sample::GpuSample) {
     for d in &sample.devices {
         log::debug!(
             "sample: GPU {} {} \"{}\" total {} used {} free {} bytes",
-            d.index, d.uuid, d.name, d.memory_total, d.memory_used, d.memory_free
+            d.index,
+            d.uuid,
+            d.name,
+            d.memory_total,
+            d.memory_used,
+            d.memory_free
         );
     }
     for p in &sample.processes {
@@ -128,9 +134,13 @@ fn log_sample(tracker: &Tracker, sample: &crate::sample::GpuSample) {
             p.device_index,
             p.pid,
             t.map(|t| t.comm.as_str()).unwrap_or("?"),
-            p.used_bytes.map(|b| b.to_string()).unwrap_or_else(|| "n/a".into()),
+            p.used_bytes
+                .map(|b| b.to_string())
+                .unwrap_or_else(|| "n/a".into()),
             t.and_then(|t| t.cgroup_path.as_deref()).unwrap_or("?"),
-            t.and_then(|t| t.workload.as_ref()).map(|w| w.key()).unwrap_or_else(|| "?".into()),
+            t.and_then(|t| t.workload.as_ref())
+                .map(|w| w.key())
+                .unwrap_or_else(|| "?".into()),
         );
     }
 }
@@ -162,7 +172,9 @@ fn log_changes(tracker: &Tracker, changes: Vec<Change>) {
                 }
             }
             Change::Removed(pid) => info!("GPU task {pid} exited"),
-            Change::AllocHint(pid) => log::debug!("GPU task {pid} issued an allocation ioctl (RM_ALLOC)"),
+            Change::AllocHint(pid) => {
+                log::debug!("GPU task {pid} issued an allocation ioctl (RM_ALLOC)")
+            }
             Change::Updated(_) | Change::None => {}
         }
     }

@@ -93,6 +93,20 @@ impl TestCgroup {
     }
 }
 
+impl TestCgroup {
+    /// Waits up to 5 s for the kernel to report the group frozen (`true`) or thawed (`false`).
+    pub fn wait_frozen(&self, frozen: bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if self.is_frozen() == frozen {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+}
+
 impl Drop for TestCgroup {
     fn drop(&mut self) {
         let _ = fs::write(self.dir.join("cgroup.freeze"), "0");

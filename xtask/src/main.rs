@@ -101,7 +101,8 @@ fn run(cli: Cli) -> Result<()> {
             cmd.args(["bench", "-p", "gpushare-agent", "--bench", "overhead"]);
             check(cmd.status()?, "overhead bench")?;
             let mut cmd = Command::new("cargo");
-            cmd.current_dir(&root).args(["bench", "-p", "gpushare-fake-nvml", "--bench", "sample"]);
+            cmd.current_dir(&root)
+                .args(["bench", "-p", "gpushare-fake-nvml", "--bench", "sample"]);
             check(cmd.status()?, "NVML sample bench")
         }
         Cmd::FakeNvml => {
@@ -116,11 +117,17 @@ fn step(name: &str) {
 }
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask is in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask is in the workspace")
+        .to_path_buf()
 }
 
 fn is_root() -> bool {
-    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
 }
 
 fn as_root(bin: &Path) -> Command {
@@ -149,30 +156,59 @@ fn as_root_cargo(root: &Path) -> Command {
 fn setup(root: &Path, only_if_missing: bool) -> Result<()> {
     let script = root.join("scripts/setup.sh");
     if only_if_missing {
-        let ok = Command::new("bash").arg(&script).arg("--check").stderr(std::process::Stdio::null()).status()?;
+        let ok = Command::new("bash")
+            .arg(&script)
+            .arg("--check")
+            .stderr(std::process::Stdio::null())
+            .status()?;
         if ok.success() {
             return Ok(());
         }
-        eprintln!("xtask: this machine is missing some of what gpushare needs; running scripts/setup.sh");
+        eprintln!(
+            "xtask: this machine is missing some of what gpushare needs; running scripts/setup.sh"
+        );
     }
-    check(Command::new("bash").arg(&script).status().context("running scripts/setup.sh")?, "setup")
+    check(
+        Command::new("bash")
+            .arg(&script)
+            .status()
+            .context("running scripts/setup.sh")?,
+        "setup",
+    )
 }
 
 fn cargo(root: &Path, args: &[&str]) -> Result<()> {
-    let status = Command::new("cargo").current_dir(root).args(args).status()?;
+    let status = Command::new("cargo")
+        .current_dir(root)
+        .args(args)
+        .status()?;
     check(status, &format!("cargo {}", args.join(" ")))
 }
 
 fn check(status: std::process::ExitStatus, what: &str) -> Result<()> {
-    if status.success() { Ok(()) } else { bail!("{what} failed ({status})") }
+    if status.success() {
+        Ok(())
+    } else {
+        bail!("{what} failed ({status})")
+    }
 }
 
 fn clippy_ebpf(root: &Path) -> Result<()> {
     let status = Command::new("cargo")
         .current_dir(root.join("gpushare-ebpf"))
         .args([
-            "+nightly", "clippy", "-p", "gpushare-ebpf", "--target", "bpfel-unknown-none", "-Z",
-            "build-std=core", "--release", "--", "-D", "warnings",
+            "+nightly",
+            "clippy",
+            "-p",
+            "gpushare-ebpf",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+            "--release",
+            "--",
+            "-D",
+            "warnings",
         ])
         .env_remove("RUSTUP_TOOLCHAIN")
         .status()?;

@@ -60,7 +60,10 @@ pub fn merge_device_processes(
             (a, b) => a.or(b),
         };
     }
-    by_pid.into_iter().map(|(pid, used_bytes)| RawProcess { pid, used_bytes }).collect()
+    by_pid
+        .into_iter()
+        .map(|(pid, used_bytes)| RawProcess { pid, used_bytes })
+        .collect()
 }
 
 #[cfg(test)]
@@ -68,7 +71,10 @@ mod tests {
     use super::*;
 
     fn p(pid: u32, used: Option<u64>) -> RawProcess {
-        RawProcess { pid, used_bytes: used }
+        RawProcess {
+            pid,
+            used_bytes: used,
+        }
     }
 
     #[test]
@@ -81,7 +87,15 @@ mod tests {
             &|_| true,
             &mut bad,
         );
-        assert_eq!(merged, vec![p(10, Some(100)), p(11, Some(40)), p(12, Some(5)), p(13, None)]);
+        assert_eq!(
+            merged,
+            vec![
+                p(10, Some(100)),
+                p(11, Some(40)),
+                p(12, Some(5)),
+                p(13, None)
+            ]
+        );
         assert!(bad.is_empty());
     }
 
@@ -89,16 +103,29 @@ mod tests {
     fn garbage_records_are_distrusted_and_counted() {
         let mut bad = Vec::new();
         let merged = merge_device_processes(
-            &[p(0, Some(1)), p(999_999, Some(1)), p(10, Some(u64::MAX - 1)), p(11, Some(1000))],
+            &[
+                p(0, Some(1)),
+                p(999_999, Some(1)),
+                p(10, Some(u64::MAX - 1)),
+                p(11, Some(1000)),
+            ],
             &[],
             1000,
             &|pid| pid < 100,
             &mut bad,
         );
-        assert_eq!(merged, vec![p(11, Some(1000))], "usage equal to the total is plausible");
+        assert_eq!(
+            merged,
+            vec![p(11, Some(1000))],
+            "usage equal to the total is plausible"
+        );
         assert_eq!(
             bad,
-            vec![(0, Distrust::NoSuchPid), (999_999, Distrust::NoSuchPid), (10, Distrust::ImplausibleMemory)]
+            vec![
+                (0, Distrust::NoSuchPid),
+                (999_999, Distrust::NoSuchPid),
+                (10, Distrust::ImplausibleMemory)
+            ]
         );
     }
 }

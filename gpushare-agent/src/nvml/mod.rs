@@ -58,7 +58,9 @@ impl NvmlSampler {
         let mut s = Self {
             lib: lib.map(Path::to_path_buf),
             nvml: None,
-            status: DriverStatus::NoDriver { reason: "not initialised".into() },
+            status: DriverStatus::NoDriver {
+                reason: "not initialised".into(),
+            },
             last_init_attempt: Instant::now(),
             errors: BTreeMap::new(),
             distrusted: BTreeMap::new(),
@@ -77,14 +79,20 @@ impl NvmlSampler {
         }
         match builder.init() {
             Ok(nvml) => {
-                let driver_version = nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
+                let driver_version = nvml
+                    .sys_driver_version()
+                    .unwrap_or_else(|_| "unknown".into());
                 let count = nvml.device_count().unwrap_or(0);
                 info!("NVML ready: driver {driver_version}, {count} GPU(s)");
                 self.status = DriverStatus::Ready { driver_version };
                 self.nvml = Some(nvml);
             }
             Err(e) => {
-                let which = self.lib.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "libnvidia-ml.so.1".into());
+                let which = self
+                    .lib
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "libnvidia-ml.so.1".into());
                 let reason = format!("{which}: {e}");
                 if first {
                     warn!(
@@ -119,11 +127,18 @@ impl NvmlSampler {
 
     /// Reads every GPU now.
     pub fn sample(&mut self) -> GpuSample {
-        let mut sample = GpuSample { taken_at: Some(Instant::now()), devices: Vec::new(), health: Vec::new(), processes: Vec::new() };
+        let mut sample = GpuSample {
+            taken_at: Some(Instant::now()),
+            devices: Vec::new(),
+            health: Vec::new(),
+            processes: Vec::new(),
+        };
         if self.nvml.is_none() && self.last_init_attempt.elapsed() >= INIT_RETRY {
             self.try_init(false);
         }
-        let Some(nvml) = self.nvml.take() else { return sample };
+        let Some(nvml) = self.nvml.take() else {
+            return sample;
+        };
         match nvml.device_count() {
             Ok(count) => {
                 self.recovered("count");
@@ -150,14 +165,23 @@ impl NvmlSampler {
         sample
     }
 
-    fn sample_device(&mut self, nvml: &Nvml, index: u32, sample: &mut GpuSample) -> Result<(), String> {
-        let dev = nvml.device_by_index(index).map_err(|e| self.fail("nvmlDeviceGetHandleByIndex_v2", e))?;
+    fn sample_device(
+        &mut self,
+        nvml: &Nvml,
+        index: u32,
+        sample: &mut GpuSample,
+    ) -> Result<(), String> {
+        let dev = nvml
+            .device_by_index(index)
+            .map_err(|e| self.fail("nvmlDeviceGetHandleByIndex_v2", e))?;
         let uuid = dev.uuid().map_err(|e| self.fail("nvmlDeviceGetUUID", e))?;
         let name = dev.name().unwrap_or_else(|e| {
             self.count_error("nvmlDeviceGetName");
             format!("unknown ({e})")
         });
-        let mem = dev.memory_info().map_err(|e| self.fail("nvmlDeviceGetMemoryInfo_v2", e))?;
+        let mem = dev
+            .memory_info()
+            .map_err(|e| self.fail("nvmlDeviceGetMemoryInfo_v2", e))?;
         // Device data is recorded even when the process lists fail, so metrics still show it.
         sample.devices.push(DeviceSample {
             index,
@@ -168,22 +192,33 @@ impl NvmlSampler {
             memory_free: mem.free,
             memory_reserved: mem.reserved,
         });
-        let compute = self.process_list(&dev, "nvmlDeviceGetComputeRunningProcesses_v3", |d| d.running_compute_processes())?;
-        let graphics = self.process_list(&dev, "nvmlDeviceGetGraphicsRunningProcesses_v3", |d| d.running_graphics_processes())?;
+        let compute = self.process_list(&dev, "nvmlDeviceGetComputeRunningProcesses_v3", |d| {
+            d.running_compute_processes()
+        })?;
+        let graphics =
+            self.process_list(&dev, "nvmlDeviceGetGraphicsRunningProcesses_v3", |d| {
+                d.running_graphics_processes()
+            })?;
         let mut distrusted = Vec::new();
-        let merged = merge_device_processes(&compute, &graphics, mem.total, &pid_exists, &mut distrusted);
+        let merged =
+            merge_device_processes(&compute, &graphics, mem.total, &pid_exists, &mut distrusted);
         for (pid, why) in distrusted {
             *self.distrusted.entry(why.as_str()).or_default() += 1;
             if why == Distrust::ImplausibleMemory || pid != 0 {
-                log::debug!("distrusted NVML record on GPU {index}: pid {pid} ({})", why.as_str());
+                log::debug!(
+                    "distrusted NVML record on GPU {index}: pid {pid} ({})",
+                    why.as_str()
+                );
             }
         }
-        sample.processes.extend(merged.into_iter().map(|p| ProcessSample {
-            pid: p.pid,
-            device_index: index,
-            device_uuid: uuid.clone(),
-            used_bytes: p.used_bytes,
-        }));
+        sample
+            .processes
+            .extend(merged.into_iter().map(|p| ProcessSample {
+                pid: p.pid,
+                device_index: index,
+                device_uuid: uuid.clone(),
+                used_bytes: p.used_bytes,
+            }));
         Ok(())
     }
 
@@ -191,7 +226,10 @@ impl NvmlSampler {
         &mut self,
         dev: &Device<'_>,
         call: &'static str,
-        read: impl Fn(&Device<'_>) -> Result<Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>, NvmlError>,
+        read: impl Fn(
+            &Device<'_>,
+        )
+            -> Result<Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>, NvmlError>,
     ) -> Result<Vec<RawProcess>, String> {
         for attempt in 0..LIST_ATTEMPTS {
             match read(dev) {
@@ -208,7 +246,9 @@ impl NvmlSampler {
                         .collect());
                 }
                 // The list grew between NVML's two calls: read it again.
-                Err(NvmlError::InsufficientSize(_)) if attempt + 1 < LIST_ATTEMPTS => self.list_retries += 1,
+                Err(NvmlError::InsufficientSize(_)) if attempt + 1 < LIST_ATTEMPTS => {
+                    self.list_retries += 1
+                }
                 // Graphics lists are not supported on some compute-only products.
                 Err(NvmlError::NotSupported) => return Ok(Vec::new()),
                 Err(e) => return Err(self.fail(call, e)),

@@ -2,4 +2,5 @@
 //! One target (one link step), one module per area.
 
 mod attribution;
+mod enforce;
 mod util;

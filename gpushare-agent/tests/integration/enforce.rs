@@ -1,0 +1,217 @@
+//! Enforcement primitives on the real kernel: cgroup v2 freeze/thaw with the ledger, pidfd signals
+//! that refuse reused pids, cgroup.kill, and the groups that must never be touched.
+
+use std::time::{Duration, Instant};
+
+use gpushare_agent::{
+    attribution::{ProcessIdentity, cgroupfs, procinfo},
+    enforce::{Enforcer, Outcome},
+};
+use gpushare_testkit::{FakeGpuProcess, TestCgroup, require_root, unique};
+
+fn enforcer(dry_run: bool) -> (Enforcer, std::path::PathBuf) {
+    let state = std::env::temp_dir().join(unique("gpushare-state"));
+    let root = cgroupfs::find_cgroup2_mount().unwrap();
+    (Enforcer::new(root, &state, dry_run).unwrap(), state)
+}
+
+fn wait_exit(pid: u32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        // Reaped by the fixture's Drop only; a zombie has state Z.
+        match procfs::process::Process::new(pid as i32).and_then(|p| p.stat()) {
+            Ok(s) if s.state != 'Z' => std::thread::sleep(Duration::from_millis(10)),
+            _ => return true,
+        }
+    }
+    false
+}
+
+#[test]
+fn freeze_is_recorded_before_it_happens_and_thaw_only_undoes_our_own() {
+    if !require_root("freeze_is_recorded") {
+        return;
+    }
+    let (mut enf, state) = enforcer(false);
+    let ours = TestCgroup::create(&unique("ours")).unwrap();
+    let theirs = TestCgroup::create(&unique("theirs")).unwrap();
+    let _p1 = FakeGpuProcess::spawn(Some(&ours), &[], &[]).unwrap();
+    let _p2 = FakeGpuProcess::spawn(Some(&theirs), &[], &[]).unwrap();
+
+    assert_eq!(
+        enf.freeze("w://ours", ours.rel_path(), None, "test"),
+        Outcome::Ok
+    );
+    assert!(ours.is_frozen(), "kernel reports the group frozen");
+    assert!(
+        enf.ledger().get(ours.dir()).is_some(),
+        "the freeze is in the ledger"
+    );
+    let on_disk = std::fs::read_to_string(enf.ledger().path()).unwrap();
+    assert!(on_disk.contains(ours.dir().to_str().unwrap()));
+    assert_eq!(
+        enf.freeze("w://ours", ours.rel_path(), None, "again"),
+        Outcome::Noop,
+        "idempotent"
+    );
+
+    // Someone else (docker pause, an operator) froze the other group: the agent leaves it.
+    std::fs::write(theirs.dir().join("cgroup.freeze"), "1").unwrap();
+    assert_eq!(
+        enf.freeze("w://theirs", theirs.rel_path(), None, "test"),
+        Outcome::Noop
+    );
+    assert_eq!(enf.thaw("w://theirs", theirs.rel_path()), Outcome::Noop);
+    assert!(
+        theirs.wait_frozen(true),
+        "a freeze the agent did not make is never undone"
+    );
+
+    assert_eq!(enf.thaw("w://ours", ours.rel_path()), Outcome::Ok);
+    assert!(!ours.is_frozen());
+    assert!(enf.ledger().get(ours.dir()).is_none());
+    std::fs::remove_dir_all(state).unwrap();
+}
+
+#[test]
+fn restarted_enforcer_thaws_what_is_no_longer_liable_and_keeps_the_rest() {
+    if !require_root("restarted_enforcer") {
+        return;
+    }
+    let state = std::env::temp_dir().join(unique("gpushare-state"));
+    let root = cgroupfs::find_cgroup2_mount().unwrap();
+    let keep = TestCgroup::create(&unique("keep")).unwrap();
+    let release = TestCgroup::create(&unique("release")).unwrap();
+    let _a = FakeGpuProcess::spawn(Some(&keep), &[], &[]).unwrap();
+    let _b = FakeGpuProcess::spawn(Some(&release), &[], &[]).unwrap();
+    {
+        let mut enf = Enforcer::new(root.clone(), &state, false).unwrap();
+        assert_eq!(
+            enf.freeze("w://keep", keep.rel_path(), None, "t"),
+            Outcome::Ok
+        );
+        assert_eq!(
+            enf.freeze("w://release", release.rel_path(), None, "t"),
+            Outcome::Ok
+        );
+        // The agent dies here without thawing (as with SIGKILL).
+    }
+    let mut enf = Enforcer::new(root, &state, false).unwrap();
+    let (kept, thawed) = enf.reconcile_ledger(|r| r.workload == "w://keep");
+    assert_eq!((kept, thawed), (1, 1));
+    assert!(keep.is_frozen());
+    assert!(!release.is_frozen());
+    assert_eq!(enf.thaw_all(), 1);
+    assert!(!keep.is_frozen());
+    std::fs::remove_dir_all(state).unwrap();
+}
+
+#[test]
+fn a_group_removed_while_frozen_leaves_no_record() {
+    if !require_root("group_removed_while_frozen") {
+        return;
+    }
+    let (mut enf, state) = enforcer(false);
+    let cg = TestCgroup::create(&unique("gone")).unwrap();
+    let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
+    assert_eq!(
+        enf.freeze("w://gone", cg.rel_path(), None, "t"),
+        Outcome::Ok
+    );
+    let dir = cg.dir().to_path_buf();
+    drop(p);
+    drop(cg); // kills, thaws, removes the directory
+    assert!(!dir.exists());
+    let (kept, _) = enf.reconcile_ledger(|_| true);
+    assert_eq!(kept, 0);
+    assert!(enf.ledger().get(&dir).is_none());
+    std::fs::remove_dir_all(state).unwrap();
+}
+
+#[test]
+fn signals_reach_verified_processes_and_never_a_reused_pid() {
+    if !require_root("signals_reach_verified") {
+        return;
+    }
+    let (enf, state) = enforcer(false);
+    let victim = FakeGpuProcess::spawn(None, &[], &[]).unwrap();
+    let id = procinfo::snapshot(victim.pid()).unwrap().identity;
+    // Same pid, other start time: what a reused pid looks like. Must not be signalled.
+    let impostor = ProcessIdentity {
+        pid: id.pid,
+        start_ticks: id.start_ticks.wrapping_sub(1),
+    };
+    let r = enf.signal("w://x", &[impostor], libc::SIGTERM);
+    assert_eq!(r, vec![(impostor, Outcome::Refused)]);
+    assert!(
+        procinfo::is_same_process(id),
+        "the real process is untouched"
+    );
+    let r = enf.signal("w://x", &[id], libc::SIGTERM);
+    assert_eq!(r, vec![(id, Outcome::Ok)]);
+    assert!(wait_exit(id.pid), "SIGTERM delivered");
+    drop(victim);
+    // Gone: a no-op, not an error.
+    assert_eq!(
+        enf.signal("w://x", &[id], libc::SIGTERM),
+        vec![(id, Outcome::Noop)]
+    );
+    std::fs::remove_dir_all(state).unwrap();
+}
+
+#[test]
+fn dry_run_reports_and_touches_nothing() {
+    if !require_root("dry_run_reports") {
+        return;
+    }
+    let (mut enf, state) = enforcer(true);
+    let cg = TestCgroup::create(&unique("dry")).unwrap();
+    let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
+    let id = procinfo::snapshot(p.pid()).unwrap().identity;
+    assert_eq!(
+        enf.freeze("w://dry", cg.rel_path(), None, "t"),
+        Outcome::DryRun
+    );
+    assert_eq!(
+        enf.signal("w://dry", &[id], libc::SIGKILL),
+        vec![(id, Outcome::DryRun)]
+    );
+    assert_eq!(enf.kill("w://dry", cg.rel_path(), &[id]), Outcome::DryRun);
+    assert!(!cg.is_frozen());
+    assert!(procinfo::is_same_process(id));
+    assert_eq!(enf.ledger().records().count(), 0);
+    std::fs::remove_dir_all(state).unwrap();
+}
+
+#[test]
+fn kill_uses_cgroup_kill_even_on_a_frozen_group_and_the_agents_own_groups_are_refused() {
+    if !require_root("kill_uses_cgroup_kill") {
+        return;
+    }
+    let (mut enf, state) = enforcer(false);
+    let cg = TestCgroup::create(&unique("kill")).unwrap();
+    let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
+    let id = procinfo::snapshot(p.pid()).unwrap().identity;
+    assert_eq!(
+        enf.freeze("w://kill", cg.rel_path(), None, "t"),
+        Outcome::Ok
+    );
+    assert_eq!(enf.kill("w://kill", cg.rel_path(), &[id]), Outcome::Ok);
+    assert!(wait_exit(id.pid), "killed while frozen");
+    assert!(enf.ledger().get(cg.dir()).is_none());
+
+    let own = cgroupfs::cgroup_path_of_pid(std::process::id()).unwrap();
+    assert_eq!(enf.freeze("w://me", &own, None, "t"), Outcome::Refused);
+    assert_eq!(enf.kill("w://me", "/", &[]), Outcome::Refused);
+    if own != "/" {
+        let parent = own
+            .rsplit_once('/')
+            .map(|(p, _)| if p.is_empty() { "/" } else { p })
+            .unwrap();
+        assert_eq!(
+            enf.freeze("w://parent", parent, None, "t"),
+            Outcome::Refused
+        );
+    }
+    std::fs::remove_dir_all(state).unwrap();
+}

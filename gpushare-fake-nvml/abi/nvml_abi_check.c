@@ -1,0 +1,205 @@
+/*
+ * ABI cross-check of the gpushare mock libnvidia-ml against NVIDIA's own nvml.h.
+ *
+ * Compiled by tests/c_abi.rs:
+ *   cc -std=c11 -I<dir of nvml.h> -DRUST_...=<layout of the Rust structs> nvml_abi_check.c \
+ *      -L<dir with libnvidia-ml.so> -lnvidia-ml
+ * and run with LD_LIBRARY_PATH=<that dir> and GPUSHARE_FAKE_NVML_STATE=<scenario>.
+ *
+ * 1. _Static_asserts pin the header's struct layouts, version macro and return codes, and
+ *    compare them with the layout of the Rust mirrors (src/abi.rs), passed in as -DRUST_* macros.
+ * 2. The program calls the library through the header's prototypes (nvmlInit -> nvmlInit_v2,
+ *    nvmlDeviceGetComputeRunningProcesses -> _v3, ...) and prints a canonical text that the
+ *    Rust test compares with what the scenario implies. Unexpected return codes are printed as
+ *    "error ..." lines and make the exit status 1. A failed init prints "init <rc> <text>" and
+ *    exits with 3.
+ *
+ * -DGPUSHARE_ABI_SELFTEST_BREAK reads the process records through a deliberately wrong local
+ * layout (16-byte stride, the v1 record), to prove that the comparison notices a layout error.
+ */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nvml.h"
+
+/* --- the header as we know it ------------------------------------------------------------ */
+_Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t (v2) is 24 bytes");
+_Static_assert(sizeof(nvmlProcessInfo_v2_t) == 24, "nvmlProcessInfo_v2_t is 24 bytes");
+_Static_assert(offsetof(nvmlProcessInfo_t, pid) == 0, "pid");
+_Static_assert(offsetof(nvmlProcessInfo_t, usedGpuMemory) == 8, "usedGpuMemory");
+_Static_assert(offsetof(nvmlProcessInfo_t, gpuInstanceId) == 16, "gpuInstanceId");
+_Static_assert(offsetof(nvmlProcessInfo_t, computeInstanceId) == 20, "computeInstanceId");
+_Static_assert(sizeof(nvmlProcessInfo_v1_t) == 16, "nvmlProcessInfo_v1_t is 16 bytes");
+_Static_assert(offsetof(nvmlProcessInfo_v1_t, usedGpuMemory) == 8, "v1 usedGpuMemory");
+_Static_assert(sizeof(nvmlMemory_t) == 24, "nvmlMemory_t");
+_Static_assert(offsetof(nvmlMemory_t, free) == 8 && offsetof(nvmlMemory_t, used) == 16, "nvmlMemory_t");
+_Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t is 40 bytes");
+_Static_assert(offsetof(nvmlMemory_v2_t, total) == 8, "v2 total");
+_Static_assert(offsetof(nvmlMemory_v2_t, reserved) == 16, "v2 reserved");
+_Static_assert(offsetof(nvmlMemory_v2_t, free) == 24, "v2 free");
+_Static_assert(offsetof(nvmlMemory_v2_t, used) == 32, "v2 used");
+_Static_assert(nvmlMemory_v2 == 0x02000028, "nvmlMemory_v2 version macro");
+_Static_assert(sizeof(nvmlUtilization_t) == 8, "nvmlUtilization_t");
+_Static_assert(offsetof(nvmlUtilization_t, memory) == 4, "nvmlUtilization_t.memory");
+_Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t");
+_Static_assert(offsetof(nvmlPciInfo_t, domain) == 16, "nvmlPciInfo_t.domain");
+_Static_assert(offsetof(nvmlPciInfo_t, pciSubSystemId) == 32, "nvmlPciInfo_t.pciSubSystemId");
+_Static_assert(offsetof(nvmlPciInfo_t, busId) == 36, "nvmlPciInfo_t.busId");
+_Static_assert(NVML_VALUE_NOT_AVAILABLE == -1, "NVML_VALUE_NOT_AVAILABLE");
+_Static_assert(NVML_SUCCESS == 0 && NVML_ERROR_UNINITIALIZED == 1 && NVML_ERROR_INVALID_ARGUMENT == 2 &&
+                   NVML_ERROR_NOT_SUPPORTED == 3 && NVML_ERROR_NOT_FOUND == 6 &&
+                   NVML_ERROR_INSUFFICIENT_SIZE == 7 && NVML_ERROR_DRIVER_NOT_LOADED == 9 &&
+                   NVML_ERROR_GPU_IS_LOST == 15 && NVML_ERROR_ARGUMENT_VERSION_MISMATCH == 25 &&
+                   NVML_ERROR_UNKNOWN == 999,
+               "return codes");
+_Static_assert(NVML_BRAND_NVIDIA == 14 && NVML_DEVICE_ARCH_HOPPER == 9, "enums");
+
+/* --- the Rust mirrors agree with the header ----------------------------------------------- */
+#ifdef RUST_SIZEOF_PROCESS_INFO_V2
+_Static_assert(sizeof(nvmlProcessInfo_t) == RUST_SIZEOF_PROCESS_INFO_V2, "Rust ProcessInfoV2 size");
+_Static_assert(offsetof(nvmlProcessInfo_t, usedGpuMemory) == RUST_OFFSET_PROCESS_INFO_V2_USED, "Rust ProcessInfoV2.used");
+_Static_assert(offsetof(nvmlProcessInfo_t, gpuInstanceId) == RUST_OFFSET_PROCESS_INFO_V2_GI, "Rust ProcessInfoV2.gi");
+_Static_assert(offsetof(nvmlProcessInfo_t, computeInstanceId) == RUST_OFFSET_PROCESS_INFO_V2_CI, "Rust ProcessInfoV2.ci");
+_Static_assert(sizeof(nvmlProcessInfo_v1_t) == RUST_SIZEOF_PROCESS_INFO_V1, "Rust ProcessInfoV1 size");
+_Static_assert(sizeof(nvmlMemory_t) == RUST_SIZEOF_MEMORY, "Rust Memory size");
+_Static_assert(sizeof(nvmlMemory_v2_t) == RUST_SIZEOF_MEMORY_V2, "Rust MemoryV2 size");
+_Static_assert(offsetof(nvmlMemory_v2_t, reserved) == RUST_OFFSET_MEMORY_V2_RESERVED, "Rust MemoryV2.reserved");
+_Static_assert(offsetof(nvmlMemory_v2_t, used) == RUST_OFFSET_MEMORY_V2_USED, "Rust MemoryV2.used");
+_Static_assert(nvmlMemory_v2 == RUST_MEMORY_V2_VERSION, "Rust MEMORY_V2_VERSION");
+_Static_assert(sizeof(nvmlUtilization_t) == RUST_SIZEOF_UTILIZATION, "Rust Utilization size");
+_Static_assert(sizeof(nvmlPciInfo_t) == RUST_SIZEOF_PCI_INFO, "Rust PciInfo size");
+_Static_assert(offsetof(nvmlPciInfo_t, busId) == RUST_OFFSET_PCI_INFO_BUS_ID, "Rust PciInfo.bus_id");
+#endif
+
+static int failures = 0;
+
+static void unexpected(const char *what, unsigned int index, nvmlReturn_t rc) {
+    printf("error %s device=%u rc=%d %s\n", what, index, (int)rc, nvmlErrorString(rc));
+    failures++;
+}
+
+static void print_used(unsigned long long used) {
+    if (used == (unsigned long long)NVML_VALUE_NOT_AVAILABLE) {
+        printf("n/a");
+    } else {
+        printf("%llu", used);
+    }
+}
+
+typedef nvmlReturn_t (*list_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+
+/* The two-call protocol: size query with NULL, then a buffer of exactly that many records. */
+static void list_processes(const char *kind, list_fn fn, nvmlDevice_t h, unsigned int index) {
+    unsigned int count = 0;
+    nvmlReturn_t rc = fn(h, &count, NULL);
+    if (rc == NVML_SUCCESS) {
+        if (count != 0) unexpected("size query: SUCCESS with count != 0", index, rc);
+        return;
+    }
+    if (rc != NVML_ERROR_INSUFFICIENT_SIZE) {
+        unexpected(kind, index, rc);
+        return;
+    }
+    /* Room for `count` real records (plus one), whatever layout we read them with. */
+    void *buffer = calloc((size_t)count + 1, sizeof(nvmlProcessInfo_t));
+    if (buffer == NULL) abort();
+    unsigned int capacity = count;
+    rc = fn(h, &capacity, (nvmlProcessInfo_t *)buffer);
+    if (rc != NVML_SUCCESS) {
+        unexpected(kind, index, rc);
+        free(buffer);
+        return;
+    }
+    if (capacity != count) printf("error %s device=%u count %u then %u\n", kind, index, count, capacity);
+#ifdef GPUSHARE_ABI_SELFTEST_BREAK
+    struct wrong_layout {
+        unsigned int pid;
+        unsigned long long used;
+    } *records = buffer;
+#else
+    nvmlProcessInfo_t *records = buffer;
+#endif
+    for (unsigned int k = 0; k < capacity; k++) {
+#ifdef GPUSHARE_ABI_SELFTEST_BREAK
+        unsigned long long used = records[k].used;
+#else
+        unsigned long long used = records[k].usedGpuMemory;
+        if (records[k].gpuInstanceId != 0xFFFFFFFFu || records[k].computeInstanceId != 0xFFFFFFFFu) {
+            printf("error %s device=%u record %u has MIG ids %u/%u\n", kind, index, k,
+                   records[k].gpuInstanceId, records[k].computeInstanceId);
+            failures++;
+        }
+#endif
+        printf("%s %u pid=%u used=", kind, index, records[k].pid);
+        print_used(used);
+        printf("\n");
+    }
+    free(buffer);
+}
+
+int main(void) {
+    nvmlReturn_t rc = nvmlInit(); /* nvmlInit_v2 */
+    printf("init %d %s\n", (int)rc, nvmlErrorString(rc));
+    if (rc != NVML_SUCCESS) return 3;
+
+    char driver[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
+    rc = nvmlSystemGetDriverVersion(driver, sizeof driver);
+    if (rc != NVML_SUCCESS) unexpected("nvmlSystemGetDriverVersion", 0, rc);
+    else printf("driver %s\n", driver);
+
+    unsigned int n = 0;
+    rc = nvmlDeviceGetCount(&n); /* _v2 */
+    if (rc != NVML_SUCCESS) unexpected("nvmlDeviceGetCount", 0, rc);
+    printf("count %u\n", n);
+
+    for (unsigned int i = 0; i < n; i++) {
+        nvmlDevice_t h;
+        rc = nvmlDeviceGetHandleByIndex(i, &h); /* _v2 */
+        if (rc != NVML_SUCCESS) {
+            printf("device %u handle %d %s\n", i, (int)rc, nvmlErrorString(rc));
+            continue;
+        }
+        char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE], name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+        if ((rc = nvmlDeviceGetUUID(h, uuid, sizeof uuid)) != NVML_SUCCESS) unexpected("uuid", i, rc);
+        if ((rc = nvmlDeviceGetName(h, name, sizeof name)) != NVML_SUCCESS) unexpected("name", i, rc);
+
+        nvmlDevice_t again;
+        if ((rc = nvmlDeviceGetHandleByUUID(uuid, &again)) != NVML_SUCCESS) unexpected("by uuid", i, rc);
+        else if (again != h) printf("error device=%u handle by uuid differs\n", i), failures++;
+        unsigned int idx = 12345;
+        if ((rc = nvmlDeviceGetIndex(h, &idx)) != NVML_SUCCESS) unexpected("index", i, rc);
+        else if (idx != i) printf("error device=%u index %u\n", i, idx), failures++;
+
+        nvmlMemory_t m1;
+        if ((rc = nvmlDeviceGetMemoryInfo(h, &m1)) != NVML_SUCCESS) unexpected("memory v1", i, rc);
+        nvmlMemory_v2_t m2;
+        memset(&m2, 0, sizeof m2);
+        m2.version = nvmlMemory_v2;
+        if ((rc = nvmlDeviceGetMemoryInfo_v2(h, &m2)) != NVML_SUCCESS) unexpected("memory v2", i, rc);
+        nvmlMemory_v2_t bad;
+        memset(&bad, 0, sizeof bad);
+        bad.version = (unsigned int)(sizeof(nvmlMemory_v2_t) | (1u << 24));
+        rc = nvmlDeviceGetMemoryInfo_v2(h, &bad);
+        if (rc != NVML_ERROR_ARGUMENT_VERSION_MISMATCH) unexpected("memory v2 with version 1", i, rc);
+
+        nvmlPciInfo_t pci;
+        if ((rc = nvmlDeviceGetPciInfo(h, &pci)) != NVML_SUCCESS) unexpected("pci", i, rc); /* _v3 */
+        nvmlUtilization_t u;
+        if ((rc = nvmlDeviceGetUtilizationRates(h, &u)) != NVML_SUCCESS) unexpected("utilization", i, rc);
+
+        printf("device %u uuid=%s pci=%s total=%llu free=%llu used=%llu"
+               " v2_total=%llu v2_reserved=%llu v2_free=%llu v2_used=%llu util=%u/%u name=%s\n",
+               i, uuid, pci.busId, m1.total, m1.free, m1.used, m2.total, m2.reserved, m2.free, m2.used,
+               u.gpu, u.memory, name);
+
+        list_processes("compute", nvmlDeviceGetComputeRunningProcesses, h, i);   /* _v3 */
+        list_processes("graphics", nvmlDeviceGetGraphicsRunningProcesses, h, i); /* _v3 */
+    }
+
+    rc = nvmlShutdown();
+    nvmlReturn_t again = nvmlShutdown();
+    printf("shutdown %d %d\n", (int)rc, (int)again);
+    return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,101 @@
+//! `#[repr(C)]` mirrors of the nvml.h structs the mock fills. Layouts are pinned here by
+//! compile-time assertions and cross-checked against NVIDIA's header by `abi/nvml_abi_check.c`.
+
+use std::ffi::c_char;
+use std::mem::{offset_of, size_of};
+
+/// nvmlMemory_t (v1): `used` includes reserved memory.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Memory {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// nvmlMemory_v2_t.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryV2 {
+    pub version: u32,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// nvmlMemory_v2: NVML_STRUCT_VERSION(Memory, 2) = sizeof(nvmlMemory_v2_t) | 2 << 24.
+pub const MEMORY_V2_VERSION: u32 = size_of::<MemoryV2>() as u32 | (2 << 24);
+
+/// nvmlProcessInfo_v1_t: the record of the unversioned process-list functions.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessInfoV1 {
+    pub pid: u32,
+    pub used_gpu_memory: u64,
+}
+
+/// nvmlProcessInfo_v2_t (= nvmlProcessInfo_t): the record of the `_v2` and `_v3` functions.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessInfoV2 {
+    pub pid: u32,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+}
+
+/// gpuInstanceId / computeInstanceId outside MIG.
+pub const NO_MIG_INSTANCE: u32 = 0xFFFF_FFFF;
+
+/// nvmlUtilization_t.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Utilization {
+    pub gpu: u32,
+    pub memory: u32,
+}
+
+/// nvmlPciInfo_t (the struct of nvmlDeviceGetPciInfo_v3).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PciInfo {
+    pub bus_id_legacy: [c_char; 16],
+    pub domain: u32,
+    pub bus: u32,
+    pub device: u32,
+    pub pci_device_id: u32,
+    pub pci_sub_system_id: u32,
+    pub bus_id: [c_char; 32],
+}
+
+/// NVML_TEMPERATURE_GPU.
+pub const TEMPERATURE_GPU: u32 = 0;
+/// NVML_FEATURE_ENABLED (nvmlEnableState_t).
+pub const FEATURE_ENABLED: u32 = 1;
+/// NVML_COMPUTEMODE_DEFAULT.
+pub const COMPUTEMODE_DEFAULT: u32 = 0;
+/// NVML_BRAND_NVIDIA.
+pub const BRAND_NVIDIA: u32 = 14;
+/// NVML_DEVICE_ARCH_HOPPER.
+pub const DEVICE_ARCH_HOPPER: u32 = 9;
+/// 0x2330 (H100 SXM5) in the high half, PCI vendor 0x10de (NVIDIA) in the low half.
+pub const PCI_DEVICE_ID: u32 = 0x2330_10DE;
+pub const PCI_SUBSYSTEM_ID: u32 = 0x16C1_10DE;
+
+const _: () = {
+    assert!(size_of::<Memory>() == 24);
+    assert!(size_of::<MemoryV2>() == 40);
+    assert!(offset_of!(MemoryV2, total) == 8);
+    assert!(MEMORY_V2_VERSION == 0x0200_0028);
+    assert!(size_of::<ProcessInfoV1>() == 16);
+    assert!(offset_of!(ProcessInfoV1, used_gpu_memory) == 8);
+    assert!(size_of::<ProcessInfoV2>() == 24);
+    assert!(offset_of!(ProcessInfoV2, used_gpu_memory) == 8);
+    assert!(offset_of!(ProcessInfoV2, gpu_instance_id) == 16);
+    assert!(offset_of!(ProcessInfoV2, compute_instance_id) == 20);
+    assert!(size_of::<Utilization>() == 8);
+    assert!(size_of::<PciInfo>() == 68);
+    assert!(offset_of!(PciInfo, domain) == 16);
+    assert!(offset_of!(PciInfo, bus_id) == 36);
+};

@@ -1,0 +1,594 @@
+//! The scenario file: serde types, validation, loading, and change-detecting reload.
+//!
+//! The format is documented field by field in the crate's README.md.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use std::borrow::Borrow;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Environment variable naming the scenario file.
+pub const ENV_VAR: &str = "GPUSHARE_FAKE_NVML_STATE";
+/// Most devices a scenario may list (handles point into a static table of this size).
+pub const MAX_DEVICES: usize = 64;
+/// Longest UUID in bytes (NVML_DEVICE_UUID_BUFFER_SIZE 80, minus the NUL).
+pub const MAX_UUID_LEN: usize = 79;
+/// Longest device name in bytes (NVML_DEVICE_NAME_BUFFER_SIZE 64, minus the NUL).
+pub const MAX_NAME_LEN: usize = 63;
+/// Largest `process_list_growth` (the extra records are materialized).
+pub const MAX_PROCESS_LIST_GROWTH: u32 = 4096;
+/// Longest driver/NVML version string (NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE 80, minus the NUL).
+pub const MAX_VERSION_LEN: usize = 79;
+
+/// The whole scenario file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Returned by nvmlSystemGetDriverVersion.
+    #[serde(default = "default_driver_version")]
+    pub driver_version: String,
+    /// Returned by nvmlSystemGetNVMLVersion.
+    #[serde(default = "default_nvml_version")]
+    pub nvml_version: String,
+    /// Returned by nvmlSystemGetCudaDriverVersion(_v2), e.g. 12040 for CUDA 12.4.
+    #[serde(default = "default_cuda_driver_version")]
+    pub cuda_driver_version: i32,
+    /// false: init (and every later call) returns NVML_ERROR_DRIVER_NOT_LOADED.
+    #[serde(default = "default_true")]
+    pub driver_loaded: bool,
+    /// The GPUs, in NVML index order.
+    #[serde(default)]
+    pub devices: Vec<Device>,
+    /// Exported function name -> return code forced for every call of that function.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fail: BTreeMap<FunctionName, u32>,
+    /// Directory of `<pid>.<device index>` files holding a decimal byte count each; every such
+    /// file adds (or overrides) a compute process of that device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_memory_dir: Option<PathBuf>,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Self {
+            driver_version: default_driver_version(),
+            nvml_version: default_nvml_version(),
+            cuda_driver_version: default_cuda_driver_version(),
+            driver_loaded: true,
+            devices: Vec::new(),
+            fail: BTreeMap::new(),
+            process_memory_dir: None,
+        }
+    }
+}
+
+/// One GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Device {
+    /// nvmlDeviceGetUUID, e.g. "GPU-8a5f...". Unique within the scenario.
+    pub uuid: String,
+    /// nvmlDeviceGetName.
+    pub name: String,
+    /// Total framebuffer memory in bytes.
+    pub memory_total: u64,
+    /// Memory reserved by driver/firmware in bytes (nvmlMemory_v2_t.reserved).
+    #[serde(default)]
+    pub memory_reserved: u64,
+    /// nvmlUtilization_t.gpu, percent.
+    #[serde(default)]
+    pub utilization_gpu: u32,
+    /// nvmlUtilization_t.memory, percent.
+    #[serde(default)]
+    pub utilization_memory: u32,
+    /// true: every call on this device returns NVML_ERROR_GPU_IS_LOST.
+    #[serde(default)]
+    pub lost: bool,
+    /// nvmlDeviceGetComputeRunningProcesses*.
+    #[serde(default)]
+    pub compute_processes: Vec<Process>,
+    /// nvmlDeviceGetGraphicsRunningProcesses*.
+    #[serde(default)]
+    pub graphics_processes: Vec<Process>,
+    /// Simulated processes appearing between the two calls of the size-query protocol.
+    #[serde(default)]
+    pub process_list_growth: u32,
+    /// nvmlDeviceGetTemperature (NVML_TEMPERATURE_GPU), degrees C.
+    #[serde(default = "default_temperature")]
+    pub temperature: u32,
+    /// nvmlDeviceGetPowerUsage, milliwatts.
+    #[serde(default = "default_power_usage")]
+    pub power_usage: u32,
+}
+
+impl Device {
+    /// A device with the given identity and every other field at its default.
+    pub fn new(uuid: impl Into<String>, name: impl Into<String>, memory_total: u64) -> Self {
+        Self {
+            uuid: uuid.into(),
+            name: name.into(),
+            memory_total,
+            memory_reserved: 0,
+            utilization_gpu: 0,
+            utilization_memory: 0,
+            lost: false,
+            compute_processes: Vec::new(),
+            graphics_processes: Vec::new(),
+            process_list_growth: 0,
+            temperature: default_temperature(),
+            power_usage: default_power_usage(),
+        }
+    }
+}
+
+/// One process record. `used_memory: null` is reported as NVML_VALUE_NOT_AVAILABLE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Process {
+    pub pid: u32,
+    /// Required; `null` means "not available" (u64::MAX on the wire).
+    #[serde(deserialize_with = "required_nullable")]
+    pub used_memory: Option<u64>,
+}
+
+impl Process {
+    pub fn new(pid: u32, used_memory: Option<u64>) -> Self {
+        Self { pid, used_memory }
+    }
+}
+
+fn required_nullable<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Option::<u64>::deserialize(d)
+}
+
+fn default_driver_version() -> String {
+    "550.54.15".to_owned()
+}
+fn default_nvml_version() -> String {
+    "12.550.54.15".to_owned()
+}
+fn default_cuda_driver_version() -> i32 {
+    12040
+}
+fn default_true() -> bool {
+    true
+}
+fn default_temperature() -> u32 {
+    35
+}
+fn default_power_usage() -> u32 {
+    70_000
+}
+
+/// A key of `fail`: the name of a function the mock exports (checked while parsing, so a typo
+/// is reported with its line and column).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct FunctionName(String);
+
+impl FunctionName {
+    /// Fails for names the mock does not export (and for nvmlErrorString, which cannot fail).
+    pub fn new(name: &str) -> Result<Self, String> {
+        if name != "nvmlErrorString" && crate::EXPORTED_FUNCTIONS.contains(&name) {
+            Ok(Self(name.to_owned()))
+        } else {
+            Err(format!(
+                "`fail` key {name:?} is not a function this mock can fail (one of: {})",
+                crate::EXPORTED_FUNCTIONS
+                    .iter()
+                    .filter(|n| **n != "nvmlErrorString")
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for FunctionName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for FunctionName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        FunctionName::new(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+impl Scenario {
+    /// Checks what serde cannot: limits, uniqueness, consistency. The message names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        check_string("driver_version", &self.driver_version, MAX_VERSION_LEN)?;
+        check_string("nvml_version", &self.nvml_version, MAX_VERSION_LEN)?;
+        if self.devices.len() > MAX_DEVICES {
+            return Err(format!(
+                "devices: {} devices listed, at most {MAX_DEVICES} supported",
+                self.devices.len()
+            ));
+        }
+        let mut uuids = BTreeSet::new();
+        for (i, d) in self.devices.iter().enumerate() {
+            check_string(&format!("devices[{i}].uuid"), &d.uuid, MAX_UUID_LEN)?;
+            if d.uuid.is_empty() {
+                return Err(format!("devices[{i}].uuid: must not be empty"));
+            }
+            if !uuids.insert(d.uuid.as_str()) {
+                return Err(format!("devices[{i}].uuid: duplicate uuid {:?}", d.uuid));
+            }
+            check_string(&format!("devices[{i}].name"), &d.name, MAX_NAME_LEN)?;
+            if d.memory_reserved > d.memory_total {
+                return Err(format!(
+                    "devices[{i}].memory_reserved: {} exceeds memory_total {}",
+                    d.memory_reserved, d.memory_total
+                ));
+            }
+            if d.process_list_growth > MAX_PROCESS_LIST_GROWTH {
+                return Err(format!(
+                    "devices[{i}].process_list_growth: {} exceeds {MAX_PROCESS_LIST_GROWTH}",
+                    d.process_list_growth
+                ));
+            }
+            for (field, v) in [
+                ("utilization_gpu", d.utilization_gpu),
+                ("utilization_memory", d.utilization_memory),
+            ] {
+                if v > 100 {
+                    return Err(format!("devices[{i}].{field}: {v} is not a percentage"));
+                }
+            }
+            for (field, list) in [
+                ("compute_processes", &d.compute_processes),
+                ("graphics_processes", &d.graphics_processes),
+            ] {
+                let mut pids = BTreeSet::new();
+                for (k, p) in list.iter().enumerate() {
+                    if !pids.insert(p.pid) {
+                        return Err(format!(
+                            "devices[{i}].{field}[{k}].pid: duplicate pid {}",
+                            p.pid
+                        ));
+                    }
+                    if p.used_memory == Some(u64::MAX) {
+                        return Err(format!(
+                            "devices[{i}].{field}[{k}].used_memory: use null for \"not available\""
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Compute processes of device `index`: the scenario's list, with `process_memory_dir`
+    /// entries overriding same-pid records in place and new pids appended in pid order.
+    pub fn compute_processes(&self, index: usize) -> Vec<Process> {
+        let Some(device) = self.devices.get(index) else {
+            return Vec::new();
+        };
+        let mut list = device.compute_processes.clone();
+        if let Some(dir) = &self.process_memory_dir {
+            for entry in read_process_memory_dir(dir) {
+                if entry.device_index as usize != index {
+                    continue;
+                }
+                let record = Process::new(entry.pid, Some(entry.used_memory));
+                match list.iter_mut().find(|p| p.pid == entry.pid) {
+                    Some(p) => *p = record,
+                    None => list.push(record),
+                }
+            }
+        }
+        list
+    }
+
+    /// Graphics processes of device `index`.
+    pub fn graphics_processes(&self, index: usize) -> Vec<Process> {
+        self.devices
+            .get(index)
+            .map(|d| d.graphics_processes.clone())
+            .unwrap_or_default()
+    }
+
+    /// Memory counters of device `index` (zeroes for an unknown index).
+    pub fn memory(&self, index: usize) -> MemoryCounts {
+        let Some(device) = self.devices.get(index) else {
+            return MemoryCounts::default();
+        };
+        // A pid in both lists is counted once, with the larger of its two values.
+        let mut by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+        for p in self
+            .compute_processes(index)
+            .iter()
+            .chain(device.graphics_processes.iter())
+        {
+            if let Some(used) = p.used_memory {
+                let slot = by_pid.entry(p.pid).or_insert(0);
+                *slot = (*slot).max(used);
+            }
+        }
+        let sum = by_pid.values().fold(0u64, |acc, v| acc.saturating_add(*v));
+        let available = device.memory_total - device.memory_reserved.min(device.memory_total);
+        let used_by_processes = sum.min(available);
+        MemoryCounts {
+            total: device.memory_total,
+            reserved: device.memory_total - available,
+            used_by_processes,
+            free: available - used_by_processes,
+        }
+    }
+}
+
+/// Memory counters of one device; `total = reserved + used_by_processes + free`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryCounts {
+    pub total: u64,
+    pub reserved: u64,
+    pub used_by_processes: u64,
+    pub free: u64,
+}
+
+impl MemoryCounts {
+    /// nvmlMemory_t.used (v1): reserved memory counts as used.
+    pub fn used_v1(&self) -> u64 {
+        self.reserved + self.used_by_processes
+    }
+}
+
+fn check_string(field: &str, s: &str, max: usize) -> Result<(), String> {
+    if s.len() > max {
+        return Err(format!(
+            "{field}: {} bytes long, at most {max} allowed",
+            s.len()
+        ));
+    }
+    if s.contains('\0') {
+        return Err(format!("{field}: must not contain NUL"));
+    }
+    Ok(())
+}
+
+/// One `<pid>.<device index>` file of `process_memory_dir`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirProcess {
+    pub pid: u32,
+    pub device_index: u32,
+    pub used_memory: u64,
+}
+
+/// Reads `<dir>/<pid>.<device index>` files holding a decimal byte count (surrounding
+/// whitespace allowed). Other names, unreadable files and bad contents are skipped (a writer
+/// may be half-way; write a temporary name and rename). A missing directory means no entries.
+/// Sorted by (device index, pid).
+pub fn read_process_memory_dir(dir: &Path) -> Vec<DirProcess> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some((pid, index)) = name.split_once('.') else {
+            continue;
+        };
+        let (Ok(pid), Ok(device_index)) = (pid.parse::<u32>(), index.parse::<u32>()) else {
+            continue;
+        };
+        let Ok(text) = fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        let Ok(used_memory) = text.trim().parse::<u64>() else {
+            continue;
+        };
+        out.push(DirProcess {
+            pid,
+            device_index,
+            used_memory,
+        });
+    }
+    out.sort_by_key(|e| (e.device_index, e.pid));
+    out
+}
+
+/// Why a scenario could not be loaded.
+#[derive(Debug)]
+pub enum ScenarioError {
+    Io {
+        path: PathBuf,
+        error: io::Error,
+    },
+    Parse {
+        path: PathBuf,
+        error: serde_json::Error,
+    },
+    Invalid {
+        path: PathBuf,
+        message: String,
+    },
+}
+
+impl ScenarioError {
+    /// (line, column) of a syntax or type error, 1-based.
+    pub fn line_column(&self) -> Option<(usize, usize)> {
+        match self {
+            ScenarioError::Parse { error, .. } => Some((error.line(), error.column())),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScenarioError::Io { path, error } => {
+                write!(f, "scenario {}: cannot read: {error}", path.display())
+            }
+            // serde_json's message ends with "at line L column C".
+            ScenarioError::Parse { path, error } => {
+                write!(f, "scenario {}: {error}", path.display())
+            }
+            ScenarioError::Invalid { path, message } => {
+                write!(f, "scenario {}: {message}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for ScenarioError {}
+
+/// Parses and validates scenario text; `path` is only used in messages.
+pub fn parse(text: &str, path: &Path) -> Result<Scenario, ScenarioError> {
+    let scenario: Scenario = serde_json::from_str(text).map_err(|error| ScenarioError::Parse {
+        path: path.to_owned(),
+        error,
+    })?;
+    scenario
+        .validate()
+        .map_err(|message| ScenarioError::Invalid {
+            path: path.to_owned(),
+            message,
+        })?;
+    Ok(scenario)
+}
+
+/// Reads, parses and validates the scenario file at `path`.
+pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+    let text = fs::read_to_string(path).map_err(|error| ScenarioError::Io {
+        path: path.to_owned(),
+        error,
+    })?;
+    parse(&text, path)
+}
+
+/// Identity of one version of the scenario file (as seen by stat).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileKey {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileKey {
+    fn of(m: &fs::Metadata) -> Self {
+        Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// What [`WatchedScenario::refresh`] found.
+#[derive(Debug)]
+pub enum Refresh {
+    /// The file looks as it did at the last look (or its new content parses to the same scenario).
+    Unchanged,
+    /// A different, valid scenario is now current.
+    Reloaded,
+    /// The file changed and is missing or invalid; the last good scenario stays current.
+    /// Reported once per change of the file.
+    Failed(ScenarioError),
+}
+
+/// The scenario file, re-read whenever its (dev, inode, size, mtime, ctime) changes.
+#[derive(Debug)]
+pub struct WatchedScenario {
+    path: PathBuf,
+    /// Key of the version last examined; `Some(None)`: the file was missing.
+    seen: Option<Option<FileKey>>,
+    current: Option<Arc<Scenario>>,
+    /// The message for the version last examined, when it was bad.
+    last_error: Option<String>,
+}
+
+impl WatchedScenario {
+    pub fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            seen: None,
+            current: None,
+            last_error: None,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The last good scenario, if any was ever loaded.
+    pub fn current(&self) -> Option<&Arc<Scenario>> {
+        self.current.as_ref()
+    }
+
+    /// Whether the file, as last examined, was bad (the message) or good (None).
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+
+    /// Cheap check (one stat); re-reads the file only when it changed.
+    pub fn refresh(&mut self) -> Refresh {
+        let key = fs::metadata(&self.path).ok().map(|m| FileKey::of(&m));
+        if self.seen == Some(key) {
+            return Refresh::Unchanged;
+        }
+        self.reload()
+    }
+
+    /// Re-reads the file unconditionally.
+    pub fn reload(&mut self) -> Refresh {
+        // Key and content come from the same open file, so a concurrent rename cannot pair
+        // one version's key with another version's content.
+        let (key, result) = match fs::File::open(&self.path) {
+            Err(error) => (
+                None,
+                Err(ScenarioError::Io {
+                    path: self.path.clone(),
+                    error,
+                }),
+            ),
+            Ok(mut file) => {
+                let key = file.metadata().ok().map(|m| FileKey::of(&m));
+                let mut text = String::new();
+                let result = match file.read_to_string(&mut text) {
+                    Ok(_) => parse(&text, &self.path),
+                    Err(error) => Err(ScenarioError::Io {
+                        path: self.path.clone(),
+                        error,
+                    }),
+                };
+                (key, result)
+            }
+        };
+        self.seen = Some(key);
+        match result {
+            Ok(scenario) => {
+                self.last_error = None;
+                if self.current.as_deref() == Some(&scenario) {
+                    Refresh::Unchanged
+                } else {
+                    self.current = Some(Arc::new(scenario));
+                    Refresh::Reloaded
+                }
+            }
+            Err(e) => {
+                self.last_error = Some(e.to_string());
+                Refresh::Failed(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! Compiles abi/nvml_abi_check.c against NVIDIA's nvml.h (from the `nvidia-nvml-dev` wheel in
+//! the project venv), links it with `-lnvidia-ml` against the installed mock, runs it on a
+//! scenario and compares its canonical output with what the scenario implies. A second build
+//! with a deliberately wrong record layout must disagree, proving the comparison is sensitive.
+
+mod common;
+
+use common::{built_lib, pyenv, rich_scenario, skip_or_fail, write_scenario};
+use gpushare_fake_nvml::abi;
+use gpushare_fake_nvml::{ENV_VAR, Process, Scenario};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::mem::{offset_of, size_of};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn header_dir() -> Option<PathBuf> {
+    let dir = pyenv().join("nvml-header");
+    dir.join("nvml.h").is_file().then_some(dir)
+}
+
+/// The -D macros carrying the Rust mirrors' layout into the C static asserts.
+fn rust_layout_defines() -> Vec<String> {
+    [
+        (
+            "RUST_SIZEOF_PROCESS_INFO_V2",
+            size_of::<abi::ProcessInfoV2>(),
+        ),
+        (
+            "RUST_OFFSET_PROCESS_INFO_V2_USED",
+            offset_of!(abi::ProcessInfoV2, used_gpu_memory),
+        ),
+        (
+            "RUST_OFFSET_PROCESS_INFO_V2_GI",
+            offset_of!(abi::ProcessInfoV2, gpu_instance_id),
+        ),
+        (
+            "RUST_OFFSET_PROCESS_INFO_V2_CI",
+            offset_of!(abi::ProcessInfoV2, compute_instance_id),
+        ),
+        (
+            "RUST_SIZEOF_PROCESS_INFO_V1",
+            size_of::<abi::ProcessInfoV1>(),
+        ),
+        ("RUST_SIZEOF_MEMORY", size_of::<abi::Memory>()),
+        ("RUST_SIZEOF_MEMORY_V2", size_of::<abi::MemoryV2>()),
+        (
+            "RUST_OFFSET_MEMORY_V2_RESERVED",
+            offset_of!(abi::MemoryV2, reserved),
+        ),
+        (
+            "RUST_OFFSET_MEMORY_V2_USED",
+            offset_of!(abi::MemoryV2, used),
+        ),
+        ("RUST_MEMORY_V2_VERSION", abi::MEMORY_V2_VERSION as usize),
+        ("RUST_SIZEOF_UTILIZATION", size_of::<abi::Utilization>()),
+        ("RUST_SIZEOF_PCI_INFO", size_of::<abi::PciInfo>()),
+        (
+            "RUST_OFFSET_PCI_INFO_BUS_ID",
+            offset_of!(abi::PciInfo, bus_id),
+        ),
+    ]
+    .iter()
+    .map(|(k, v)| format!("-D{k}={v}u"))
+    .collect()
+}
+
+fn compile(header: &Path, libdir: &Path, out: &Path, extra: &[&str]) {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("abi/nvml_abi_check.c");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let result = Command::new(&cc)
+        .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror"])
+        .arg("-I")
+        .arg(header)
+        .args(rust_layout_defines())
+        .args(extra)
+        .arg(&source)
+        .arg("-L")
+        .arg(libdir)
+        .arg("-lnvidia-ml")
+        .arg("-o")
+        .arg(out)
+        .output()
+        .unwrap_or_else(|e| panic!("running {cc}: {e} (gcc is installed by scripts/setup.sh)"));
+    assert!(
+        result.status.success(),
+        "compiling {}:\n{}",
+        source.display(),
+        String::from_utf8_lossy(&result.stderr)
+    );
+}
+
+fn run(exe: &Path, libdir: &Path, state: Option<&Path>) -> Output {
+    let mut cmd = Command::new(exe);
+    cmd.env("LD_LIBRARY_PATH", libdir).env_remove(ENV_VAR);
+    if let Some(state) = state {
+        cmd.env(ENV_VAR, state);
+    }
+    cmd.output().expect("run abi check")
+}
+
+fn used_text(used: Option<u64>) -> String {
+    used.map_or("n/a".to_owned(), |u| u.to_string())
+}
+
+/// What the check must print for `s` (memory worked out here, independently of the mock).
+fn expected_output(s: &Scenario) -> String {
+    let mut out = String::new();
+    writeln!(out, "init 0 Success").unwrap();
+    writeln!(out, "driver {}", s.driver_version).unwrap();
+    writeln!(out, "count {}", s.devices.len()).unwrap();
+    for (i, d) in s.devices.iter().enumerate() {
+        let mut by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+        for p in d.compute_processes.iter().chain(&d.graphics_processes) {
+            if let Some(u) = p.used_memory {
+                let e = by_pid.entry(p.pid).or_default();
+                *e = (*e).max(u);
+            }
+        }
+        let avail = d.memory_total - d.memory_reserved;
+        let used = by_pid.values().sum::<u64>().min(avail);
+        let free = avail - used;
+        writeln!(
+            out,
+            "device {i} uuid={} pci=00000000:{:02X}:00.0 total={} free={free} used={} \
+             v2_total={} v2_reserved={} v2_free={free} v2_used={used} util={}/{} name={}",
+            d.uuid,
+            0x10 + i,
+            d.memory_total,
+            d.memory_reserved + used,
+            d.memory_total,
+            d.memory_reserved,
+            d.utilization_gpu,
+            d.utilization_memory,
+            d.name
+        )
+        .unwrap();
+        for (kind, list) in [
+            ("compute", &d.compute_processes),
+            ("graphics", &d.graphics_processes),
+        ] {
+            for p in list {
+                writeln!(
+                    out,
+                    "{kind} {i} pid={} used={}",
+                    p.pid,
+                    used_text(p.used_memory)
+                )
+                .unwrap();
+            }
+        }
+    }
+    writeln!(out, "shutdown 0 1").unwrap();
+    out
+}
+
+#[test]
+fn c_program_built_against_nvidia_header_agrees_with_the_scenario() {
+    let Some(header) = header_dir() else {
+        skip_or_fail(&format!(
+            "NVIDIA's nvml.h not found at {}/nvml-header/nvml.h",
+            pyenv().display()
+        ));
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let libdir = tmp.path().join("lib");
+    gpushare_fake_nvml::install_into(&built_lib(), &libdir).unwrap();
+    let good = tmp.path().join("nvml_abi_check");
+    let broken = tmp.path().join("nvml_abi_check_broken");
+    compile(&header, &libdir, &good, &[]);
+    compile(
+        &header,
+        &libdir,
+        &broken,
+        &["-DGPUSHARE_ABI_SELFTEST_BREAK"],
+    );
+
+    let state = tmp.path().join("scenario.json");
+    let mut s = rich_scenario();
+    // A pid in both lists, and a list long enough for a stride error to show.
+    s.devices[1].graphics_processes = vec![
+        Process::new(4_000_010, None),
+        Process::new(4_000_011, Some(7)),
+    ];
+    write_scenario(&state, &s);
+
+    let out = run(&good, &libdir, Some(&state));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "abi check failed ({:?}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout, expected_output(&s));
+
+    // Sensitivity: the same program reading records with a 16-byte stride must disagree.
+    let out = run(&broken, &libdir, Some(&state));
+    let broken_stdout = String::from_utf8_lossy(&out.stdout);
+    assert_ne!(
+        broken_stdout,
+        expected_output(&s),
+        "the broken layout went unnoticed"
+    );
+    let differing: Vec<_> = broken_stdout
+        .lines()
+        .zip(
+            expected_output(&s)
+                .lines()
+                .map(str::to_owned)
+                .collect::<Vec<_>>(),
+        )
+        .filter(|(a, b)| a != b)
+        .map(|(a, _)| a.to_owned())
+        .collect();
+    assert!(
+        !differing.is_empty()
+            && differing
+                .iter()
+                .all(|l| l.starts_with("compute ") || l.starts_with("graphics ")),
+        "only the process records should differ: {differing:?}"
+    );
+}
+
+#[test]
+fn c_program_sees_driver_not_loaded_and_a_located_scenario_error() {
+    let Some(header) = header_dir() else {
+        skip_or_fail(&format!(
+            "NVIDIA's nvml.h not found at {}/nvml-header/nvml.h",
+            pyenv().display()
+        ));
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let libdir = tmp.path().join("lib");
+    gpushare_fake_nvml::install_into(&built_lib(), &libdir).unwrap();
+    let exe = tmp.path().join("nvml_abi_check");
+    compile(&header, &libdir, &exe, &[]);
+
+    // Env var unset.
+    let out = run(&exe, &libdir, None);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "init 9 Driver Not Loaded\n"
+    );
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(ENV_VAR));
+
+    // Missing file.
+    let state = tmp.path().join("scenario.json");
+    let out = run(&exe, &libdir, Some(&state));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "init 9 Driver Not Loaded\n"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&*state.to_string_lossy()), "{stderr}");
+
+    // Invalid file: one stderr line naming the file, the error, its line and column.
+    std::fs::write(
+        &state,
+        "{\n  \"devices\": [],\n  \"driver_loded\": true\n}\n",
+    )
+    .unwrap();
+    let out = run(&exe, &libdir, Some(&state));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "init 9 Driver Not Loaded\n"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&*state.to_string_lossy())
+            && stderr.contains("driver_loded")
+            && stderr.contains("line 3 column"),
+        "{stderr}"
+    );
+
+    // driver_loaded: false.
+    let s = Scenario {
+        driver_loaded: false,
+        ..rich_scenario()
+    };
+    write_scenario(&state, &s);
+    let out = run(&exe, &libdir, Some(&state));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "init 9 Driver Not Loaded\n"
+    );
+}
