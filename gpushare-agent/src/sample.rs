@@ -65,6 +65,8 @@ pub struct GpuSample {
 impl GpuSample {
     /// Whether device `index` was read completely in this sample.
     pub fn device_ok(&self, index: u32) -> bool {
-        self.health.iter().any(|(i, h)| *i == index && *h == DeviceHealth::Ok)
+        self.health
+            .iter()
+            .any(|(i, h)| *i == index && *h == DeviceHealth::Ok)
     }
 }
