@@ -3,4 +3,5 @@
 
 mod attribution;
 mod enforce;
+mod nvml;
 mod util;
