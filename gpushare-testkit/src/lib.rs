@@ -23,10 +23,17 @@ pub fn require_root(test: &str) -> bool {
     if std::env::var("GPUSHARE_REQUIRE_ROOT").as_deref() == Ok("1") {
         panic!("{test} needs root and GPUSHARE_REQUIRE_ROOT=1 is set");
     }
-    eprintln!(
-        "\n!!! SKIPPED {test}: needs root (eBPF, cgroups, mknod). Run the tests as root. !!!\n"
-    );
+    loud_skip(&format!(
+        "{test}: needs root (eBPF, cgroups, mknod). Run the tests as root."
+    ));
     false
+}
+
+/// Prints a SKIPPED banner straight to the process's stderr (libtest would hide `eprintln!` of a
+/// passing test).
+pub fn loud_skip(msg: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "\n!!! SKIPPED {msg} !!!\n");
 }
 
 /// Directory holding the workspace's built binaries (the test executable's `target/<profile>`).

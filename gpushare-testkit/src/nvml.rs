@@ -31,7 +31,10 @@ impl Scenario {
     pub fn create(initial: &serde_json::Value) -> Result<Self> {
         let dir = std::env::temp_dir().join(unique("gpushare-nvml"));
         std::fs::create_dir_all(&dir)?;
-        let s = Self { path: dir.join("scenario.json"), dir };
+        let s = Self {
+            path: dir.join("scenario.json"),
+            dir,
+        };
         s.write(initial)?;
         Ok(s)
     }

@@ -142,8 +142,9 @@ impl NvmlSampler {
         match nvml.device_count() {
             Ok(count) => {
                 self.recovered("count");
+                let pids = PidCache::default();
                 for index in 0..count {
-                    let health = match self.sample_device(&nvml, index, &mut sample) {
+                    let health = match self.sample_device(&nvml, index, &mut sample, &pids) {
                         Ok(()) => {
                             self.recovered(&format!("device {index}"));
                             DeviceHealth::Ok
@@ -170,6 +171,7 @@ impl NvmlSampler {
         nvml: &Nvml,
         index: u32,
         sample: &mut GpuSample,
+        pids: &PidCache,
     ) -> Result<(), String> {
         let dev = nvml
             .device_by_index(index)
@@ -200,8 +202,9 @@ impl NvmlSampler {
                 d.running_graphics_processes()
             })?;
         let mut distrusted = Vec::new();
+        let exists = |pid: u32| pids.exists(pid);
         let merged =
-            merge_device_processes(&compute, &graphics, mem.total, &pid_exists, &mut distrusted);
+            merge_device_processes(&compute, &graphics, mem.total, &exists, &mut distrusted);
         for (pid, why) in distrusted {
             *self.distrusted.entry(why.as_str()).or_default() += 1;
             if why == Distrust::ImplausibleMemory || pid != 0 {
@@ -284,6 +287,16 @@ impl NvmlSampler {
     }
 }
 
-fn pid_exists(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+/// `/proc/<pid>` existence, asked once per pid per sample (a process is often on several GPUs).
+#[derive(Default)]
+struct PidCache(std::cell::RefCell<std::collections::HashMap<u32, bool>>);
+
+impl PidCache {
+    fn exists(&self, pid: u32) -> bool {
+        *self
+            .0
+            .borrow_mut()
+            .entry(pid)
+            .or_insert_with(|| Path::new(&format!("/proc/{pid}")).exists())
+    }
 }
