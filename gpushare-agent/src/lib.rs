@@ -5,12 +5,16 @@
 //! [`run`] ties them to the clock and to signals. See `docs/architecture.md`.
 #![deny(missing_docs)]
 
+pub mod api;
 pub mod attribution;
 pub mod cli;
+pub mod client;
 pub mod ebpf;
 pub mod enforce;
+pub mod metrics;
 pub mod nvml;
 pub mod policy;
 pub mod quota;
 pub mod run;
 pub mod sample;
+pub mod snapshot;

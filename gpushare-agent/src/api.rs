@@ -1,0 +1,194 @@
+//! The agent's HTTP endpoints. Read-only ones (`/metrics`, `/healthz`, `/api/v1/state`) are served on
+//! TCP (default 127.0.0.1:9402) and on the local Unix socket; the write endpoint (`release`) only on
+//! the Unix socket, which is created owned by root with mode 0600. Never on TCP.
+
+use std::{
+    net::SocketAddr,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use anyhow::{Context, Result};
+use axum::{
+    Json, Router,
+    extract::State,
+    http::{HeaderMap, StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use log::{info, warn};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::metrics::{Metrics, SharedSnapshot};
+
+/// Default TCP address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9402";
+/// Default local socket.
+pub const DEFAULT_SOCKET: &str = "/run/gpushare/agent.sock";
+
+/// An operator's request to release a workload, answered by the agent loop.
+pub struct ReleaseRequest {
+    /// The workload key (or a unique prefix / short name).
+    pub workload: String,
+    /// Where the answer goes: a message, or an error.
+    pub reply: oneshot::Sender<Result<String, String>>,
+}
+
+#[derive(Clone)]
+struct Ctx {
+    snapshot: SharedSnapshot,
+    metrics: Arc<Metrics>,
+    release: Option<mpsc::Sender<ReleaseRequest>>,
+}
+
+fn read_routes() -> Router<Ctx> {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/api/v1/state", get(state))
+}
+
+/// Serves the read-only endpoints on `addr`.
+pub async fn serve_tcp(
+    addr: SocketAddr,
+    snapshot: SharedSnapshot,
+    metrics: Arc<Metrics>,
+) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+        format!("listening on {addr} (is another agent running? use --listen to change)")
+    })?;
+    info!("serving /metrics, /healthz and /api/v1/state on http://{addr}");
+    let app = read_routes().with_state(Ctx {
+        snapshot,
+        metrics,
+        release: None,
+    });
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            warn!("HTTP server on {addr} stopped: {e}");
+        }
+    });
+    Ok(())
+}
+
+/// Serves every endpoint, `release` included, on a root-only Unix socket at `path`.
+pub async fn serve_unix(
+    path: &Path,
+    snapshot: SharedSnapshot,
+    metrics: Arc<Metrics>,
+    release: mpsc::Sender<ReleaseRequest>,
+) -> Result<PathBuf> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    // A stale socket of a dead agent is replaced; a live agent's is not (bind would race it).
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            anyhow::bail!("{} is in use: another agent is running", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let app = read_routes()
+        .route("/api/v1/release", post(release_handler))
+        .with_state(Ctx {
+            snapshot,
+            metrics,
+            release: Some(release),
+        });
+    let shown = path.to_path_buf();
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            warn!("local API on {} stopped: {e}", shown.display());
+        }
+    });
+    info!("local API (release) on {} (root only)", path.display());
+    Ok(path.to_path_buf())
+}
+
+async fn metrics(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
+    let openmetrics = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("application/openmetrics-text"));
+    if openmetrics {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            ctx.metrics.render_openmetrics(),
+        )
+            .into_response()
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            ctx.metrics.render_prometheus(),
+        )
+            .into_response()
+    }
+}
+
+async fn healthz(State(ctx): State<Ctx>) -> Response {
+    let snap = ctx
+        .snapshot
+        .read()
+        .map(|s| Arc::clone(&s))
+        .unwrap_or_default();
+    let h = &snap.health;
+    let body = serde_json::json!({
+        "ready": h.ready,
+        "attribution": h.attribution,
+        "nvml": h.nvml,
+        "degraded": h.degraded,
+        "dry_run": h.dry_run,
+    });
+    let code = if h.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(body)).into_response()
+}
+
+async fn state(State(ctx): State<Ctx>) -> Response {
+    let snap = ctx
+        .snapshot
+        .read()
+        .map(|s| Arc::clone(&s))
+        .unwrap_or_default();
+    Json(snap.as_ref().clone()).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct ReleaseBody {
+    workload: String,
+}
+
+async fn release_handler(State(ctx): State<Ctx>, Json(body): Json<ReleaseBody>) -> Response {
+    let Some(tx) = ctx.release else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let (reply, rx) = oneshot::channel();
+    if tx
+        .send(ReleaseRequest {
+            workload: body.workload,
+            reply,
+        })
+        .await
+        .is_err()
+    {
+        return (StatusCode::SERVICE_UNAVAILABLE, "agent is shutting down\n").into_response();
+    }
+    match rx.await {
+        Ok(Ok(msg)) => (StatusCode::OK, format!("{msg}\n")).into_response(),
+        Ok(Err(msg)) => (StatusCode::NOT_FOUND, format!("{msg}\n")).into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "agent did not answer\n").into_response(),
+    }
+}

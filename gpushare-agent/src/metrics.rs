@@ -1,0 +1,435 @@
+//! Prometheus metrics (prometheus-client). Gauges and totals are encoded at scrape time from the
+//! latest [`Snapshot`], so series of exited processes and removed workloads disappear with them
+//! and label cardinality stays bounded by what is alive. Histograms are kept here.
+
+use std::sync::{Arc, RwLock};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{MetricType, gauge::ConstGauge, histogram::Histogram},
+    registry::Registry,
+};
+
+use crate::snapshot::{Snapshot, WorkloadView};
+
+/// The latest snapshot, shared between the agent loop (writer) and readers.
+pub type SharedSnapshot = Arc<RwLock<Arc<Snapshot>>>;
+
+/// Every isolation state a workload can be in; one series per state.
+pub const ISOLATION_STATES: &[&str] = &[
+    "ok",
+    "over_quota",
+    "alerted",
+    "signalled",
+    "frozen",
+    "killed",
+];
+
+/// Which compatibility metrics to add.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Compat {
+    /// gpushare's own metrics only.
+    #[default]
+    None,
+    /// Also HAMi's `hami_vgpu_memory_*` series.
+    Hami,
+}
+
+/// The registry and the histograms the agent loop observes into.
+pub struct Metrics {
+    registry: Registry,
+    /// Time of one NVML sample.
+    pub sample_duration: Histogram,
+    /// From the sample (or allocation event) that showed a workload over quota to the action.
+    pub enforcement_latency: Histogram,
+}
+
+impl Metrics {
+    /// A registry over `snapshot`.
+    pub fn new(snapshot: SharedSnapshot, compat: Compat) -> Self {
+        let mut registry = Registry::default();
+        let sample_duration = Histogram::new([
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+        ]);
+        let enforcement_latency = Histogram::new([
+            0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ]);
+        registry.register(
+            "gpushare_sample_duration_seconds",
+            "Time to read every GPU and its processes through NVML",
+            sample_duration.clone(),
+        );
+        registry.register(
+            "gpushare_enforcement_latency_seconds",
+            "From the observation that put a workload over quota to the enforcement action",
+            enforcement_latency.clone(),
+        );
+        registry.register_collector(Box::new(SnapshotCollector { snapshot, compat }));
+        Self {
+            registry,
+            sample_duration,
+            enforcement_latency,
+        }
+    }
+
+    /// Prometheus text format (0.0.4), what `promtool check metrics` reads.
+    pub fn render_prometheus(&self) -> String {
+        let mut out = String::with_capacity(64 * 1024);
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// OpenMetrics text format.
+    pub fn render_openmetrics(&self) -> String {
+        let mut out = String::with_capacity(64 * 1024);
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[derive(Debug)]
+struct SnapshotCollector {
+    snapshot: SharedSnapshot,
+    compat: Compat,
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Labels, f64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut series = series.into_iter().peekable();
+    if series.peek().is_none() {
+        return Ok(());
+    }
+    let mut m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in series {
+        ConstGauge::new(value).encode(m.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Labels, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, value) in series {
+        let mut fam = m.encode_family(&labels)?;
+        fam.encode_counter::<prometheus_client::encoding::NoLabelSet, _, f64>(&value, None)?;
+    }
+    Ok(())
+}
+
+fn workload_labels(w: &WorkloadView) -> Labels {
+    vec![
+        ("gpu_uuid", w.gpu_uuid.clone()),
+        ("workload", w.workload.clone()),
+        ("namespace", w.namespace.clone()),
+        ("pod", w.pod.clone()),
+        ("container", w.container.clone()),
+        ("container_id", w.container_id.clone()),
+    ]
+}
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let snap = self
+            .snapshot
+            .read()
+            .map(|s| Arc::clone(&s))
+            .unwrap_or_default();
+        let gpu_labels = |g: &crate::snapshot::GpuView| -> Labels {
+            vec![
+                ("gpu_uuid", g.uuid.clone()),
+                ("gpu_index", g.index.to_string()),
+                ("gpu_name", g.name.clone()),
+            ]
+        };
+        gauge(
+            &mut e,
+            "gpushare_gpu_memory_total_bytes",
+            "GPU memory in total, bytes",
+            snap.gpus
+                .iter()
+                .map(|g| (gpu_labels(g), g.memory_total_bytes as f64)),
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_gpu_memory_used_bytes",
+            "GPU memory in use, bytes",
+            snap.gpus
+                .iter()
+                .map(|g| (gpu_labels(g), g.memory_used_bytes as f64)),
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_gpu_healthy",
+            "1 when the last NVML sample read the GPU completely",
+            snap.gpus
+                .iter()
+                .map(|g| (gpu_labels(g), g.healthy as u8 as f64)),
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_workload_gpu_memory_used_bytes",
+            "GPU memory used by a workload, bytes",
+            snap.workloads
+                .iter()
+                .map(|w| (workload_labels(w), w.used_bytes as f64)),
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_workload_gpu_memory_quota_bytes",
+            "GPU memory quota of a workload, bytes",
+            snap.workloads
+                .iter()
+                .filter_map(|w| w.quota_bytes.map(|q| (workload_labels(w), q as f64))),
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_workload_isolation_state",
+            "Isolation state of a workload: one series per state, 1 for the current one",
+            snap.workloads.iter().flat_map(|w| {
+                let mut states: Vec<&str> = ISOLATION_STATES.to_vec();
+                if !states.contains(&w.state.as_str()) {
+                    states.push(w.state.as_str());
+                }
+                states.into_iter().map(move |s| {
+                    let mut l = workload_labels(w);
+                    l.push(("state", s.to_string()));
+                    (l, (s == w.state) as u8 as f64)
+                })
+            }),
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_process_gpu_memory_used_bytes",
+            "GPU memory used by a process, bytes",
+            snap.processes.iter().filter_map(|p| {
+                p.used_bytes.map(|b| {
+                    (
+                        vec![
+                            ("gpu_uuid", p.gpu_uuid.clone()),
+                            ("pid", p.pid.to_string()),
+                            ("comm", p.comm.clone()),
+                            ("workload", p.workload.clone()),
+                        ],
+                        b as f64,
+                    )
+                })
+            }),
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_unattributed_gpu_memory_bytes",
+            "GPU memory of processes no workload was found for, bytes",
+            snap.gpus.iter().map(|g| {
+                (
+                    vec![("gpu_uuid", g.uuid.clone())],
+                    *snap.unattributed_bytes.get(&g.uuid).unwrap_or(&0) as f64,
+                )
+            }),
+        )?;
+        let c = &snap.counters;
+        counter(
+            &mut e,
+            "gpushare_enforcement_actions",
+            "Enforcement actions by action and result",
+            c.enforcement_actions.iter().map(|(k, v)| {
+                let (action, result) = k.split_once('/').unwrap_or((k.as_str(), ""));
+                (
+                    vec![
+                        ("action", action.to_string()),
+                        ("result", result.to_string()),
+                    ],
+                    *v,
+                )
+            }),
+        )?;
+        counter(
+            &mut e,
+            "gpushare_gpu_ioctls",
+            "ioctls issued by the GPU tasks of a workload",
+            c.gpu_ioctls
+                .iter()
+                .map(|(w, v)| (vec![("workload", w.clone())], *v)),
+        )?;
+        counter(
+            &mut e,
+            "gpushare_ebpf_events",
+            "Kernel events received by kind",
+            c.ebpf_events
+                .iter()
+                .map(|(k, v)| (vec![("kind", k.clone())], *v)),
+        )?;
+        counter(
+            &mut e,
+            "gpushare_ebpf_events_lost",
+            "Kernel events lost because the ring buffer was full",
+            [(Labels::new(), c.ebpf_events_lost)],
+        )?;
+        counter(
+            &mut e,
+            "gpushare_nvml_errors",
+            "NVML calls that failed, by call",
+            c.nvml_errors
+                .iter()
+                .map(|(k, v)| (vec![("call", k.clone())], *v)),
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_quota_config_valid",
+            "1 when the quota files loaded cleanly; 0 while the last good configuration is kept",
+            [(Labels::new(), c.quota_config_valid as u8 as f64)],
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_quota_config_last_reload_timestamp_seconds",
+            "When the quota configuration was last loaded",
+            [(Labels::new(), c.quota_config_last_reload_unix)],
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_agent_ready",
+            "1 once the programs are loaded and the first sample is done",
+            [(Labels::new(), snap.health.ready as u8 as f64)],
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_agent_degraded",
+            "1 while the agent runs in a degraded mode (see /healthz)",
+            [(
+                Labels::new(),
+                (!snap.health.degraded.is_empty()) as u8 as f64,
+            )],
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_build_info",
+            "Build information",
+            [(
+                vec![("version", env!("CARGO_PKG_VERSION").to_string())],
+                1.0,
+            )],
+        )?;
+        if self.compat == Compat::Hami {
+            let hami = |w: &WorkloadView| -> Labels {
+                let index = snap
+                    .gpus
+                    .iter()
+                    .find(|g| g.uuid == w.gpu_uuid)
+                    .map(|g| g.index.to_string())
+                    .unwrap_or_default();
+                vec![
+                    ("namespace", w.namespace.clone()),
+                    (
+                        "pod",
+                        if w.pod.is_empty() {
+                            w.name.clone()
+                        } else {
+                            w.pod.clone()
+                        },
+                    ),
+                    ("container", w.container.clone()),
+                    ("vdevice_index", index),
+                    ("device_uuid", w.gpu_uuid.clone()),
+                ]
+            };
+            gauge(
+                &mut e,
+                "hami_vgpu_memory_used_bytes",
+                "HAMi-compatible: GPU memory used by a container",
+                snap.workloads
+                    .iter()
+                    .map(|w| (hami(w), w.used_bytes as f64)),
+            )?;
+            gauge(
+                &mut e,
+                "hami_vgpu_memory_limit_bytes",
+                "HAMi-compatible: GPU memory limit of a container",
+                snap.workloads
+                    .iter()
+                    .filter_map(|w| w.quota_bytes.map(|q| (hami(w), q as f64))),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{GpuView, ProcessView};
+
+    fn snapshot(workloads: &[(&str, u64, Option<u64>, &str)]) -> Snapshot {
+        let mut s = Snapshot::default();
+        s.gpus.push(GpuView {
+            index: 0,
+            uuid: "GPU-a".into(),
+            name: "H100".into(),
+            memory_total_bytes: 100,
+            memory_used_bytes: 40,
+            memory_free_bytes: 60,
+            healthy: true,
+        });
+        for (key, used, quota, state) in workloads {
+            s.workloads.push(WorkloadView {
+                workload: key.to_string(),
+                gpu_uuid: "GPU-a".into(),
+                used_bytes: *used,
+                quota_bytes: *quota,
+                state: state.to_string(),
+                ..Default::default()
+            });
+            s.processes.push(ProcessView {
+                pid: *used as u32,
+                comm: "python".into(),
+                workload: key.to_string(),
+                gpu_uuid: "GPU-a".into(),
+                used_bytes: Some(*used),
+            });
+        }
+        s.counters.enforcement_actions.insert("freeze/ok".into(), 2);
+        s
+    }
+
+    #[test]
+    fn series_follow_the_snapshot_and_vanish_with_their_workload() {
+        let shared: SharedSnapshot = Arc::default();
+        let m = Metrics::new(shared.clone(), Compat::Hami);
+        *shared.write().unwrap() = Arc::new(snapshot(&[
+            ("docker://a", 10, Some(5), "frozen"),
+            ("docker://b", 30, None, "ok"),
+        ]));
+        let text = m.render_prometheus();
+        assert!(text.contains(r#"gpushare_workload_gpu_memory_used_bytes{gpu_uuid="GPU-a",workload="docker://a",namespace="",pod="",container="",container_id=""} 10"#), "{text}");
+        assert!(text.contains(
+            r#"gpushare_workload_gpu_memory_quota_bytes{gpu_uuid="GPU-a",workload="docker://a""#
+        ));
+        assert!(
+            !text.contains(
+                r#"gpushare_workload_gpu_memory_quota_bytes{gpu_uuid="GPU-a",workload="docker://b""#
+            ),
+            "no quota, no series"
+        );
+        assert!(text.contains(r#"workload="docker://a",namespace="",pod="",container="",container_id="",state="frozen"} 1"#));
+        assert!(text.contains(r#"workload="docker://a",namespace="",pod="",container="",container_id="",state="ok"} 0"#));
+        assert!(
+            text.contains(r#"gpushare_enforcement_actions_total{action="freeze",result="ok"} 2"#)
+        );
+        assert!(text.contains("hami_vgpu_memory_limit_bytes{"));
+        assert!(text.contains("# TYPE gpushare_sample_duration_seconds histogram"));
+        // b exits: its series go with it.
+        *shared.write().unwrap() = Arc::new(snapshot(&[("docker://a", 10, Some(5), "frozen")]));
+        let text = m.render_prometheus();
+        assert!(!text.contains("docker://b"), "{text}");
+        assert!(m.render_openmetrics().ends_with("# EOF\n"));
+    }
+}
