@@ -20,28 +20,84 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the agent (the default).
-    Run(RunArgs),
+    /// Validate quota files and print the effective quotas; exit 0 when valid, 1 otherwise.
+    Check {
+        /// The main quota file (its sibling `quotas.d/` is read too).
+        #[arg(value_name = "PATH", default_value = DEFAULT_QUOTAS)]
+        path: PathBuf,
+    },
+    /// Show GPUs, workloads, quotas and isolation states of the running agent.
+    Status {
+        /// Print the agent's state as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Where the agent listens.
+        #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN)]
+        listen: String,
+    },
+    /// Release a workload: thaw it if frozen and restart its ladder (root; local socket).
+    Release {
+        /// Workload key (`docker://<id>`), container id or a unique prefix of it.
+        workload: String,
+        /// The agent's local socket.
+        #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
 }
+
+/// Default main quota file.
+pub const DEFAULT_QUOTAS: &str = "/etc/gpushare/quotas.toml";
+/// Default HTTP address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9402";
+/// Default local socket.
+pub const DEFAULT_SOCKET: &str = "/run/gpushare/agent.sock";
+/// Default state directory.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpushare";
+/// Runtime quota drop-ins (written by `launch`).
+pub const RUNTIME_QUOTAS_DIR: &str = "/run/gpushare/quotas.d";
 
 /// Options of a running agent.
 #[derive(Clone, Debug, Args)]
 pub struct RunArgs {
     /// How often NVML is sampled, e.g. `1s`, `500ms`.
-    #[arg(long, default_value = "1s", value_parser = parse_duration, global = true)]
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub interval: Duration,
     /// How often the GPU task table is reconciled against /proc and the kernel's table.
-    #[arg(long, default_value = "10s", value_parser = parse_duration, global = true)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub reconcile_interval: Duration,
     /// Path of libnvidia-ml to load (default: the system's libnvidia-ml.so.1).
-    #[arg(long, value_name = "PATH", global = true)]
+    #[arg(long, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
     /// Do not load the eBPF programs; attribute GPU processes through /proc only.
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub no_ebpf: bool,
     /// Least time between two allocation events of one GPU task.
-    #[arg(long, default_value = "20ms", value_parser = parse_duration, global = true)]
+    #[arg(long, default_value = "20ms", value_parser = parse_duration)]
     pub alloc_event_min_interval: Duration,
+    /// Main quota file; its sibling `quotas.d/*.toml` and /run/gpushare/quotas.d are read too.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_QUOTAS)]
+    pub quotas: PathBuf,
+    /// Runtime quota drop-in directory (where `launch` registers quotas).
+    #[arg(long, value_name = "DIR", default_value = RUNTIME_QUOTAS_DIR)]
+    pub runtime_quotas: PathBuf,
+    /// Address of /metrics, /healthz and /api/v1/state.
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN)]
+    pub listen: std::net::SocketAddr,
+    /// The local API socket (release), root only.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Where the freeze ledger is kept.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Decide and report, but freeze, signal and kill nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// On SIGTERM, leave workloads the agent froze frozen (the next start reconciles them).
+    #[arg(long)]
+    pub keep_frozen_on_exit: bool,
+    /// Also export another system's metric names (`hami`).
+    #[arg(long, value_name = "SYSTEM", value_parser = ["hami"])]
+    pub compat: Option<String>,
 }
 
 /// Parses `250ms`, `1s`, `1.5s`, `2m`. A bare number is rejected as ambiguous.

@@ -5,6 +5,7 @@
 //! [`run`] ties them to the clock and to signals. See `docs/architecture.md`.
 #![deny(missing_docs)]
 
+pub mod agent;
 pub mod api;
 pub mod attribution;
 pub mod cli;
@@ -18,3 +19,4 @@ pub mod quota;
 pub mod run;
 pub mod sample;
 pub mod snapshot;
+pub mod status;

@@ -1,7 +1,13 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use gpushare_agent::cli::{Cli, Command};
+use gpushare_agent::{
+    cli::{Cli, Command},
+    client::{Endpoint, request},
+    quota::file::load_dir_set,
+    snapshot::Snapshot,
+    status::{render_quota_rows, render_status},
+};
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
@@ -9,20 +15,86 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            log::error!("{e:#}");
+            eprintln!("gpushare-agent: error: {e:#}");
             ExitCode::FAILURE
         }
     }
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let args = match cli.command {
-        None => cli.run,
-        Some(Command::Run(args)) => args,
-    };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(gpushare_agent::run::run(args))?;
-    Ok(ExitCode::SUCCESS)
+    match cli.command {
+        None => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(gpushare_agent::run::run(cli.run))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Check { path }) => {
+            let dropins = vec![
+                path.parent()
+                    .unwrap_or(std::path::Path::new("/"))
+                    .join("quotas.d"),
+            ];
+            match load_dir_set(&path, &dropins) {
+                Ok(set) => {
+                    if !path.exists() {
+                        println!("note: {} does not exist (no file entries)", path.display());
+                    }
+                    print!("{}", render_quota_rows(&set.describe()));
+                    println!(
+                        "OK: {} and {}/*.toml are valid",
+                        path.display(),
+                        dropins[0].display()
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(errors) => {
+                    for e in &errors {
+                        eprintln!("{e}");
+                    }
+                    eprintln!(
+                        "INVALID: {} error(s); a running agent keeps its last good configuration",
+                        errors.len()
+                    );
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
+        Some(Command::Status { json, listen }) => {
+            let (code, body) = request(&Endpoint::Tcp(&listen), "GET", "/api/v1/state", None).map_err(|e| {
+                anyhow::anyhow!("no gpushare agent answers on {listen} ({e:#}); is it running? (`cargo xtask run`, or `systemctl status gpushare-agent`)")
+            })?;
+            anyhow::ensure!(code == 200, "the agent answered HTTP {code}: {body}");
+            if json {
+                println!("{body}");
+            } else {
+                let snap: Snapshot = serde_json::from_str(&body)?;
+                print!("{}", render_status(&snap));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Release { workload, socket }) => {
+            let body = serde_json::json!({ "workload": workload }).to_string();
+            let (code, answer) = request(
+                &Endpoint::Unix(&socket),
+                "POST",
+                "/api/v1/release",
+                Some(&body),
+            )
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "no gpushare agent on {} ({e:#}); release needs root and a running agent",
+                    socket.display()
+                )
+            })?;
+            if code == 200 {
+                print!("{answer}");
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprint!("{answer}");
+                Ok(ExitCode::FAILURE)
+            }
+        }
+    }
 }

@@ -1,24 +1,40 @@
-//! The agent's event loop: signals, kernel events, periodic sampling and reconciliation.
+//! The agent's event loop: decides *when* the agent steps. Signals, kernel events (prompt re-sample
+//! on allocations), the sample and reconcile timers, quota file changes, and release requests.
 
-use std::{os::fd::OwnedFd, time::Duration};
+use std::{
+    os::fd::OwnedFd,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result};
-use log::info;
+use log::{info, warn};
+use notify::Watcher;
 use tokio::{
     io::{Interest, unix::AsyncFd},
     signal::unix::{SignalKind, signal},
-    time::{MissedTickBehavior, interval},
+    sync::mpsc,
+    time::{MissedTickBehavior, interval, sleep_until},
 };
 
 use crate::{
-    attribution::{Change, tracker::Tracker},
+    agent::{
+        Agent, AgentOptions, RESAMPLE_DEBOUNCE,
+        quota_store::{QuotaPaths, QuotaStore},
+    },
+    api,
+    attribution::{Change, cgroupfs, tracker::Tracker},
     cli::RunArgs,
     ebpf::LoadOptions,
-    nvml,
+    enforce::Enforcer,
+    metrics::{Compat, Metrics, SharedSnapshot},
+    nvml::NvmlSampler,
 };
 
 /// How often pending no-wakeup events are drained.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(100);
+/// Backstop for file watching (files on filesystems without inotify, missed events).
+const QUOTA_POLL: Duration = Duration::from_secs(10);
 
 /// Runs the agent until SIGINT or SIGTERM.
 pub async fn run(args: RunArgs) -> Result<()> {
@@ -30,11 +46,81 @@ pub async fn run(args: RunArgs) -> Result<()> {
         alloc_event_min_interval_ns: args.alloc_event_min_interval.as_nanos() as u64,
         only: None,
     };
-    let mut tracker = Tracker::start(&load, args.no_ebpf)?;
-    let mut sampler = nvml::NvmlSampler::open(args.nvml_lib.as_deref());
-    let mut last_sample = None;
+    let tracker = Tracker::start(&load, args.no_ebpf)?;
+    let sampler = NvmlSampler::open(args.nvml_lib.as_deref());
+    if let Err(e) = std::fs::create_dir_all(&args.runtime_quotas) {
+        warn!(
+            "cannot create {}: {e}; launched services' quotas will not be seen",
+            args.runtime_quotas.display()
+        );
+    }
+    let paths = QuotaPaths::new(args.quotas.clone(), Some(args.runtime_quotas.clone()));
+    let quotas = QuotaStore::load(paths.clone());
+    let enforcer = Enforcer::new(
+        cgroupfs::find_cgroup2_mount()?,
+        &args.state_dir,
+        args.dry_run,
+    )
+    .with_context(|| {
+        format!(
+            "opening the state directory {} (--state-dir)",
+            args.state_dir.display()
+        )
+    })?;
+    let snapshot: SharedSnapshot = Arc::default();
+    let compat = if args.compat.as_deref() == Some("hami") {
+        Compat::Hami
+    } else {
+        Compat::None
+    };
+    let metrics = Arc::new(Metrics::new(snapshot.clone(), compat));
+    let opts = AgentOptions {
+        dry_run: args.dry_run,
+        keep_frozen_on_exit: args.keep_frozen_on_exit,
+    };
+    if args.dry_run {
+        info!("DRY RUN: decisions are logged and exported, nothing is frozen, signalled or killed");
+    }
+    let mut agent = Agent::new(
+        tracker,
+        sampler,
+        quotas,
+        enforcer,
+        metrics.clone(),
+        snapshot.clone(),
+        opts,
+    );
 
-    let events_fd: Option<AsyncFd<OwnedFd>> = match tracker.kernel() {
+    api::serve_tcp(args.listen, snapshot.clone(), metrics.clone()).await?;
+    let (release_tx, mut release_rx) = mpsc::channel::<api::ReleaseRequest>(16);
+    let socket =
+        match api::serve_unix(&args.socket, snapshot.clone(), metrics.clone(), release_tx).await {
+            Ok(p) => Some(p),
+            Err(e) => {
+                warn!("local API unavailable ({e:#}); `gpushare-agent release` will not work");
+                None
+            }
+        };
+
+    // Quota files: inotify on their directories, and a slow poll as a backstop.
+    let (qtx, mut qrx) = mpsc::channel::<()>(4);
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        if res.is_ok() {
+            let _ = qtx.try_send(());
+        }
+    })
+    .ok();
+    if let Some(w) = watcher.as_mut() {
+        for dir in paths.watch_dirs() {
+            if dir.is_dir()
+                && let Err(e) = w.watch(&dir, notify::RecursiveMode::NonRecursive)
+            {
+                warn!("not watching {}: {e}", dir.display());
+            }
+        }
+    }
+
+    let events_fd: Option<AsyncFd<OwnedFd>> = match agent.tracker.kernel() {
         Some(k) => {
             let fd = k
                 .events_fd()
@@ -52,9 +138,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut drain = interval(DRAIN_INTERVAL);
     let mut sample = interval(args.interval);
     let mut reconcile = interval(args.reconcile_interval);
-    for t in [&mut drain, &mut sample, &mut reconcile] {
+    let mut quota_poll = interval(QUOTA_POLL);
+    for t in [&mut drain, &mut sample, &mut reconcile, &mut quota_poll] {
         t.set_missed_tick_behavior(MissedTickBehavior::Delay);
     }
+    // A prompt re-sample after an allocation event: (when, the event's arrival).
+    let mut resample: Option<(tokio::time::Instant, Instant)> = None;
     info!(
         "gpushare agent running (sample interval {:?}); SIGINT or SIGTERM stops it",
         args.interval
@@ -67,81 +156,57 @@ pub async fn run(args: RunArgs) -> Result<()> {
             _ = sigterm.recv() => { info!("SIGTERM received"); break; }
             ready = readable(&events_fd) => {
                 if let Ok(mut guard) = ready { guard.clear_ready(); }
-                let changes = tracker.poll();
-                log_changes(&tracker, changes);
+                on_changes(&mut agent, &mut resample);
             }
-            _ = drain.tick() => {
-                let changes = tracker.poll();
-                log_changes(&tracker, changes);
+            _ = drain.tick() => on_changes(&mut agent, &mut resample),
+            _ = wait_resample(resample) => {
+                let trigger = resample.take().map(|(_, at)| at);
+                agent.tick(trigger);
+                sample.reset();
             }
-            _ = sample.tick() => {
-                tracker.refresh_ioctl_counts();
-                let s = sampler.sample();
-                attribute_sampled_pids(&mut tracker, &s);
-                log_sample(&tracker, &s);
-                last_sample = Some(s);
+            _ = sample.tick() => agent.tick(None),
+            _ = reconcile.tick() => { agent.tracker.reconcile(); }
+            Some(()) = qrx.recv() => {
+                // Let an editor finish writing (several events per save) before reading.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                while qrx.try_recv().is_ok() {}
+                if agent.quotas_mut().reload(false) { agent.tick(None); }
             }
-            _ = reconcile.tick() => { tracker.reconcile(); }
+            _ = quota_poll.tick() => { if agent.quotas_mut().reload(false) { agent.tick(None); } }
+            Some(req) = release_rx.recv() => {
+                let answer = agent.release(&req.workload);
+                if answer.is_ok() { agent.tick(None); }
+                let _ = req.reply.send(answer);
+            }
         }
     }
+    agent.shutdown();
     info!("shutting down: detaching eBPF programs");
     drop(events_fd);
-    drop(tracker);
-    drop(last_sample);
+    drop(watcher);
+    drop(agent);
+    if let Some(p) = socket {
+        let _ = std::fs::remove_file(p);
+    }
     info!("stopped");
     Ok(())
 }
 
-/// Pids NVML reports that no kernel event announced (eBPF unavailable, or started before the
-/// agent) are attributed through /proc.
-fn attribute_sampled_pids(tracker: &mut Tracker, sample: &crate::sample::GpuSample) {
-    for p in &sample.processes {
-        if tracker.table().get(p.pid).is_none()
-            && tracker.table_mut().attribute_pid(p.pid).is_some()
-            && let Some(t) = tracker.table().get(p.pid)
-        {
-            info!(
-                "GPU process {} ({}) reported by NVML on GPU {}: cgroup {}",
-                p.pid,
-                t.comm,
-                p.device_index,
-                t.cgroup_path.as_deref().unwrap_or("?")
-            );
-        }
+fn on_changes(agent: &mut Agent, resample: &mut Option<(tokio::time::Instant, Instant)>) {
+    let changes = agent.tracker.poll();
+    log_changes(agent, &changes);
+    if resample.is_none() && Agent::wants_resample(&changes) {
+        *resample = Some((
+            tokio::time::Instant::now() + RESAMPLE_DEBOUNCE,
+            Instant::now(),
+        ));
     }
 }
 
-/// At debug level, one line per GPU and per process of each sample (the GPU smoke test reads them).
-fn log_sample(tracker: &Tracker, sample: &crate::sample::GpuSample) {
-    if !log::log_enabled!(log::Level::Debug) {
-        return;
-    }
-    for d in &sample.devices {
-        log::debug!(
-            "sample: GPU {} {} \"{}\" total {} used {} free {} bytes",
-            d.index,
-            d.uuid,
-            d.name,
-            d.memory_total,
-            d.memory_used,
-            d.memory_free
-        );
-    }
-    for p in &sample.processes {
-        let t = tracker.table().get(p.pid);
-        log::debug!(
-            "sample: GPU {} pid {} comm {} used {} bytes cgroup {} workload {}",
-            p.device_index,
-            p.pid,
-            t.map(|t| t.comm.as_str()).unwrap_or("?"),
-            p.used_bytes
-                .map(|b| b.to_string())
-                .unwrap_or_else(|| "n/a".into()),
-            t.and_then(|t| t.cgroup_path.as_deref()).unwrap_or("?"),
-            t.and_then(|t| t.workload.as_ref())
-                .map(|w| w.key())
-                .unwrap_or_else(|| "?".into()),
-        );
+async fn wait_resample(at: Option<(tokio::time::Instant, Instant)>) {
+    match at {
+        Some((t, _)) => sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -154,11 +219,11 @@ async fn readable(
     }
 }
 
-fn log_changes(tracker: &Tracker, changes: Vec<Change>) {
+fn log_changes(agent: &Agent, changes: &[Change]) {
     for change in changes {
         match change {
             Change::Added(pid) => {
-                if let Some(t) = tracker.table().get(pid) {
+                if let Some(t) = agent.tracker.table().get(*pid) {
                     let workload = t
                         .workload
                         .as_ref()

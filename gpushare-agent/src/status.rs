@@ -1,0 +1,174 @@
+//! Human renderings of the agent's state: the `status` table (like nvidia-smi's) and the `check`
+//! listing. Pure functions of their input.
+
+use std::fmt::Write as _;
+
+use crate::{quota::QuotaRow, snapshot::Snapshot};
+
+/// Bytes as `12.3 GiB`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn human_secs(s: f64) -> String {
+    let s = s as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// The `status` table.
+pub fn render_status(snap: &Snapshot) -> String {
+    let mut out = String::new();
+    let h = &snap.health;
+    let _ = writeln!(
+        out,
+        "gpushare {}  attribution: {}  nvml: {}{}",
+        snap.version,
+        h.attribution,
+        h.nvml,
+        if h.dry_run { "  DRY RUN" } else { "" }
+    );
+    for d in &h.degraded {
+        let _ = writeln!(out, "  degraded: {d}");
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<4} {:<42} {:<24} {:>22} {:>5}",
+        "GPU", "UUID", "NAME", "MEMORY USED / TOTAL", "OK"
+    );
+    for g in &snap.gpus {
+        let _ = writeln!(
+            out,
+            "{:<4} {:<42} {:<24} {:>22} {:>5}",
+            g.index,
+            g.uuid,
+            truncate(&g.name, 24),
+            format!(
+                "{} / {}",
+                human_bytes(g.memory_used_bytes),
+                human_bytes(g.memory_total_bytes)
+            ),
+            if g.healthy { "yes" } else { "NO" }
+        );
+    }
+    if snap.gpus.is_empty() {
+        let _ = writeln!(out, "(no GPU sampled)");
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<28} {:<6} {:>10} {:>10} {:>6} {:<11} {:>8}  TOP PROCESSES",
+        "WORKLOAD", "GPU", "USED", "QUOTA", "USE%", "STATE", "FOR"
+    );
+    for w in &snap.workloads {
+        let gpu = if w.gpu_uuid == "all" {
+            "all".to_string()
+        } else {
+            snap.gpus
+                .iter()
+                .find(|g| g.uuid == w.gpu_uuid)
+                .map(|g| g.index.to_string())
+                .unwrap_or_else(|| "?".into())
+        };
+        let (quota, pct) = match w.quota_bytes {
+            Some(q) if q > 0 => (
+                human_bytes(q),
+                format!("{:.0}%", w.used_bytes as f64 * 100.0 / q as f64),
+            ),
+            Some(q) => (human_bytes(q), "-".into()),
+            None => ("-".into(), "-".into()),
+        };
+        let mut procs: Vec<_> = snap
+            .processes
+            .iter()
+            .filter(|p| {
+                p.workload == w.workload && (w.gpu_uuid == "all" || p.gpu_uuid == w.gpu_uuid)
+            })
+            .collect();
+        procs.sort_by_key(|p| std::cmp::Reverse(p.used_bytes));
+        let top: Vec<String> = procs
+            .iter()
+            .take(3)
+            .map(|p| {
+                format!(
+                    "{}({}) {}",
+                    p.pid,
+                    p.comm,
+                    p.used_bytes
+                        .map(human_bytes)
+                        .unwrap_or_else(|| "n/a".into())
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "{:<28} {:<6} {:>10} {:>10} {:>6} {:<11} {:>8}  {}",
+            truncate(&w.workload, 28),
+            gpu,
+            human_bytes(w.used_bytes),
+            quota,
+            pct,
+            w.state,
+            human_secs(w.state_for_secs),
+            top.join(", ")
+        );
+    }
+    if snap.workloads.is_empty() {
+        let _ = writeln!(out, "(no workload on any GPU)");
+    }
+    out
+}
+
+/// The `check` listing of effective quotas.
+pub fn render_quota_rows(rows: &[QuotaRow]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<34} {:<36} {:<10} {:>10} {:<8} {:<9} {:<6} LADDER",
+        "ORIGIN", "SELECTOR", "GPU", "MEMORY", "MODE", "TOLERANCE", "GRACE"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<34} {:<36} {:<10} {:>10} {:<8} {:<9} {:<6} {}",
+            truncate(&r.origin, 34),
+            truncate(&r.selector, 36),
+            r.gpu,
+            r.memory,
+            r.mode,
+            r.tolerance,
+            r.grace,
+            r.ladder
+        );
+    }
+    if rows.is_empty() {
+        let _ = writeln!(
+            out,
+            "(no quota entries: only quotas from workloads' environments apply)"
+        );
+    }
+    out
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        format!("{}…", s.chars().take(n - 1).collect::<String>())
+    }
+}
