@@ -94,6 +94,28 @@ impl TestCgroup {
 }
 
 impl TestCgroup {
+    /// Spawns `cmd` inside this group (moved in between fork and exec).
+    pub fn spawn(&self, cmd: &mut std::process::Command) -> Result<std::process::Child> {
+        use std::os::unix::process::CommandExt;
+        let procs = std::ffi::CString::new(self.procs_file().as_os_str().as_encoded_bytes())?;
+        // SAFETY: only async-signal-safe calls (open, write, close) between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+                if n != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Ok(cmd.spawn()?)
+    }
+
     /// Waits up to 5 s for the kernel to report the group frozen (`true`) or thawed (`false`).
     pub fn wait_frozen(&self, frozen: bool) -> bool {
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -3,5 +3,6 @@
 
 mod attribution;
 mod enforce;
+mod isolation;
 mod nvml;
 mod util;

@@ -1,8 +1,20 @@
 //! Helpers shared by the integration tests.
 
-use std::time::{Duration, Instant};
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
 
-use gpushare_agent::attribution::{Change, tracker::Tracker};
+use gpushare_agent::{
+    attribution::{Change, tracker::Tracker},
+    client::{Endpoint, request},
+    snapshot::Snapshot,
+};
+use gpushare_testkit::{
+    nvml::{SCENARIO_ENV, Scenario, fake_nvml_lib},
+    unique, workspace_bin,
+};
 
 /// Polls the tracker until `done` holds or `timeout` passes; returns every change seen.
 pub fn poll_until(
@@ -14,12 +26,207 @@ pub fn poll_until(
     let mut seen = Vec::new();
     loop {
         seen.extend(tracker.poll());
-        if done(tracker, &seen) {
-            return seen;
-        }
-        if Instant::now() > deadline {
+        if done(tracker, &seen) || Instant::now() > deadline {
             return seen;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The agent binary running against the mock NVML, with every path in a private directory.
+/// Stopped with SIGTERM on drop.
+pub struct AgentProcess {
+    child: Option<Child>,
+    /// Private directory: quotas.toml, quotas.d/, runtime/, state/, agent.sock, agent.log.
+    pub dir: PathBuf,
+    /// `127.0.0.1:<port>`.
+    pub listen: String,
+    extra: Vec<String>,
+    scenario: PathBuf,
+    starts: u32,
+}
+
+impl AgentProcess {
+    /// Starts the agent with `quotas` as its main quota file and waits until it is ready.
+    pub fn start(scenario: &Scenario, quotas: &str, extra: &[&str]) -> Self {
+        let dir = std::env::temp_dir().join(unique("gpushare-agent"));
+        std::fs::create_dir_all(dir.join("quotas.d")).unwrap();
+        std::fs::write(dir.join("quotas.toml"), quotas).unwrap();
+        let mut a = Self {
+            child: None,
+            listen: format!("127.0.0.1:{}", free_port()),
+            dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            scenario: scenario.path().to_path_buf(),
+            starts: 0,
+        };
+        a.spawn();
+        a
+    }
+
+    fn spawn(&mut self) {
+        self.starts += 1;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("agent.log"))
+            .unwrap();
+        let child = Command::new(workspace_bin("gpushare-agent"))
+            .arg("--nvml-lib")
+            .arg(fake_nvml_lib())
+            .arg("--quotas")
+            .arg(self.dir.join("quotas.toml"))
+            .arg("--runtime-quotas")
+            .arg(self.dir.join("runtime"))
+            .arg("--state-dir")
+            .arg(self.dir.join("state"))
+            .arg("--socket")
+            .arg(self.dir.join("agent.sock"))
+            .args(["--listen", &self.listen, "--interval", "200ms"])
+            .args(&self.extra)
+            .env(SCENARIO_ENV, &self.scenario)
+            .env("RUST_LOG", "info,gpushare_agent=debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        self.wait_for(Duration::from_secs(20), |s| s.health.ready);
+    }
+
+    /// Starts it again after [`Self::sigkill`] or [`Self::stop`], with the same paths.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "still running");
+        self.spawn();
+    }
+
+    /// Path of the main quota file.
+    pub fn quotas_path(&self) -> PathBuf {
+        self.dir.join("quotas.toml")
+    }
+
+    /// Replaces the main quota file atomically.
+    pub fn write_quotas(&self, text: &str) {
+        let tmp = self.dir.join("quotas.toml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.quotas_path()).unwrap();
+    }
+
+    /// The freeze ledger file.
+    pub fn ledger(&self) -> PathBuf {
+        self.dir.join("state/freezes.json")
+    }
+
+    /// GET a path; (status, body).
+    pub fn get(&self, path: &str) -> (u16, String) {
+        request(&Endpoint::Tcp(&self.listen), "GET", path, None).unwrap_or((0, String::new()))
+    }
+
+    /// POST to the local socket; (status, body).
+    pub fn post_local(&self, path: &str, body: &str) -> (u16, String) {
+        request(
+            &Endpoint::Unix(&self.dir.join("agent.sock")),
+            "POST",
+            path,
+            Some(body),
+        )
+        .unwrap()
+    }
+
+    /// The agent's state, if it answers.
+    pub fn state(&self) -> Option<Snapshot> {
+        let (code, body) = self.get("/api/v1/state");
+        (code == 200).then(|| serde_json::from_str(&body).unwrap())
+    }
+
+    /// Waits until `cond` holds for the agent's state; panics with the log after `timeout`.
+    pub fn wait_for(&self, timeout: Duration, mut cond: impl FnMut(&Snapshot) -> bool) -> Snapshot {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.state()
+                && cond(&s)
+            {
+                return s;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "condition not reached in {timeout:?}; state: {:?}\nlog:\n{}",
+                    self.state(),
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The agent's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+
+    /// SIGKILL, no cleanup: what a crash looks like.
+    pub fn sigkill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait; returns the exit code.
+    pub fn stop(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok(Some(st)) = c.try_wait() {
+                return st.code();
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The workload row of `key` on GPU `gpu` ("all" for all-GPU quotas).
+pub fn workload<'a>(
+    s: &'a Snapshot,
+    key: &str,
+    gpu: &str,
+) -> Option<&'a gpushare_agent::snapshot::WorkloadView> {
+    s.workloads
+        .iter()
+        .find(|w| w.workload == key && w.gpu_uuid == gpu)
+}
+
+/// A process that survives SIGUSR1 and records each one in `log` (one line per signal).
+pub fn usr1_recorder(log: &Path) -> Command {
+    let mut c = Command::new("bash");
+    c.arg("-c")
+        .arg(format!(
+            "trap 'echo USR1 >> {}' USR1; while :; do sleep 0.05; done",
+            log.display()
+        ))
+        .stdin(Stdio::null());
+    c
 }

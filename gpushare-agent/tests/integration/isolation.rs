@@ -1,0 +1,367 @@
+//! Quotas, policy and soft isolation end to end: the agent binary, the mock NVML, real cgroups and
+//! real processes, real freezes and signals.
+
+use std::{path::Path, process::Child, time::Duration};
+
+use gpushare_testkit::{TestCgroup, nvml::Scenario, require_root, unique};
+use serde_json::json;
+
+use crate::util::{AgentProcess, usr1_recorder, workload};
+
+const GIB: u64 = 1 << 30;
+const FAST: &str = r#"
+[defaults]
+grace = "200ms"
+ladder = [ { action = "alert" }, { action = "signal", signal = "SIGUSR1", after = "300ms" }, { action = "freeze", after = "800ms" } ]
+"#;
+
+struct Proc {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Proc {
+    fn start(cg: &TestCgroup, env: &[(&str, &str)]) -> Self {
+        let log = std::env::temp_dir().join(unique("usr1"));
+        let mut cmd = usr1_recorder(&log);
+        cmd.envs(env.iter().copied());
+        Self {
+            child: cg.spawn(&mut cmd).unwrap(),
+            log,
+        }
+    }
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+    fn usr1s(&self) -> usize {
+        std::fs::read_to_string(&self.log)
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+fn scenario(procs: &[(u32, u64)]) -> serde_json::Value {
+    let list: Vec<_> = procs
+        .iter()
+        .map(|(pid, b)| json!({ "pid": pid, "used_memory": b }))
+        .collect();
+    json!({ "devices": [{ "uuid": "GPU-iso", "name": "NVIDIA Fake", "memory_total": 80 * GIB, "compute_processes": list }] })
+}
+
+fn key(cg: &TestCgroup) -> String {
+    format!("cgroup://{}", cg.rel_path())
+}
+
+fn cgroup_quota(cg: &TestCgroup, mem: &str) -> String {
+    format!(
+        "\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"{mem}\"\n",
+        cg.rel_path()
+    )
+}
+
+#[test]
+fn over_quota_workload_is_signalled_then_frozen_neighbours_untouched_and_raising_the_quota_thaws_it()
+ {
+    if !require_root("over_quota_workload_is_signalled_then_frozen") {
+        return;
+    }
+    let a_cg = TestCgroup::create(&unique("iso-a")).unwrap();
+    let b_cg = TestCgroup::create(&unique("iso-b")).unwrap();
+    // Outside any quota: a plain cgroup nobody names, with a huge footprint. Never touched.
+    let c_cg = TestCgroup::create(&unique("iso-c")).unwrap();
+    let mut a = Proc::start(&a_cg, &[]);
+    let mut b = Proc::start(&b_cg, &[]);
+    let mut c = Proc::start(&c_cg, &[]);
+    let sc = Scenario::create(&scenario(&[
+        (a.pid(), GIB),
+        (b.pid(), GIB),
+        (c.pid(), 60 * GIB),
+    ]))
+    .unwrap();
+    let quotas = format!(
+        "{FAST}{}{}",
+        cgroup_quota(&a_cg, "2GiB"),
+        cgroup_quota(&b_cg, "2GiB")
+    );
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        workload(s, &key(&a_cg), "all").is_some_and(|w| w.used_bytes == GIB)
+    });
+    assert_eq!(workload(&s, &key(&a_cg), "all").unwrap().state, "ok");
+
+    // A grows past its quota.
+    sc.write(&scenario(&[
+        (a.pid(), 3 * GIB),
+        (b.pid(), GIB),
+        (c.pid(), 60 * GIB),
+    ]))
+    .unwrap();
+    let s = agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
+    });
+    assert!(a_cg.wait_frozen(true), "A's cgroup reports frozen");
+    assert!(a.usr1s() >= 1, "A was signalled before it was frozen");
+    assert!(
+        agent.ledger().exists()
+            && std::fs::read_to_string(agent.ledger())
+                .unwrap()
+                .contains(a_cg.rel_path())
+    );
+    let wb = workload(&s, &key(&b_cg), "all").unwrap();
+    assert_eq!(wb.state, "ok");
+    assert!(!b_cg.is_frozen() && !c_cg.is_frozen());
+    assert_eq!((b.usr1s(), c.usr1s()), (0, 0), "neighbours never signalled");
+    assert!(b.alive() && c.alive() && a.alive());
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        metrics.contains(r#"gpushare_enforcement_actions_total{action="freeze",result="ok"} 1"#),
+        "{metrics}"
+    );
+
+    // Raising A's quota in the file thaws it, without a restart.
+    agent.write_quotas(&format!(
+        "{FAST}{}{}",
+        cgroup_quota(&a_cg, "4GiB"),
+        cgroup_quota(&b_cg, "2GiB")
+    ));
+    agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "ok")
+    });
+    assert!(a_cg.wait_frozen(false), "A thawed");
+    assert!(
+        !std::fs::read_to_string(agent.ledger())
+            .unwrap()
+            .contains(a_cg.rel_path())
+    );
+    assert!(c.alive() && !c_cg.is_frozen());
+}
+
+#[test]
+fn elastic_workload_borrows_idle_memory_and_is_isolated_under_pressure() {
+    if !require_root("elastic_workload_borrows") {
+        return;
+    }
+    let a_cg = TestCgroup::create(&unique("el-a")).unwrap();
+    let other_cg = TestCgroup::create(&unique("el-other")).unwrap();
+    let a = Proc::start(&a_cg, &[]);
+    let other = Proc::start(&other_cg, &[]);
+    let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB), (other.pid(), GIB)])).unwrap();
+    let quotas = format!(
+        "[defaults]\nmode = \"elastic\"\nelastic_reserve = \"10GiB\"\ngrace = \"200ms\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
+        cgroup_quota(&a_cg, "2GiB")
+    );
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    agent.wait_for(Duration::from_secs(5), |s| {
+        workload(s, &key(&a_cg), "all").is_some_and(|w| w.used_bytes == 3 * GIB)
+    });
+    // Over its quota but the GPU has 76 GiB free: left alone for several samples.
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = agent.state().unwrap();
+    assert_eq!(workload(&s, &key(&a_cg), "all").unwrap().state, "ok");
+    assert!(!a_cg.is_frozen());
+    // Pressure: another process takes 70 GiB, free falls to 7 GiB < 10 GiB reserve.
+    sc.write(&scenario(&[(a.pid(), 3 * GIB), (other.pid(), 70 * GIB)]))
+        .unwrap();
+    agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
+    });
+    assert!(a_cg.wait_frozen(true));
+    assert!(
+        !other_cg.is_frozen(),
+        "the unquota'd process is never touched"
+    );
+    // Pressure gone: it may borrow again.
+    sc.write(&scenario(&[(a.pid(), 3 * GIB), (other.pid(), GIB)]))
+        .unwrap();
+    agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "ok")
+    });
+    assert!(a_cg.wait_frozen(false));
+}
+
+#[test]
+fn quotas_from_the_environment_gpushare_and_hami() {
+    if !require_root("quotas_from_the_environment") {
+        return;
+    }
+    // Env quotas apply to containers, pods and units: these groups are named like systemd scopes.
+    let cgs: Vec<TestCgroup> = (0..4)
+        .map(|i| TestCgroup::create(&format!("{}.scope", unique(&format!("env{i}")))).unwrap())
+        .collect();
+    let procs = [
+        Proc::start(
+            &cgs[0],
+            &[
+                ("ALIYUN_COM_GPU_MEM_CONTAINER", "2"),
+                ("ALIYUN_COM_GPU_MEM_IDX", "0"),
+            ],
+        ),
+        Proc::start(
+            &cgs[1],
+            &[
+                ("ALIYUN_COM_GPU_MEM_CONTAINER", "2"),
+                ("ALIYUN_COM_GPU_MEM_IDX", "0"),
+            ],
+        ),
+        Proc::start(&cgs[2], &[("CUDA_DEVICE_MEMORY_LIMIT_0", "2048m")]),
+        Proc::start(&cgs[3], &[("CUDA_DEVICE_MEMORY_LIMIT_0", "2048m")]),
+    ];
+    let usage = [3 * GIB, GIB, 3 * GIB, GIB];
+    let list: Vec<(u32, u64)> = procs.iter().zip(usage).map(|(p, u)| (p.pid(), u)).collect();
+    let sc = Scenario::create(&scenario(&list)).unwrap();
+    let quotas = "[defaults]\ngrace = \"200ms\"\nladder = [ { action = \"freeze\" } ]\n";
+    let agent = AgentProcess::start(&sc, quotas, &[]);
+    let unit_key =
+        |cg: &TestCgroup| format!("unit://{}", cg.rel_path().rsplit('/').next().unwrap());
+    let s = agent.wait_for(Duration::from_secs(10), |s| {
+        [0, 2].iter().all(|&i| {
+            s.workloads
+                .iter()
+                .any(|w| w.workload == unit_key(&cgs[i]) && w.state == "frozen")
+        })
+    });
+    assert!(
+        cgs[0].wait_frozen(true),
+        "GPUShare env: 3 GiB over 2 GiB is isolated"
+    );
+    assert!(
+        cgs[2].wait_frozen(true),
+        "HAMi env: 3 GiB over 2048m is isolated"
+    );
+    for i in [1, 3] {
+        let w = s
+            .workloads
+            .iter()
+            .find(|w| w.workload == unit_key(&cgs[i]))
+            .unwrap();
+        assert_eq!(w.state, "ok", "{w:?}");
+        assert_eq!(w.quota_bytes, Some(2 * GIB));
+        assert!(
+            !cgs[i].is_frozen(),
+            "1 GiB under a 2 GiB env quota is left alone"
+        );
+    }
+}
+
+#[test]
+fn sigkill_while_frozen_then_restart_keeps_what_still_applies_and_thaws_what_does_not() {
+    if !require_root("sigkill_while_frozen") {
+        return;
+    }
+    let a_cg = TestCgroup::create(&unique("crash-a")).unwrap();
+    let a = Proc::start(&a_cg, &[]);
+    let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
+    let quotas = format!(
+        "[defaults]\ngrace = \"200ms\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
+        cgroup_quota(&a_cg, "2GiB")
+    );
+    let mut agent = AgentProcess::start(&sc, &quotas, &[]);
+    agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
+    });
+    assert!(a_cg.wait_frozen(true));
+
+    // Crash: nobody thaws; the ledger says who froze it.
+    agent.sigkill();
+    assert!(a_cg.is_frozen());
+    assert!(
+        std::fs::read_to_string(agent.ledger())
+            .unwrap()
+            .contains(a_cg.rel_path())
+    );
+    // Restart while it is still over quota: it stays frozen, and the agent owns it again.
+    agent.restart();
+    let s = agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
+    });
+    assert_eq!(
+        workload(&s, &key(&a_cg), "all").unwrap().used_bytes,
+        3 * GIB
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        a_cg.is_frozen(),
+        "still liable: kept frozen across the restart"
+    );
+    assert!(agent.log().contains("1 kept"), "{}", agent.log());
+
+    // Crash again; meanwhile the workload went back under quota. The restarted agent thaws it.
+    agent.sigkill();
+    sc.write(&scenario(&[(a.pid(), GIB)])).unwrap();
+    agent.restart();
+    assert!(
+        a_cg.wait_frozen(false),
+        "no longer liable: thawed at start\n{}",
+        agent.log()
+    );
+    assert!(
+        !std::fs::read_to_string(agent.ledger())
+            .unwrap()
+            .contains(a_cg.rel_path())
+    );
+
+    // SIGTERM thaws what the agent froze.
+    sc.write(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
+    agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
+    });
+    assert!(a_cg.wait_frozen(true));
+    assert_eq!(agent.stop(), Some(0));
+    assert!(a_cg.wait_frozen(false), "SIGTERM thawed it");
+}
+
+#[test]
+fn a_bad_quota_file_is_rejected_with_its_location_and_the_last_good_one_stays() {
+    if !require_root("a_bad_quota_file_is_rejected") {
+        return;
+    }
+    let a_cg = TestCgroup::create(&unique("bad-a")).unwrap();
+    let a = Proc::start(&a_cg, &[]);
+    let sc = Scenario::create(&scenario(&[(a.pid(), GIB)])).unwrap();
+    let good = format!(
+        "[defaults]\ngrace = \"200ms\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
+        cgroup_quota(&a_cg, "2GiB")
+    );
+    let agent = AgentProcess::start(&sc, &good, &[]);
+    assert!(
+        agent
+            .get("/metrics")
+            .1
+            .contains("gpushare_quota_config_valid 1")
+    );
+    // A bare number is ambiguous: rejected at line 7, column 14 (the value).
+    agent.write_quotas(&good.replace("\"2GiB\"", "2048"));
+    agent.wait_for(Duration::from_secs(15), |s| !s.counters.quota_config_valid);
+    let log = agent.log();
+    let path = agent.quotas_path().display().to_string();
+    assert!(
+        log.contains(&format!(
+            "{path}:7:14: `gpu_memory = 2048` is a bare number"
+        )),
+        "located error in the log:\n{log}"
+    );
+    assert!(
+        agent
+            .get("/metrics")
+            .1
+            .contains("gpushare_quota_config_valid 0")
+    );
+    // The last good configuration is still in force: the 2 GiB quota still isolates A.
+    sc.write(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
+    agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
+    });
+    assert!(a_cg.wait_frozen(true));
+    assert!(Path::new(&path).exists());
+}
