@@ -365,3 +365,40 @@ fn a_bad_quota_file_is_rejected_with_its_location_and_the_last_good_one_stays() 
     assert!(a_cg.wait_frozen(true));
     assert!(Path::new(&path).exists());
 }
+
+#[test]
+fn an_operator_release_thaws_and_the_ladder_starts_again() {
+    if !require_root("an_operator_release_thaws") {
+        return;
+    }
+    let a_cg = TestCgroup::create(&unique("rel-a")).unwrap();
+    let a = Proc::start(&a_cg, &[]);
+    let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
+    let quotas = format!(
+        "[defaults]\ngrace = \"1s\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
+        cgroup_quota(&a_cg, "2GiB")
+    );
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
+    });
+    assert!(a_cg.wait_frozen(true));
+    let (code, body) = agent.post_local(
+        "/api/v1/release",
+        &json!({ "workload": key(&a_cg) }).to_string(),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("released"), "{body}");
+    assert!(a_cg.wait_frozen(false), "released: thawed");
+    // A fresh grace period: not frozen again at once...
+    let s = agent.state().unwrap();
+    assert_ne!(workload(&s, &key(&a_cg), "all").unwrap().state, "frozen");
+    // ...but, still over quota, frozen again once it has passed.
+    agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
+    });
+    // Unknown names get a clear answer.
+    let (code, body) = agent.post_local("/api/v1/release", r#"{"workload":"docker://nope"}"#);
+    assert_eq!(code, 404);
+    assert!(body.contains("no workload under a quota matches"), "{body}");
+}
