@@ -10,7 +10,9 @@ use gpushare_agent::{
 };
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format_timestamp_millis()
+        .init();
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,

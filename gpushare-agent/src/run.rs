@@ -14,7 +14,7 @@ use tokio::{
     io::{Interest, unix::AsyncFd},
     signal::unix::{SignalKind, signal},
     sync::mpsc,
-    time::{MissedTickBehavior, interval, sleep_until},
+    time::{MissedTickBehavior, interval},
 };
 
 use crate::{
@@ -31,8 +31,10 @@ use crate::{
     nvml::NvmlSampler,
 };
 
-/// How often pending no-wakeup events are drained.
-const DRAIN_INTERVAL: Duration = Duration::from_millis(100);
+/// How often pending no-wakeup events are drained. Also bounds the delay of forced wakeups on
+/// machines where the kernel defers irq_work to the next interrupt (seen on this VM: a forced
+/// ring-buffer wakeup was only delivered when the agent next woke up).
+const DRAIN_INTERVAL: Duration = Duration::from_millis(25);
 /// Backstop for file watching (files on filesystems without inotify, missed events).
 const QUOTA_POLL: Duration = Duration::from_secs(10);
 
@@ -142,8 +144,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
     for t in [&mut drain, &mut sample, &mut reconcile, &mut quota_poll] {
         t.set_missed_tick_behavior(MissedTickBehavior::Delay);
     }
-    // A prompt re-sample after an allocation event: (when, the event's arrival).
-    let mut resample: Option<(tokio::time::Instant, Instant)> = None;
     info!(
         "gpushare agent running (sample interval {:?}); SIGINT or SIGTERM stops it",
         args.interval
@@ -155,14 +155,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
             _ = sigint.recv() => { info!("SIGINT received"); break; }
             _ = sigterm.recv() => { info!("SIGTERM received"); break; }
             ready = readable(&events_fd) => {
+                log::trace!("ring buffer readable");
                 if let Ok(mut guard) = ready { guard.clear_ready(); }
-                on_changes(&mut agent, &mut resample);
+                if let Some(at) = on_changes(&mut agent) {
+                    resample_now(&mut agent, at).await;
+                    sample.reset();
+                }
             }
-            _ = drain.tick() => on_changes(&mut agent, &mut resample),
-            _ = wait_resample(resample) => {
-                let trigger = resample.take().map(|(_, at)| at);
-                agent.tick(trigger);
-                sample.reset();
+            _ = drain.tick() => {
+                if let Some(at) = on_changes(&mut agent) {
+                    resample_now(&mut agent, at).await;
+                    sample.reset();
+                }
             }
             _ = sample.tick() => agent.tick(None),
             _ = reconcile.tick() => { agent.tracker.reconcile(); }
@@ -192,22 +196,21 @@ pub async fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-fn on_changes(agent: &mut Agent, resample: &mut Option<(tokio::time::Instant, Instant)>) {
+/// Applies pending kernel events; returns when the first one that asks for a prompt re-sample
+/// (an allocation, a new GPU task) arrived.
+fn on_changes(agent: &mut Agent) -> Option<Instant> {
     let changes = agent.tracker.poll();
     log_changes(agent, &changes);
-    if resample.is_none() && Agent::wants_resample(&changes) {
-        *resample = Some((
-            tokio::time::Instant::now() + RESAMPLE_DEBOUNCE,
-            Instant::now(),
-        ));
-    }
+    Agent::wants_resample(&changes).then(Instant::now)
 }
 
-async fn wait_resample(at: Option<(tokio::time::Instant, Instant)>) {
-    match at {
-        Some((t, _)) => sleep_until(t).await,
-        None => std::future::pending().await,
-    }
+/// Re-samples after a short debounce, so a burst of allocations costs one sample.
+async fn resample_now(agent: &mut Agent, at: Instant) {
+    tokio::time::sleep(RESAMPLE_DEBOUNCE).await;
+    let more = agent.tracker.poll();
+    log_changes(agent, &more);
+    log::debug!("re-sampling {:?} after an allocation event", at.elapsed());
+    agent.tick(Some(at));
 }
 
 async fn readable(

@@ -47,15 +47,21 @@ pub fn target_profile_dir() -> PathBuf {
     dir
 }
 
-/// Path of a binary of this workspace, built by `cargo build` (or `cargo xtask test`).
+/// Path of a binary of this workspace, built by `cargo build` (or `cargo xtask test`). Benchmarks
+/// run from `target/release` and fall back to the debug build.
 pub fn workspace_bin(name: &str) -> PathBuf {
-    let path = target_profile_dir().join(name);
+    let dir = target_profile_dir();
+    let path = dir.join(name);
+    if path.exists() {
+        return path;
+    }
+    let debug = dir.join("../debug").join(name);
     assert!(
-        path.exists(),
+        debug.exists(),
         "{} is not built; run `cargo build` first (`cargo xtask test` does)",
         path.display()
     );
-    path
+    debug
 }
 
 /// A unique suffix for names of test objects: pid and a counter.

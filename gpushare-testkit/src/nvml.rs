@@ -4,20 +4,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::{target_profile_dir, unique};
+use crate::unique;
 
 /// Env var the mock reads its scenario path from.
 pub const SCENARIO_ENV: &str = "GPUSHARE_FAKE_NVML_STATE";
 
 /// Path of the built mock (`cargo build` puts it in `target/<profile>/`).
 pub fn fake_nvml_lib() -> PathBuf {
-    let lib = target_profile_dir().join("libgpushare_fake_nvml.so");
-    assert!(
-        lib.exists(),
-        "{} is not built; run `cargo build` first (`cargo xtask test` does)",
-        lib.display()
-    );
-    lib
+    crate::workspace_bin("libgpushare_fake_nvml.so")
 }
 
 /// A scenario file in a private temporary directory, replaced atomically on each write.

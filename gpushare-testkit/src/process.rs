@@ -73,6 +73,21 @@ impl FakeGpuProcess {
         self.pid
     }
 
+    /// Sends one command without waiting for its answer (read it with [`Self::read_answer`]).
+    pub fn send(&mut self, cmd: &str) -> Result<()> {
+        let stdin = self.stdin.as_mut().context("stdin closed")?;
+        writeln!(stdin, "{cmd}")?;
+        stdin.flush()?;
+        Ok(())
+    }
+
+    /// Reads one answer line.
+    pub fn read_answer(&mut self) -> Result<String> {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line)?;
+        Ok(line.trim().to_string())
+    }
+
     /// Sends one command and waits for `ok`.
     pub fn command(&mut self, cmd: &str) -> Result<()> {
         let stdin = self.stdin.as_mut().context("stdin closed")?;

@@ -193,12 +193,21 @@ impl Agent {
         if !self.ledger_reconciled {
             self.reconcile_ledger(&sample, &processes, &mut outcome);
         }
+        let t1 = Instant::now();
         for action in &outcome.actions {
             self.execute(action, observed_at);
         }
+        let t2 = Instant::now();
         self.policy = outcome.state;
         self.ready = true;
         self.publish(&sample);
+        debug!(
+            "step: sample {:?}, attribute+decide {:?}, act {:?}, publish {:?}",
+            t0.elapsed().saturating_sub(t1.elapsed()).min(t1 - t0),
+            t1 - t0,
+            t2 - t1,
+            t2.elapsed()
+        );
     }
 
     fn attributed_processes(&mut self) -> Vec<AttributedProcess> {
@@ -471,6 +480,30 @@ impl Agent {
                 }
             }
         }
+        // Rows without a quota scope of their own (per-GPU usage under an all-GPU quota) show the
+        // workload's overall state: a frozen workload is frozen on every GPU.
+        for ((key, gpu), v) in rows.iter_mut() {
+            let Some(ws) = self.policy.workloads.get(key) else {
+                continue;
+            };
+            let own_scope = ws.scopes.keys().any(|s| match s {
+                GpuScope::All => gpu == "all",
+                GpuScope::Gpu(i) => uuid_of(*i) == *gpu,
+            });
+            if !own_scope {
+                let worst = ws
+                    .scopes
+                    .values()
+                    .map(|ss| ss.status)
+                    .max_by_key(|s| status_rank(*s));
+                v.state = match worst {
+                    Some(st) => status_name(st, ws.frozen.is_some()),
+                    None if ws.frozen.is_some() => "frozen",
+                    None => "ok",
+                }
+                .to_string();
+            }
+        }
         let now = Instant::now();
         let mut seen = std::collections::HashSet::new();
         for ((key, gpu), v) in rows.iter_mut() {
@@ -594,6 +627,17 @@ fn summarize(r: &[(ProcessIdentity, ExecOutcome)]) -> ExecOutcome {
         ExecOutcome::Refused
     } else {
         ExecOutcome::Noop
+    }
+}
+
+fn status_rank(s: Status) -> u8 {
+    match s {
+        Status::Ok => 0,
+        Status::OverQuota => 1,
+        Status::Alerted => 2,
+        Status::Signalled => 3,
+        Status::Frozen => 4,
+        Status::Killed => 5,
     }
 }
 

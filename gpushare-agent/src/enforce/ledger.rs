@@ -1,6 +1,6 @@
 //! The freeze ledger: every freeze the agent applies is written here *before* it is applied, so a
 //! restarted agent (after SIGKILL, OOM, a crash) knows what it froze and can thaw what no longer
-//! applies. The file is JSON, replaced atomically (write, fsync, rename).
+//! applies. The file is JSON, replaced atomically (write a temporary file, rename it over).
 
 use std::{
     collections::BTreeMap,
@@ -123,14 +123,13 @@ impl FreezeLedger {
         };
         let text = serde_json::to_string_pretty(&file)?;
         let tmp = self.path.with_extension("json.tmp");
+        // No fsync: the ledger guards against the *agent* dying, and a written-and-renamed file
+        // survives that in the page cache. A machine crash loses the freezes themselves too (cgroups
+        // do not outlive a reboot), so syncing would only add latency to every freeze (~100 ms here).
         let write = || -> std::io::Result<()> {
             let mut f = fs::File::create(&tmp)?;
             f.write_all(text.as_bytes())?;
-            f.sync_all()?;
             fs::rename(&tmp, &self.path)?;
-            if let Some(dir) = self.path.parent() {
-                fs::File::open(dir)?.sync_all()?;
-            }
             Ok(())
         };
         write().with_context(|| format!("writing freeze ledger {}", self.path.display()))

@@ -5,4 +5,5 @@ mod attribution;
 mod enforce;
 mod isolation;
 mod nvml;
+mod prometheus;
 mod util;
