@@ -47,6 +47,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let load = LoadOptions {
         alloc_event_min_interval_ns: args.alloc_event_min_interval.as_nanos() as u64,
         only: None,
+        events_bytes: None,
     };
     let tracker = Tracker::start(&load, args.no_ebpf)?;
     let sampler = NvmlSampler::open(args.nvml_lib.as_deref());

@@ -60,6 +60,8 @@ pub struct GpuSample {
     pub health: Vec<(u32, DeviceHealth)>,
     /// Processes, merged per (pid, device).
     pub processes: Vec<ProcessSample>,
+    /// Problems that hit the whole sample (e.g. the device count could not be read).
+    pub problems: Vec<String>,
 }
 
 impl GpuSample {

@@ -177,6 +177,11 @@ impl Agent {
                 );
             }
         }
+        // Tasks found through /proc get no exit event: drop the dead ones now, not at the next
+        // reconcile, so a workload that is gone is seen gone (and thawed/forgotten) promptly.
+        self.tracker
+            .table_mut()
+            .forget_dead_untraced(&sample.processes.iter().map(|p| p.pid).collect());
         let processes = self.attributed_processes();
         let releases = std::mem::take(&mut self.pending_releases);
         let quotas = self.quotas.current();
@@ -530,6 +535,9 @@ impl Agent {
         }
         if let DriverStatus::NoDriver { reason } = self.sampler.status() {
             degraded.push(format!("no NVIDIA driver: {reason}"));
+        }
+        for p in &sample.problems {
+            degraded.push(format!("NVML: {p}"));
         }
         for (i, h) in &sample.health {
             if let crate::sample::DeviceHealth::Degraded { reason } = h {

@@ -260,6 +260,22 @@ impl Attribution {
         }
     }
 
+    /// Drops tasks that no kernel event will ever report the exit of (found through `/proc` or by
+    /// reconciliation) when NVML no longer lists them and their process is gone. Returns how many.
+    pub fn forget_dead_untraced(&mut self, sampled: &std::collections::HashSet<u32>) -> usize {
+        let dead: Vec<u32> = self
+            .tasks
+            .values()
+            .filter(|t| t.source != Source::Ebpf && !sampled.contains(&t.identity.pid))
+            .filter(|t| !procinfo::is_same_process(t.identity))
+            .map(|t| t.identity.pid)
+            .collect();
+        for pid in &dead {
+            self.tasks.remove(pid);
+        }
+        dead.len()
+    }
+
     /// Reconciles the table with the kernel's table and `/proc`: drops tasks whose process is gone
     /// or was replaced (a lost exit), adds kernel-known tasks we missed (a lost open). Returns the
     /// pids removed from the userspace table, so the caller can clear kernel state for them.

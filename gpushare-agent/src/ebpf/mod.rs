@@ -40,6 +40,9 @@ pub struct LoadOptions {
     pub alloc_event_min_interval_ns: u64,
     /// Attach only these programs (by name); all when `None`. Benchmarks use it.
     pub only: Option<Vec<&'static str>>,
+    /// Ring-buffer size in bytes (a power of two, at least a page); the built-in size when `None`.
+    /// Tests shrink it to provoke overflows.
+    pub events_bytes: Option<u32>,
 }
 
 impl Default for LoadOptions {
@@ -47,6 +50,7 @@ impl Default for LoadOptions {
         Self {
             alloc_event_min_interval_ns: gpushare_common::maps::DEFAULT_ALLOC_EVENT_MIN_INTERVAL_NS,
             only: None,
+            events_bytes: None,
         }
     }
 }
@@ -73,7 +77,11 @@ pub struct KernelPrograms {
 impl KernelPrograms {
     /// Loads the embedded object and attaches its tracepoints.
     pub fn load(opts: &LoadOptions) -> Result<Self> {
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        if let Some(bytes) = opts.events_bytes {
+            loader.map_max_entries(EVENTS, bytes);
+        }
+        let mut ebpf = loader
             .override_global(
                 GLOBAL_ALLOC_EVENT_MIN_INTERVAL_NS,
                 &opts.alloc_event_min_interval_ns,

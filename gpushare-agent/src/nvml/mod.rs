@@ -132,6 +132,7 @@ impl NvmlSampler {
             devices: Vec::new(),
             health: Vec::new(),
             processes: Vec::new(),
+            problems: Vec::new(),
         };
         if self.nvml.is_none() && self.last_init_attempt.elapsed() >= INIT_RETRY {
             self.try_init(false);
@@ -159,7 +160,9 @@ impl NvmlSampler {
             }
             Err(e) => {
                 self.count_error("nvmlDeviceGetCount_v2");
-                self.problem("count".into(), &format!("nvmlDeviceGetCount_v2: {e}"));
+                let text = format!("nvmlDeviceGetCount_v2: {e}");
+                self.problem("count".into(), &text);
+                sample.problems.push(text);
             }
         }
         self.nvml = Some(nvml);

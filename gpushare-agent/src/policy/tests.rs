@@ -44,6 +44,7 @@ fn attributed(pid: u32, w: &WorkloadMeta) -> AttributedProcess {
 fn sample(gpus: &[(u32, u64, bool)], usage: &[(u32, u32, Option<u64>)]) -> GpuSample {
     GpuSample {
         taken_at: None,
+        problems: Vec::new(),
         devices: gpus
             .iter()
             .map(|&(index, free, _)| DeviceSample {

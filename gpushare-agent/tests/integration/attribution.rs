@@ -15,6 +15,7 @@ fn tracker(min_interval_ns: u64) -> Tracker {
     let opts = LoadOptions {
         alloc_event_min_interval_ns: min_interval_ns,
         only: None,
+        events_bytes: None,
     };
     let kernel = KernelPrograms::load(&opts).expect("eBPF programs load (root, BTF)");
     let root = cgroupfs::find_cgroup2_mount().expect("cgroup2 mounted");

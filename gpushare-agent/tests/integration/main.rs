@@ -3,6 +3,7 @@
 
 mod attribution;
 mod enforce;
+mod faults;
 mod isolation;
 mod nvml;
 mod prometheus;

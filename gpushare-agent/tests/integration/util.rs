@@ -80,9 +80,11 @@ impl AgentProcess {
             .append(true)
             .open(self.dir.join("agent.log"))
             .unwrap();
-        let child = Command::new(workspace_bin("gpushare-agent"))
-            .arg("--nvml-lib")
-            .arg(fake_nvml_lib())
+        let mut cmd = Command::new(workspace_bin("gpushare-agent"));
+        if !self.extra.iter().any(|a| a == "--nvml-lib") {
+            cmd.arg("--nvml-lib").arg(fake_nvml_lib());
+        }
+        let child = cmd
             .arg("--quotas")
             .arg(self.dir.join("quotas.toml"))
             .arg("--runtime-quotas")
@@ -108,6 +110,11 @@ impl AgentProcess {
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "still running");
         self.spawn();
+    }
+
+    /// The agent's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
     }
 
     /// Path of the main quota file.

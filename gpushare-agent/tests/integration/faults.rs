@@ -1,0 +1,400 @@
+//! Faults and hostile conditions: ring-buffer overflow, PID reuse, NVML errors and lost GPUs
+//! mid-run, no driver at start, an unwritable state directory, SIGKILL at random moments, churn.
+
+use std::{
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use gpushare_agent::{
+    attribution::{CgroupResolver, ProcessIdentity, cgroupfs, procinfo, tracker::Tracker},
+    ebpf::{KernelPrograms, LoadOptions},
+    enforce::{Enforcer, Outcome},
+};
+use gpushare_testkit::{
+    FakeDeviceNode, FakeGpuProcess, TestCgroup, nvml::Scenario, require_root, unique,
+};
+use serde_json::json;
+
+use crate::util::{AgentProcess, usr1_recorder, workload};
+
+const GIB: u64 = 1 << 30;
+
+fn scenario(procs: &[(u32, u64)], extra: serde_json::Value) -> serde_json::Value {
+    let list: Vec<_> = procs
+        .iter()
+        .map(|(pid, b)| json!({ "pid": pid, "used_memory": b }))
+        .collect();
+    let mut dev = json!({ "uuid": "GPU-f", "name": "NVIDIA Fake", "memory_total": 80 * GIB, "compute_processes": list });
+    if let Some(obj) = extra.as_object() {
+        for (k, v) in obj {
+            dev[k] = v.clone();
+        }
+    }
+    json!({ "devices": [dev] })
+}
+
+fn freeze_quota(cg: &TestCgroup) -> String {
+    format!(
+        "[defaults]\ngrace = \"0s\"\nladder = [ {{ action = \"freeze\" }} ]\n\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"2GiB\"\n",
+        cg.rel_path()
+    )
+}
+
+fn key(cg: &TestCgroup) -> String {
+    format!("cgroup://{}", cg.rel_path())
+}
+
+struct Reaped(Child);
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn ring_buffer_overflow_is_counted_and_the_table_is_reconciled() {
+    if !require_root("ring_buffer_overflow") {
+        return;
+    }
+    // One page of ring buffer: about 70 events. 200 new GPU tasks overflow it.
+    let opts = LoadOptions {
+        events_bytes: Some(4096),
+        ..LoadOptions::default()
+    };
+    let kernel = KernelPrograms::load(&opts).unwrap();
+    let mut tracker = Tracker::with_kernel(
+        kernel,
+        CgroupResolver::new(cgroupfs::find_cgroup2_mount().unwrap()),
+    );
+    let node = FakeDeviceNode::create(&unique("storm")).unwrap();
+    let cg = TestCgroup::create(&unique("storm")).unwrap();
+    let procs: Vec<FakeGpuProcess> = (0..200)
+        .map(|_| FakeGpuProcess::spawn(Some(&cg), &[node.path()], &[]).unwrap())
+        .collect();
+    tracker.poll();
+    let lost = tracker.kernel_counters().events_lost;
+    assert!(
+        lost > 0,
+        "the storm did not overflow a one-page ring buffer"
+    );
+    let known = procs
+        .iter()
+        .filter(|p| tracker.table().get(p.pid()).is_some())
+        .count();
+    assert!(known < 200, "all events arrived despite {lost} lost");
+    // Reconciliation finds the tasks the kernel table holds.
+    let report = tracker.reconcile();
+    assert_eq!(report.added.len(), 200 - known);
+    for p in &procs {
+        let t = tracker.table().get(p.pid()).expect("reconciled");
+        assert_eq!(t.cgroup_path.as_deref(), Some(cg.rel_path()));
+    }
+    // They all exit; the exit events overflow too; reconciliation forgets them all.
+    let pids: Vec<u32> = procs.iter().map(|p| p.pid()).collect();
+    drop(procs);
+    tracker.poll();
+    tracker.reconcile();
+    assert!(pids.iter().all(|p| tracker.table().get(*p).is_none()));
+    assert!(
+        tracker
+            .kernel()
+            .unwrap()
+            .gpu_tasks()
+            .iter()
+            .all(|(t, _)| !pids.contains(t))
+    );
+}
+
+#[test]
+fn a_reused_pid_is_never_signalled() {
+    if !require_root("a_reused_pid_is_never_signalled") {
+        return;
+    }
+    let state = std::env::temp_dir().join(unique("gpushare-state"));
+    let enf = Enforcer::new(cgroupfs::find_cgroup2_mount().unwrap(), &state, false).unwrap();
+    // The process the agent sampled...
+    let mut first = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = first.id();
+    // It lives a while, as GPU processes do (start times have clock-tick resolution, 10 ms).
+    std::thread::sleep(Duration::from_millis(50));
+    let sampled: ProcessIdentity = procinfo::snapshot(pid).unwrap().identity;
+    // ...exits, and an unrelated process is made to get the same pid (ns_last_pid), between the
+    // sample and the action.
+    let _ = first.kill();
+    let _ = first.wait();
+    let mut reuser = None;
+    for _ in 0..50 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
+        let c = Reaped(Command::new("sleep").arg("60").spawn().unwrap());
+        if c.0.id() == pid {
+            reuser = Some(c);
+            break;
+        }
+    }
+    let reuser = reuser.expect("could not make the pid be reused in 50 tries");
+    let now = procinfo::snapshot(pid).unwrap().identity;
+    assert_eq!(now.pid, sampled.pid);
+    assert_ne!(
+        now.start_ticks, sampled.start_ticks,
+        "same pid, another process"
+    );
+    let r = enf.signal("w://reuse", &[sampled], libc::SIGKILL);
+    assert_eq!(r, vec![(sampled, Outcome::Refused)]);
+    assert!(
+        procinfo::is_same_process(now),
+        "the unrelated process was not touched"
+    );
+    drop(reuser);
+    std::fs::remove_dir_all(state).unwrap();
+}
+
+#[test]
+fn an_unwritable_state_directory_refuses_freezes_rather_than_freezing_unrecorded() {
+    if !require_root("an_unwritable_state_directory") {
+        return;
+    }
+    let state = std::env::temp_dir().join(unique("gpushare-state"));
+    let mut enf = Enforcer::new(cgroupfs::find_cgroup2_mount().unwrap(), &state, false).unwrap();
+    // The directory goes away and a file takes its place: nothing can be written there.
+    std::fs::remove_dir_all(&state).unwrap();
+    std::fs::write(&state, "not a directory").unwrap();
+    let cg = TestCgroup::create(&unique("nostate")).unwrap();
+    let _p = Reaped(cg.spawn(&mut Command::new("sleep").arg("60")).unwrap());
+    assert_eq!(
+        enf.freeze("w://nostate", cg.rel_path(), None, "t"),
+        Outcome::Refused
+    );
+    assert!(!cg.is_frozen());
+    std::fs::remove_file(&state).unwrap();
+}
+
+#[test]
+fn nvml_errors_and_a_lost_gpu_mid_run_never_lead_to_enforcement() {
+    if !require_root("nvml_errors_mid_run") {
+        return;
+    }
+    let cg = TestCgroup::create(&unique("nvmlerr")).unwrap();
+    let log = std::env::temp_dir().join(unique("usr1"));
+    let p = Reaped(cg.spawn(&mut usr1_recorder(&log)).unwrap());
+    let pid = p.0.id();
+    let sc = Scenario::create(&scenario(&[(pid, GIB)], json!({}))).unwrap();
+    let agent = AgentProcess::start(&sc, &freeze_quota(&cg), &[]);
+    agent.wait_for(Duration::from_secs(5), |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.used_bytes == GIB)
+    });
+    let fails = [
+        json!({ "fail": { "nvmlDeviceGetComputeRunningProcesses_v3": 999 } }),
+        json!({ "fail": { "nvmlDeviceGetMemoryInfo_v2": 15 } }),
+        json!({ "fail": { "nvmlDeviceGetCount_v2": 9 } }),
+        json!({ "lost": true }),
+    ];
+    for fault in fails {
+        // Over quota, but the data cannot be trusted: fail open.
+        let mut sc_json = scenario(
+            &[(pid, 3 * GIB)],
+            if fault.get("lost").is_some() {
+                fault.clone()
+            } else {
+                json!({})
+            },
+        );
+        if let Some(f) = fault.get("fail") {
+            sc_json["fail"] = f.clone();
+        }
+        sc.write(&sc_json).unwrap();
+        let deadline = Instant::now() + Duration::from_millis(1200);
+        while Instant::now() < deadline {
+            assert!(
+                !cg.is_frozen(),
+                "froze on failed NVML data ({fault}):\n{}",
+                agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let s = agent.state().unwrap();
+        assert!(
+            !s.health.degraded.is_empty(),
+            "degraded mode reported for {fault}"
+        );
+    }
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        metrics.contains(
+            "gpushare_nvml_errors_total{call=\"nvmlDeviceGetComputeRunningProcesses_v3\"}"
+        ),
+        "{metrics}"
+    );
+    // Good data again: now it is enforced.
+    sc.write(&scenario(&[(pid, 3 * GIB)], json!({}))).unwrap();
+    assert!(
+        cg.wait_frozen(true),
+        "enforced once NVML reads cleanly\n{}",
+        agent.log()
+    );
+    let _ = std::fs::remove_file(log);
+}
+
+#[test]
+fn no_driver_at_start_keeps_the_agent_running_and_says_so() {
+    if !require_root("no_driver_at_start") {
+        return;
+    }
+    let sc = Scenario::create(&json!({ "devices": [] })).unwrap();
+    let agent = AgentProcess::start(&sc, "", &["--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
+    let (code, body) = agent.get("/healthz");
+    assert_eq!(code, 200, "ready without a driver: {body}");
+    assert!(body.contains("no NVIDIA driver"), "{body}");
+    assert!(body.contains("\"nvml\":\"no_driver\""), "{body}");
+    assert!(agent.log().contains("no NVIDIA driver found"));
+}
+
+#[test]
+fn sigkill_at_random_moments_never_leaves_a_wrong_freeze() {
+    if !require_root("sigkill_at_random_moments") {
+        return;
+    }
+    let over = TestCgroup::create(&unique("rk-over")).unwrap();
+    let under = TestCgroup::create(&unique("rk-under")).unwrap();
+    let po = Reaped(
+        over.spawn(&mut Command::new("sleep").arg("300").stdin(Stdio::null()))
+            .unwrap(),
+    );
+    let pu = Reaped(
+        under
+            .spawn(&mut Command::new("sleep").arg("300").stdin(Stdio::null()))
+            .unwrap(),
+    );
+    let sc = Scenario::create(&scenario(
+        &[(po.0.id(), 3 * GIB), (pu.0.id(), GIB)],
+        json!({}),
+    ))
+    .unwrap();
+    let quotas = format!(
+        "{}\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"2GiB\"\n",
+        freeze_quota(&over),
+        under.rel_path()
+    );
+    let mut agent = AgentProcess::start(&sc, &quotas, &[]);
+    let iterations = std::env::var("GPUSHARE_KILL_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
+    let mut seed = std::process::id() as u64 * 2654435761 | 1;
+    for i in 0..iterations {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        std::thread::sleep(Duration::from_millis(seed % 700));
+        agent.sigkill();
+        // Between a crash and the restart, nobody may have thawed or frozen anything wrongly:
+        assert!(
+            !under.is_frozen(),
+            "iteration {i}: the workload under quota is frozen"
+        );
+        agent.restart();
+        agent.wait_for(Duration::from_secs(10), |s| {
+            workload(s, &key(&over), "all").is_some_and(|w| w.state == "frozen")
+        });
+        assert!(
+            over.wait_frozen(true),
+            "iteration {i}: the over-quota workload is left running"
+        );
+        assert!(
+            !under.is_frozen(),
+            "iteration {i}: the workload under quota is frozen"
+        );
+    }
+    assert_eq!(agent.stop(), Some(0));
+    assert!(over.wait_frozen(false), "SIGTERM thaws");
+}
+
+#[test]
+fn churn_leaves_no_series_of_exited_workloads_and_no_leaks() {
+    if !require_root("churn_soak") {
+        return;
+    }
+    let secs: u64 = std::env::var("GPUSHARE_SOAK_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let parent = TestCgroup::create(&unique("soak")).unwrap();
+    let sc = Scenario::create(&scenario(&[], json!({}))).unwrap();
+    let quotas = format!(
+        "[defaults]\ngrace = \"0s\"\nladder = [ {{ action = \"freeze\" }} ]\n\n[[quota]]\ncgroup = \"{}/*\"\ngpu_memory = \"2GiB\"\n",
+        parent.rel_path()
+    );
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    let agent_pid = agent.pid().unwrap();
+    let rss = || -> u64 {
+        procfs::process::Process::new(agent_pid as i32)
+            .unwrap()
+            .status()
+            .unwrap()
+            .vmrss
+            .unwrap_or(0)
+    };
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{agent_pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    let root = cgroupfs::find_cgroup2_mount().unwrap();
+    let mut live: Vec<(TestCgroup, Reaped, u64)> = Vec::new();
+    let mut gone: Vec<String> = Vec::new();
+    let start = Instant::now();
+    let mut n = 0u64;
+    let mut baseline = None;
+    while start.elapsed() < Duration::from_secs(secs) {
+        n += 1;
+        let cg = TestCgroup::create_at(
+            &root,
+            &format!("{}/w{n}", parent.rel_path().trim_start_matches('/')),
+        )
+        .unwrap();
+        let p = Reaped(
+            cg.spawn(&mut Command::new("sleep").arg("300").stdin(Stdio::null()))
+                .unwrap(),
+        );
+        live.push((cg, p, if n % 3 == 0 { 3 * GIB } else { GIB }));
+        if live.len() > 8 {
+            let (cg, p, _) = live.remove(0);
+            gone.push(format!("cgroup://{}", cg.rel_path()));
+            drop(p);
+            drop(cg);
+        }
+        let procs: Vec<(u32, u64)> = live.iter().map(|(_, p, b)| (p.0.id(), *b)).collect();
+        sc.write(&scenario(&procs, json!({}))).unwrap();
+        std::thread::sleep(Duration::from_millis(250));
+        if baseline.is_none() && start.elapsed() > Duration::from_secs(3) {
+            baseline = Some((rss(), fds()));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    let (rss0, fds0) = baseline.expect("ran long enough for a baseline");
+    let (rss1, fds1) = (rss(), fds());
+    let metrics = agent.get("/metrics").1;
+    for g in &gone {
+        assert!(
+            !metrics.contains(&format!("workload=\"{g}\"")),
+            "series of exited workload {g} remains"
+        );
+    }
+    let ledger = std::fs::read_to_string(agent.ledger()).unwrap_or_default();
+    for g in &gone {
+        let path = format!("{}\"", g.trim_start_matches("cgroup://"));
+        assert!(
+            !ledger.contains(&path),
+            "stale freeze record for {g}:\n{ledger}"
+        );
+    }
+    eprintln!(
+        "churn: {n} workloads in {secs}s; agent RSS {rss0} -> {rss1} kB, fds {fds0} -> {fds1}"
+    );
+    assert!(fds1 <= fds0 + 2, "file descriptors leak: {fds0} -> {fds1}");
+    assert!(
+        rss1 <= rss0 + 4096,
+        "memory grows under churn: {rss0} kB -> {rss1} kB"
+    );
+}
