@@ -161,7 +161,7 @@ fn an_unwritable_state_directory_refuses_freezes_rather_than_freezing_unrecorded
     std::fs::remove_dir_all(&state).unwrap();
     std::fs::write(&state, "not a directory").unwrap();
     let cg = TestCgroup::create(&unique("nostate")).unwrap();
-    let _p = Reaped(cg.spawn(&mut Command::new("sleep").arg("60")).unwrap());
+    let _p = Reaped(cg.spawn(Command::new("sleep").arg("60")).unwrap());
     assert_eq!(
         enf.freeze("w://nostate", cg.rel_path(), None, "t"),
         Outcome::Refused
@@ -258,12 +258,12 @@ fn sigkill_at_random_moments_never_leaves_a_wrong_freeze() {
     let over = TestCgroup::create(&unique("rk-over")).unwrap();
     let under = TestCgroup::create(&unique("rk-under")).unwrap();
     let po = Reaped(
-        over.spawn(&mut Command::new("sleep").arg("300").stdin(Stdio::null()))
+        over.spawn(Command::new("sleep").arg("300").stdin(Stdio::null()))
             .unwrap(),
     );
     let pu = Reaped(
         under
-            .spawn(&mut Command::new("sleep").arg("300").stdin(Stdio::null()))
+            .spawn(Command::new("sleep").arg("300").stdin(Stdio::null()))
             .unwrap(),
     );
     let sc = Scenario::create(&scenario(
@@ -281,7 +281,7 @@ fn sigkill_at_random_moments_never_leaves_a_wrong_freeze() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(8);
-    let mut seed = std::process::id() as u64 * 2654435761 | 1;
+    let mut seed = (std::process::id() as u64 * 2654435761) | 1;
     for i in 0..iterations {
         seed ^= seed << 13;
         seed ^= seed >> 7;
@@ -354,10 +354,10 @@ fn churn_leaves_no_series_of_exited_workloads_and_no_leaks() {
         )
         .unwrap();
         let p = Reaped(
-            cg.spawn(&mut Command::new("sleep").arg("300").stdin(Stdio::null()))
+            cg.spawn(Command::new("sleep").arg("300").stdin(Stdio::null()))
                 .unwrap(),
         );
-        live.push((cg, p, if n % 3 == 0 { 3 * GIB } else { GIB }));
+        live.push((cg, p, if n.is_multiple_of(3) { 3 * GIB } else { GIB }));
         if live.len() > 8 {
             let (cg, p, _) = live.remove(0);
             gone.push(format!("cgroup://{}", cg.rel_path()));
