@@ -43,6 +43,11 @@ pub enum Command {
         #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
     },
+    /// Run a command as a service with a GPU-memory reservation (root).
+    ///
+    /// Picks a GPU that can hold the reservation, creates the cgroup /gpushare.slice/NAME.scope,
+    /// registers the quota for the agent, runs the command there, and removes both when it exits.
+    Launch(Box<crate::launch::LaunchArgs>),
 }
 
 /// Default main quota file.

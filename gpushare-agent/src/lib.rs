@@ -12,6 +12,7 @@ pub mod cli;
 pub mod client;
 pub mod ebpf;
 pub mod enforce;
+pub mod launch;
 pub mod metrics;
 pub mod nvml;
 pub mod policy;

@@ -98,5 +98,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::FAILURE)
             }
         }
+        Some(Command::Launch(args)) => Ok(gpushare_agent::launch::main(*args)),
     }
 }

@@ -44,6 +44,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
 
+    enter_host_cgroup_namespace();
     let load = LoadOptions {
         alloc_event_min_interval_ns: args.alloc_event_min_interval.as_nanos() as u64,
         only: None,
@@ -195,6 +196,36 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// In a pod (DaemonSet), `/proc/<pid>/cgroup` shows paths relative to the pod's own cgroup
+/// namespace. The agent needs the host's view: join init's cgroup namespace when it differs. The
+/// agent's single runtime thread does every read, so joining on it is enough.
+fn enter_host_cgroup_namespace() {
+    let (Ok(own), Ok(init)) = (
+        std::fs::read_link("/proc/self/ns/cgroup"),
+        std::fs::read_link("/proc/1/ns/cgroup"),
+    ) else {
+        return;
+    };
+    if own == init {
+        return;
+    }
+    let joined = std::fs::File::open("/proc/1/ns/cgroup").and_then(|f| {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid namespace fd; CLONE_NEWCGROUP names its type.
+        match unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWCGROUP) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    });
+    match joined {
+        Ok(()) => info!("joined the host's cgroup namespace (running in a container)"),
+        Err(e) => warn!(
+            "running in a private cgroup namespace and cannot join the host's ({e}); cgroup paths of other \
+             containers will be wrong: run with hostPID and CAP_SYS_ADMIN"
+        ),
+    }
 }
 
 /// Applies pending kernel events; returns when the first one that asks for a prompt re-sample

@@ -9,6 +9,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod demo;
+
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "gpushare developer commands")]
 struct Cli {
@@ -31,6 +33,9 @@ enum Cmd {
         /// Skip fmt and clippy.
         #[arg(long)]
         no_lint: bool,
+        /// Skip the bounded fuzzing run.
+        #[arg(long)]
+        no_fuzz: bool,
         /// Extra arguments for `cargo test` (e.g. a test name filter), after `--`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -39,6 +44,14 @@ enum Cmd {
     Bench,
     /// Build the mock libnvidia-ml and install it as target/fake-nvml/libnvidia-ml.so.1.
     FakeNvml,
+    /// A guided end-to-end run without a GPU: launch three services on mock GPUs, start the agent,
+    /// grow one past its quota and watch it being signalled and frozen, release it, clean up (root).
+    Demo {
+        /// Short waits and no pauses (for CI). Without it the demo pauses between acts: until Enter
+        /// on a terminal, a few seconds otherwise.
+        #[arg(long)]
+        fast: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -68,19 +81,61 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Test { no_lint, args } => {
+        Cmd::Test {
+            no_lint,
+            no_fuzz,
+            args,
+        } => {
             setup(&root, true)?;
+            // Every step runs; failures are collected and reported together at the end.
+            let mut failed: Vec<String> = Vec::new();
+            let mut run_step = |name: &str, res: Result<()>| {
+                if let Err(e) = res {
+                    eprintln!("xtask: FAILED: {name}: {e:#}");
+                    failed.push(name.to_string());
+                }
+            };
             if !no_lint {
                 step("cargo fmt --check");
-                cargo(&root, &["fmt", "--all", "--check"])?;
+                run_step("fmt", cargo(&root, &["fmt", "--all", "--check"]));
                 step("clippy (host crates)");
-                cargo(&root, &["clippy", "--all-targets", "--", "-D", "warnings"])?;
+                run_step(
+                    "clippy",
+                    cargo(&root, &["clippy", "--all-targets", "--", "-D", "warnings"]),
+                );
                 step("clippy (eBPF crate, nightly, bpfel)");
-                clippy_ebpf(&root)?;
+                run_step("clippy (eBPF)", clippy_ebpf(&root));
             }
             step("build");
             cargo(&root, &["build"])?;
-            install_fake_nvml(&root)?;
+            let lib = install_fake_nvml(&root)?;
+            step("deploy: Kubernetes manifests, systemd unit, example quotas, alert rules");
+            run_step(
+                "deploy/validate.sh",
+                Command::new("bash")
+                    .arg(root.join("deploy/validate.sh"))
+                    .current_dir(&root)
+                    .status()
+                    .context("running deploy/validate.sh")
+                    .and_then(|s| check(s, "deploy/validate.sh")),
+            );
+            if is_root() {
+                step("demo (non-interactive)");
+                run_step("demo", demo::run(&root, true, lib));
+            }
+            if !no_fuzz {
+                step("fuzz (bounded: 15 s per target)");
+                run_step(
+                    "fuzz",
+                    Command::new("bash")
+                        .arg(root.join("fuzz/run.sh"))
+                        .arg("15")
+                        .current_dir(&root)
+                        .status()
+                        .context("running fuzz/run.sh")
+                        .and_then(|s| check(s, "fuzz/run.sh")),
+                );
+            }
             step("tests");
             let mut test = vec!["test", "--no-fail-fast"];
             test.extend(args.iter().map(String::as_str));
@@ -91,23 +146,54 @@ fn run(cli: Cli) -> Result<()> {
                 cmd.env("GPUSHARE_REQUIRE_ROOT", "1");
             }
             cmd.env("GPUSHARE_REQUIRE_PYENV", "1");
-            check(cmd.status().context("running cargo test")?, "cargo test")
+            run_step(
+                "cargo test",
+                cmd.status()
+                    .context("running cargo test")
+                    .and_then(|s| check(s, "cargo test")),
+            );
+            if failed.is_empty() {
+                eprintln!("xtask: all checks passed");
+                Ok(())
+            } else {
+                bail!("failed: {}", failed.join(", "))
+            }
         }
         Cmd::Bench => {
             setup(&root, true)?;
-            cargo(&root, &["build", "--release"])?;
-            install_fake_nvml_profile(&root, "release")?;
-            let mut cmd = as_root_cargo(&root);
-            cmd.args(["bench", "-p", "gpushare-agent", "--bench", "overhead"]);
-            check(cmd.status()?, "overhead bench")?;
-            let mut cmd = Command::new("cargo");
-            cmd.current_dir(&root)
-                .args(["bench", "-p", "gpushare-fake-nvml", "--bench", "sample"]);
-            check(cmd.status()?, "NVML sample bench")
+            cargo(&root, &["build"])?;
+            cargo(&root, &["build", "--release", "-p", "gpushare-agent"])?;
+            install_fake_nvml(&root)?;
+            for (package, bench) in [
+                ("gpushare-agent", "overhead"),
+                ("gpushare-agent", "sample"),
+                ("gpushare-fake-nvml", "sample"),
+                ("gpushare-agent", "metrics_render"),
+                ("gpushare-agent", "latency"),
+                ("gpushare-agent", "scale"),
+            ] {
+                step(&format!("bench {package}/{bench}"));
+                let mut cmd = as_root_cargo(&root);
+                cmd.args(["bench", "--quiet", "-p", package, "--bench", bench]);
+                check(cmd.status()?, &format!("bench {bench}"))?;
+            }
+            Ok(())
         }
         Cmd::FakeNvml => {
             cargo(&root, &["build", "-p", "gpushare-fake-nvml"])?;
             install_fake_nvml(&root).map(|_| ())
+        }
+        Cmd::Demo { fast } => {
+            if !is_root() {
+                bail!(
+                    "the demo needs root (cgroups, a device node, eBPF): run `sudo -E cargo xtask demo`"
+                );
+            }
+            setup(&root, true)?;
+            step("build");
+            cargo(&root, &["build"])?;
+            let lib = install_fake_nvml(&root)?;
+            demo::run(&root, fast, lib)
         }
     }
 }

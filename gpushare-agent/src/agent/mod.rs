@@ -57,6 +57,66 @@ pub struct Agent {
     ledger_reconciled: bool,
     state_since: HashMap<(String, String), (String, Instant)>,
     ready: bool,
+    names: NameCache,
+}
+
+/// Human names of a workload the node can tell without an API server.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkloadNames {
+    /// Kubernetes namespace.
+    pub namespace: Option<String>,
+    /// Kubernetes pod name.
+    pub pod: Option<String>,
+    /// Container name (Kubernetes container, or the runtime's container name).
+    pub container: Option<String>,
+}
+
+/// Names per workload key, looked up on disk (`/var/log/pods`, `/var/log/containers`, the container
+/// engine's state) and cached; a miss is retried at most every 10 s.
+#[derive(Default)]
+struct NameCache(HashMap<String, (WorkloadNames, Instant)>);
+
+impl NameCache {
+    const RETRY: Duration = Duration::from_secs(10);
+
+    fn get(&mut self, id: &crate::attribution::WorkloadId) -> WorkloadNames {
+        let key = id.key();
+        if let Some((names, at)) = self.0.get(&key)
+            && (*names != WorkloadNames::default() || at.elapsed() < Self::RETRY)
+        {
+            return names.clone();
+        }
+        let names = lookup_names(id);
+        self.0.insert(key, (names.clone(), Instant::now()));
+        names
+    }
+
+    fn retain(&mut self, live: &std::collections::HashSet<String>) {
+        self.0.retain(|k, _| live.contains(k));
+    }
+}
+
+fn lookup_names(id: &crate::attribution::WorkloadId) -> WorkloadNames {
+    use crate::attribution::k8s_names::{
+        CONTAINER_LOG_ROOT, POD_LOG_ROOT, container_names_from_log_links, pod_names_from_log_dir,
+    };
+    let mut names = WorkloadNames::default();
+    if let Some(cid) = id.container_id()
+        && let Some(c) =
+            container_names_from_log_links(std::path::Path::new(CONTAINER_LOG_ROOT), cid)
+    {
+        names.namespace = Some(c.namespace);
+        names.pod = Some(c.pod);
+        names.container = Some(c.container);
+        return names;
+    }
+    if let Some(uid) = id.pod_uid()
+        && let Some(p) = pod_names_from_log_dir(std::path::Path::new(POD_LOG_ROOT), uid)
+    {
+        names.namespace = Some(p.namespace);
+        names.pod = Some(p.pod);
+    }
+    names
 }
 
 impl Agent {
@@ -89,6 +149,7 @@ impl Agent {
             ledger_reconciled: false,
             state_since: HashMap::new(),
             ready: false,
+            names: NameCache::default(),
         }
     }
 
@@ -248,13 +309,22 @@ impl Agent {
             } else {
                 None
             };
+            let names = self.names.get(w);
+            let workload = WorkloadMeta {
+                id: w.clone(),
+                container_name: names.container,
+                pod_namespace: names.namespace,
+                pod_name: names.pod,
+            };
             out.push(AttributedProcess {
                 identity: t.identity,
-                workload: WorkloadMeta::new(w.clone()),
+                workload,
                 env_quota: env,
             });
         }
         self.env_cache.retain(|id, _| live.contains(id));
+        let live_keys = out.iter().map(|p| p.workload.key()).collect();
+        self.names.retain(&live_keys);
         out
     }
 
@@ -440,6 +510,13 @@ impl Agent {
             .tasks()
             .filter_map(|t| t.workload.as_ref().map(|w| (w.key(), w.clone())))
             .collect();
+        let cached_names: HashMap<String, WorkloadNames> = self
+            .names
+            .0
+            .iter()
+            .map(|(k, (n, _))| (k.clone(), n.clone()))
+            .collect();
+        let names_of = |key: &str| cached_names.get(key).cloned().unwrap_or_default();
         let mut rows: BTreeMap<(String, String), WorkloadView> = BTreeMap::new();
         let view = |key: &str, gpu: String| -> WorkloadView {
             let id = ids.get(key);
@@ -449,9 +526,12 @@ impl Agent {
                     .map(|i| i.short_name())
                     .unwrap_or_else(|| key.to_string()),
                 cgroup_path: id.map(|i| i.cgroup_path.clone()).unwrap_or_default(),
-                namespace: String::new(),
-                pod: id.and_then(|i| i.pod_uid()).unwrap_or("").to_string(),
-                container: String::new(),
+                namespace: names_of(key).namespace.unwrap_or_default(),
+                pod: names_of(key)
+                    .pod
+                    .or_else(|| id.and_then(|i| i.pod_uid()).map(str::to_string))
+                    .unwrap_or_default(),
+                container: names_of(key).container.unwrap_or_default(),
                 container_id: id.and_then(|i| i.container_id()).unwrap_or("").to_string(),
                 gpu_uuid: gpu,
                 state: "ok".into(),

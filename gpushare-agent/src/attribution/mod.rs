@@ -7,6 +7,8 @@
 //! for longer than one reconcile interval.
 
 pub mod cgroupfs;
+pub mod docker;
+pub mod k8s_names;
 pub mod procinfo;
 pub mod tracker;
 pub mod workload;

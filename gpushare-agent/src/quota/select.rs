@@ -210,7 +210,15 @@ impl Selector {
             Self::PodUid(_) => (4, 0),
             Self::PodName { .. } => (3, 0),
             Self::Unit(_) => (2, 0),
-            Self::Cgroup(_) => (1, 0),
+            // An exact path (e.g. a `launch`ed service's own quota) beats any glob; among globs, the
+            // longer literal prefix is the more specific.
+            Self::Cgroup(glob) => {
+                let p = glob.pattern();
+                match p.find(['*', '?', '[', '{']) {
+                    None => (1, usize::MAX),
+                    Some(i) => (1, i),
+                }
+            }
         }
     }
 
@@ -333,6 +341,16 @@ mod tests {
         assert!(!Selector::Cgroup(PathGlob::cgroup("/").unwrap()).matches(&host));
         let unit = WorkloadMeta::new(parse_cgroup_path("/system.slice/train.service"));
         assert!(Selector::Unit("train.service".into()).matches(&unit));
+    }
+
+    #[test]
+    fn an_exact_cgroup_path_beats_globs_and_longer_prefixes_beat_shorter() {
+        let exact = Selector::Cgroup(PathGlob::cgroup("/gpushare.slice/train.scope").unwrap());
+        let narrow = Selector::Cgroup(PathGlob::cgroup("/gpushare.slice/*").unwrap());
+        let broad = Selector::Cgroup(PathGlob::cgroup("/**").unwrap());
+        assert!(exact.specificity() > narrow.specificity());
+        assert!(narrow.specificity() > broad.specificity());
+        assert!(Selector::Unit("x.service".into()).specificity() > exact.specificity());
     }
 
     #[test]

@@ -5,6 +5,7 @@ mod attribution;
 mod enforce;
 mod faults;
 mod isolation;
+mod launch;
 mod nvml;
 mod prometheus;
 mod util;

@@ -10,19 +10,58 @@
 //! - `exit [CODE]`: exit
 //!
 //! End of input exits 0. Static-friendly: std and libc only.
+//!
+//! Without a driver to talk to, memory "allocations" go through the mock NVML's
+//! `process_memory_dir` (`<dir>/<pid>.<device index>` holds the bytes the process uses):
+//!
+//! - `--mem-dir DIR --mem BYTES`: at start, write BYTES to `DIR/<pid>.<device>`
+//! - `--mem-device N`: the NVML device index (default: `$GPUSHARE_LAUNCH_GPU_INDEX`, which
+//!   `gpushare-agent launch` sets, else 0)
+//! - `--grow-to BYTES --grow-after SECS`: SECS seconds after start, write BYTES instead
+//! - `--no-stdin`: read no commands; run until a signal ends it (for `gpushare-agent launch`,
+//!   whose services should not depend on a pipe)
+//!
+//! The memory file is removed when the process exits (end of input, `exit`, SIGTERM, SIGINT or
+//! SIGHUP). SIGUSR1 (what the agent's ladder sends first) does not end it: each one is logged to
+//! stderr as `fake-gpu-proc <pid>: SIGUSR1 received`.
 
 use std::{
+    ffi::CString,
     fs::{File, OpenOptions},
     io::{BufRead, Write},
     os::fd::AsRawFd,
+    sync::atomic::{AtomicPtr, Ordering},
+    time::Duration,
 };
 
 use gpushare_common::ioctl::{
     IoctlXfer, NV_ESC_IOCTL_XFER_CMD, NV_ESC_RM_ALLOC, NV_ESC_RM_CONTROL, nv_iowr,
 };
 
+/// The memory file to remove when a signal ends the process (a leaked `CString`), or null.
+static MEM_FILE: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Memory reported through the mock NVML's `process_memory_dir`.
+struct MemPlan {
+    dir: String,
+    device: u32,
+    bytes: u64,
+    grow: Option<(u64, Duration)>,
+}
+
+fn bytes_arg(flag: &str, v: Option<String>) -> u64 {
+    v.and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| usage(&format!("{flag} needs a number of bytes")))
+}
+
 fn main() {
     let mut devices = Vec::new();
+    let mut mem_dir = None;
+    let mut mem = None;
+    let mut mem_device = None;
+    let mut grow_to = None;
+    let mut grow_after = None;
+    let mut no_stdin = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -30,10 +69,45 @@ fn main() {
                 args.next()
                     .unwrap_or_else(|| usage("--device needs a path")),
             ),
+            "--mem-dir" => {
+                mem_dir = Some(
+                    args.next()
+                        .unwrap_or_else(|| usage("--mem-dir needs a directory")),
+                )
+            }
+            "--mem" => mem = Some(bytes_arg("--mem", args.next())),
+            "--mem-device" => mem_device = Some(bytes_arg("--mem-device", args.next()) as u32),
+            "--grow-to" => grow_to = Some(bytes_arg("--grow-to", args.next())),
+            "--grow-after" => {
+                grow_after = Some(
+                    args.next()
+                        .and_then(|v| v.parse::<f64>().ok())
+                        .filter(|s| s.is_finite() && *s >= 0.0)
+                        .map(Duration::from_secs_f64)
+                        .unwrap_or_else(|| usage("--grow-after needs seconds")),
+                )
+            }
+            "--no-stdin" => no_stdin = true,
             "-h" | "--help" => usage(""),
             other => usage(&format!("unknown argument {other}")),
         }
     }
+    let plan = match (mem_dir, mem.or(grow_to)) {
+        (Some(dir), Some(_)) => Some(MemPlan {
+            dir,
+            device: mem_device.unwrap_or_else(|| {
+                std::env::var("GPUSHARE_LAUNCH_GPU_INDEX")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            }),
+            bytes: mem.unwrap_or(0),
+            grow: grow_to.map(|b| (b, grow_after.unwrap_or(Duration::ZERO))),
+        }),
+        (None, None) if grow_after.is_none() => None,
+        _ => usage("--mem/--grow-to and --mem-dir go together"),
+    };
+    install_signal_handlers();
     let files: Vec<File> = devices
         .iter()
         .map(|d| {
@@ -51,8 +125,35 @@ fn main() {
     let pid = std::process::id();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    if let Some(plan) = plan {
+        let path = format!("{}/{pid}.{}", plan.dir, plan.device);
+        if let Ok(c) = CString::new(path.clone()) {
+            MEM_FILE.store(c.into_raw(), Ordering::SeqCst);
+        }
+        if let Err(e) = write_mem(&path, plan.bytes) {
+            eprintln!("fake-gpu-proc: cannot write {path}: {e}");
+            std::process::exit(2)
+        }
+        if let Some((bytes, after)) = plan.grow {
+            std::thread::spawn(move || {
+                std::thread::sleep(after);
+                if let Err(e) = write_mem(&path, bytes) {
+                    eprintln!("fake-gpu-proc: cannot write {path}: {e}");
+                } else {
+                    eprintln!("fake-gpu-proc {pid}: now using {bytes} bytes");
+                }
+            });
+        }
+    }
     let _ = writeln!(out, "ready {pid}");
     let _ = out.flush();
+    if no_stdin {
+        drop(out);
+        loop {
+            // SAFETY: pause(2) waits for a signal; the handlers end the process or return.
+            unsafe { libc::pause() };
+        }
+    }
     let stdin = std::io::stdin();
     for line in stdin.lock().lines() {
         let Ok(line) = line else { break };
@@ -79,7 +180,10 @@ fn main() {
                     continue;
                 }
             }
-            Some("exit") => std::process::exit(n(1) as i32 * (words.len() > 1) as i32),
+            Some("exit") => {
+                remove_mem_file();
+                std::process::exit(n(1) as i32 * (words.len() > 1) as i32)
+            }
             Some(other) => {
                 let _ = writeln!(out, "error unknown command {other}");
                 let _ = out.flush();
@@ -89,6 +193,72 @@ fn main() {
         }
         let _ = writeln!(out, "ok");
         let _ = out.flush();
+    }
+    remove_mem_file();
+}
+
+fn write_mem(path: &str, bytes: u64) -> std::io::Result<()> {
+    let tmp = format!("{path}.tmp");
+    std::fs::write(&tmp, bytes.to_string())?;
+    std::fs::rename(&tmp, path)
+}
+
+fn remove_mem_file() {
+    let p = MEM_FILE.load(Ordering::SeqCst);
+    if !p.is_null() {
+        // SAFETY: a NUL-terminated path leaked for the life of the process.
+        unsafe { libc::unlink(p) };
+    }
+}
+
+extern "C" fn on_usr1(_: libc::c_int) {
+    // Only async-signal-safe calls: the message is built on the stack, written with write(2).
+    let mut buf = [0u8; 64];
+    let head = b"fake-gpu-proc ";
+    let tail = b": SIGUSR1 received\n";
+    let mut n = 0;
+    for &b in head {
+        buf[n] = b;
+        n += 1;
+    }
+    // SAFETY: getpid(2) is async-signal-safe.
+    let mut pid = unsafe { libc::getpid() } as u32;
+    let mut digits = [0u8; 10];
+    let mut d = 0;
+    loop {
+        digits[d] = b'0' + (pid % 10) as u8;
+        d += 1;
+        pid /= 10;
+        if pid == 0 {
+            break;
+        }
+    }
+    while d > 0 {
+        d -= 1;
+        buf[n] = digits[d];
+        n += 1;
+    }
+    for &b in tail {
+        buf[n] = b;
+        n += 1;
+    }
+    // SAFETY: write(2) of a stack buffer to stderr.
+    unsafe { libc::write(2, buf.as_ptr().cast(), n) };
+}
+
+extern "C" fn on_stop(sig: libc::c_int) {
+    remove_mem_file();
+    // SAFETY: _exit(2) is async-signal-safe.
+    unsafe { libc::_exit(128 + sig) };
+}
+
+fn install_signal_handlers() {
+    // SAFETY: installing handlers that only make async-signal-safe calls.
+    unsafe {
+        libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t);
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::signal(sig, on_stop as *const () as libc::sighandler_t);
+        }
     }
 }
 
@@ -116,7 +286,7 @@ fn usage(msg: &str) -> ! {
         eprintln!("fake-gpu-proc: {msg}");
     }
     eprintln!(
-        "usage: gpushare-fake-gpu-proc [--device PATH]...  (commands on stdin: ioctl N | alloc N | xfer N | mem DIR DEV BYTES | exit [CODE])"
+        "usage: gpushare-fake-gpu-proc [--device PATH]... [--mem-dir DIR --mem BYTES [--mem-device N] [--grow-to BYTES --grow-after SECS]] [--no-stdin]\n  (commands on stdin: ioctl N | alloc N | xfer N | mem DIR DEV BYTES | exit [CODE])"
     );
     std::process::exit(2)
 }

@@ -1,0 +1,249 @@
+//! Scale, measured on the real kernel:
+//! 1. Attribution cost for 10 / 100 / 1,000 / 10,000 GPU processes: the agent's eBPF-fed table
+//!    (a map lookup) next to reading and parsing `/proc/<pid>/cgroup` per process (what
+//!    dcgm-exporter and HAMi's monitor do), side by side in one run, as a ratio.
+//! 2. Agent footprint with 1,000 GPU processes in 200 workloads sampled every second (the release
+//!    binary against the mock NVML): CPU share of one core and RSS, over 30 s.
+//!
+//! Needs root and `cargo build --release` (for the agent) and `cargo build` (mock, fake process).
+//! Run: `cargo bench -p gpushare-agent --bench scale` or `cargo xtask bench`.
+
+use std::{
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use gpushare_agent::{
+    attribution::{CgroupResolver, cgroupfs, parse_cgroup_path, tracker::Tracker},
+    ebpf::{KernelPrograms, LoadOptions},
+};
+use gpushare_testkit::{
+    FakeDeviceNode, TestCgroup,
+    nvml::{SCENARIO_ENV, Scenario},
+    unique,
+};
+use serde_json::json;
+
+struct Procs(Vec<Child>);
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+        }
+        for c in &mut self.0 {
+            let _ = c.wait();
+        }
+    }
+}
+
+fn main() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("scale bench: FAILED: needs root; no figure printed");
+        std::process::exit(1);
+    }
+    attribution_cost();
+    footprint();
+}
+
+fn spawn_gpu_procs(n: usize, node: &std::path::Path, cgs: &[TestCgroup]) -> Procs {
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut cmd = Command::new("bash");
+        cmd.arg("-c")
+            .arg(format!("exec 3<>{}; exec sleep 600", node.display()))
+            .stdin(Stdio::null());
+        v.push(cgs[i % cgs.len()].spawn(&mut cmd).expect("spawn"));
+    }
+    Procs(v)
+}
+
+fn attribution_cost() {
+    let kernel = KernelPrograms::load(&LoadOptions::default()).expect("load programs");
+    let mut tracker = Tracker::with_kernel(
+        kernel,
+        CgroupResolver::new(cgroupfs::find_cgroup2_mount().unwrap()),
+    );
+    let node = FakeDeviceNode::create(&unique("scale")).unwrap();
+    let cgs: Vec<TestCgroup> = (0..20)
+        .map(|i| TestCgroup::create(&unique(&format!("scale{i}"))).unwrap())
+        .collect();
+    println!("attribution of N GPU processes to their workloads (median of 5 passes)");
+    println!(
+        "{:>8} {:>22} {:>26} {:>8}",
+        "N", "eBPF table (us/pass)", "/proc/<pid>/cgroup (us/pass)", "ratio"
+    );
+    let mut procs = Procs(Vec::new());
+    for n in [10usize, 100, 1_000, 10_000] {
+        let more = spawn_gpu_procs(n - procs.0.len(), node.path(), &cgs);
+        let mut more = more;
+        procs.0.append(&mut more.0);
+        let pids: Vec<u32> = procs.0.iter().map(|c| c.id()).collect();
+        // Let the kernel events arrive (and, as the agent does every reconcile interval, reconcile:
+        // a burst of thousands of new GPU tasks overflows the ring buffer).
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut last_reconcile = Instant::now();
+        loop {
+            tracker.poll();
+            if pids.iter().all(|p| tracker.table().get(*p).is_some()) {
+                break;
+            }
+            if last_reconcile.elapsed() > Duration::from_secs(2) {
+                tracker.reconcile();
+                last_reconcile = Instant::now();
+            }
+            if Instant::now() > deadline {
+                tracker.reconcile();
+                let missing = pids
+                    .iter()
+                    .filter(|p| tracker.table().get(**p).is_none())
+                    .count();
+                eprintln!(
+                    "scale bench: FAILED: {missing} of {n} GPU processes never reached the table"
+                );
+                std::process::exit(1);
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        let table = |pids: &[u32]| {
+            let mut found = 0;
+            for p in pids {
+                if let Some(w) = tracker.table().get(*p).and_then(|t| t.workload.as_ref()) {
+                    found += w.cgroup_path.len();
+                }
+            }
+            found
+        };
+        let procfs = |pids: &[u32]| {
+            let mut found = 0;
+            for p in pids {
+                if let Ok(path) = cgroupfs::cgroup_path_of_pid(*p) {
+                    found += parse_cgroup_path(&path).cgroup_path.len();
+                }
+            }
+            found
+        };
+        assert_eq!(
+            table(&pids),
+            procfs(&pids),
+            "both methods must find the same workloads"
+        );
+        let t = median_us(|| std::hint::black_box(table(&pids)));
+        let p = median_us(|| std::hint::black_box(procfs(&pids)));
+        println!("{n:>8} {t:>22.1} {p:>26.1} {:>7.0}x", p / t);
+    }
+    let k = tracker.kernel_counters();
+    println!(
+        "  (kernel events lost while starting 10,000 GPU processes: {}; recovered by reconciliation)",
+        k.events_lost
+    );
+    drop(procs);
+}
+
+fn median_us(mut f: impl FnMut() -> usize) -> f64 {
+    let mut v: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[2]
+}
+
+fn footprint() {
+    const PROCS: usize = 1_000;
+    const WORKLOADS: usize = 200;
+    const SECS: u64 = 30;
+    let release = gpushare_testkit::target_profile_dir();
+    let agent_bin = release.join("gpushare-agent");
+    let lib = release.join("../debug/libgpushare_fake_nvml.so");
+    if !agent_bin.exists() || !lib.exists() {
+        eprintln!(
+            "scale bench: FAILED: build first: `cargo build --release -p gpushare-agent && cargo build`"
+        );
+        std::process::exit(1);
+    }
+    let node = FakeDeviceNode::create(&unique("foot")).unwrap();
+    let parent = TestCgroup::create(&unique("foot")).unwrap();
+    let root = cgroupfs::find_cgroup2_mount().unwrap();
+    let cgs: Vec<TestCgroup> = (0..WORKLOADS)
+        .map(|i| {
+            TestCgroup::create_at(
+                &root,
+                &format!("{}/w{i}", parent.rel_path().trim_start_matches('/')),
+            )
+            .unwrap()
+        })
+        .collect();
+    let procs = spawn_gpu_procs(PROCS, node.path(), &cgs);
+    let devices: Vec<_> = (0..8)
+        .map(|d| {
+            let list: Vec<_> = procs
+                .0
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % 8 == d)
+                .map(|(_, c)| json!({ "pid": c.id(), "used_memory": 256u64 << 20 }))
+                .collect();
+            json!({ "uuid": format!("GPU-{d}"), "name": "NVIDIA Fake", "memory_total": 80u64 << 30, "compute_processes": list })
+        })
+        .collect();
+    let sc = Scenario::create(&json!({ "devices": devices })).unwrap();
+    let dir = std::env::temp_dir().join(unique("foot-agent"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("quotas.toml"),
+        format!(
+            "[[quota]]\ncgroup = \"{}/*\"\ngpu_memory = \"4GiB\"\n",
+            parent.rel_path()
+        ),
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut agent = Command::new(&agent_bin)
+        .arg("--nvml-lib")
+        .arg(&lib)
+        .arg("--quotas")
+        .arg(dir.join("quotas.toml"))
+        .arg("--runtime-quotas")
+        .arg(dir.join("rq"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--socket")
+        .arg(dir.join("sock"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--interval", "1s"])
+        .env(SCENARIO_ENV, sc.path())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(5)); // start-up and first samples
+    let pid = agent.id() as i32;
+    let cpu = || {
+        let s = procfs::process::Process::new(pid).unwrap().stat().unwrap();
+        (s.utime + s.stime) as f64 / procfs::ticks_per_second() as f64
+    };
+    let (c0, t0) = (cpu(), Instant::now());
+    std::thread::sleep(Duration::from_secs(SECS));
+    let (c1, dt) = (cpu(), t0.elapsed().as_secs_f64());
+    let status = procfs::process::Process::new(pid)
+        .unwrap()
+        .status()
+        .unwrap();
+    println!(
+        "agent footprint, {PROCS} GPU processes in {WORKLOADS} workloads on 8 GPUs, 1 s interval, {SECS} s: CPU {:.2}% of one core, RSS {:.1} MiB (peak {:.1} MiB)",
+        (c1 - c0) / dt * 100.0,
+        status.vmrss.unwrap_or(0) as f64 / 1024.0,
+        status.vmhwm.unwrap_or(0) as f64 / 1024.0
+    );
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let _ = agent.wait();
+    drop(procs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
