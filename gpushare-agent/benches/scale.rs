@@ -42,7 +42,105 @@ fn main() {
         std::process::exit(1);
     }
     attribution_cost();
+    per_sample_cost();
     footprint();
+}
+
+/// One agent step (sample through the mock, attribute, decide, publish) as processes and workloads
+/// grow, in-process, median over 20 steps.
+fn per_sample_cost() {
+    use std::sync::Arc;
+
+    use gpushare_agent::{
+        agent::{
+            Agent, AgentOptions,
+            quota_store::{QuotaPaths, QuotaStore},
+        },
+        enforce::Enforcer,
+        metrics::{Compat, Metrics, SharedSnapshot},
+        nvml::NvmlSampler,
+    };
+    let lib = gpushare_testkit::target_profile_dir().join("../debug/libgpushare_fake_nvml.so");
+    if !lib.exists() {
+        eprintln!("scale bench: FAILED: the mock NVML is not built (`cargo build`)");
+        std::process::exit(1);
+    }
+    let root = cgroupfs::find_cgroup2_mount().unwrap();
+    let node = FakeDeviceNode::create(&unique("step")).unwrap();
+    println!("one agent step (sample 8 GPUs, attribute, decide, publish), median of 20 steps");
+    println!(
+        "{:>10} {:>10} {:>14} {:>16}",
+        "processes", "workloads", "step (ms)", "per process (us)"
+    );
+    for (procs_n, workloads_n) in [(100usize, 20usize), (1_000, 200), (4_000, 800)] {
+        let parent = TestCgroup::create(&unique("step")).unwrap();
+        let cgs: Vec<TestCgroup> = (0..workloads_n)
+            .map(|i| {
+                TestCgroup::create_at(
+                    &root,
+                    &format!("{}/w{i}", parent.rel_path().trim_start_matches('/')),
+                )
+                .unwrap()
+            })
+            .collect();
+        let procs = spawn_gpu_procs(procs_n, node.path(), &cgs);
+        let devices: Vec<_> = (0..8)
+            .map(|d| {
+                let list: Vec<_> = procs.0.iter().enumerate().filter(|(i, _)| i % 8 == d)
+                    .map(|(_, c)| json!({ "pid": c.id(), "used_memory": 256u64 << 20 })).collect();
+                json!({ "uuid": format!("GPU-{d}"), "name": "NVIDIA Fake", "memory_total": 80u64 << 30, "compute_processes": list })
+            })
+            .collect();
+        let sc = Scenario::create(&json!({ "devices": devices })).unwrap();
+        unsafe { std::env::set_var(SCENARIO_ENV, sc.path()) };
+        let dir = std::env::temp_dir().join(unique("step-agent"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("quotas.toml"),
+            format!(
+                "[[quota]]\ncgroup = \"{}/*\"\ngpu_memory = \"4GiB\"\n",
+                parent.rel_path()
+            ),
+        )
+        .unwrap();
+        let tracker = Tracker::procfs_only(CgroupResolver::new(root.clone()), "bench".into());
+        let snapshot: SharedSnapshot = Arc::default();
+        let metrics = Arc::new(Metrics::new(snapshot.clone(), Compat::None));
+        let mut agent = Agent::new(
+            tracker,
+            NvmlSampler::open(Some(&lib)),
+            QuotaStore::load(QuotaPaths::new(dir.join("quotas.toml"), None)),
+            Enforcer::new(root.clone(), &dir.join("state"), true).unwrap(),
+            metrics,
+            snapshot.clone(),
+            AgentOptions {
+                dry_run: true,
+                keep_frozen_on_exit: false,
+            },
+        );
+        agent.tick(None); // first step attributes every pid through /proc
+        let seen = snapshot.read().unwrap().workloads.len();
+        if seen < workloads_n {
+            eprintln!("scale bench: FAILED: the agent saw {seen} of {workloads_n} workloads");
+            std::process::exit(1);
+        }
+        let mut v: Vec<f64> = (0..20)
+            .map(|_| {
+                let t = Instant::now();
+                agent.tick(None);
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        let med = v[v.len() / 2];
+        println!(
+            "{procs_n:>10} {workloads_n:>10} {med:>14.2} {:>16.1}",
+            med * 1e3 / procs_n as f64
+        );
+        drop(agent);
+        drop(procs);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 fn spawn_gpu_procs(n: usize, node: &std::path::Path, cgs: &[TestCgroup]) -> Procs {
