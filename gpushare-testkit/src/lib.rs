@@ -5,6 +5,7 @@
 
 pub mod cgroup;
 pub mod device;
+pub mod docker;
 pub mod nvml;
 pub mod process;
 

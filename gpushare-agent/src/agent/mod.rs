@@ -110,6 +110,20 @@ fn lookup_names(id: &crate::attribution::WorkloadId) -> WorkloadNames {
         names.container = Some(c.container);
         return names;
     }
+    // A plain Docker container: its name from the engine's on-disk config (no API call). In a pod
+    // the engine's `k8s_...` name is not the pod spec's, so only plain containers are looked up.
+    if let WorkloadKind::Container {
+        runtime: crate::attribution::workload::Runtime::Docker,
+        container_id,
+        pod_uid: None,
+        ..
+    } = &id.kind
+    {
+        use crate::attribution::docker::{DAEMON_JSON, data_root_from, docker_container_name};
+        let root = data_root_from(std::path::Path::new(DAEMON_JSON));
+        names.container = docker_container_name(&root, container_id);
+        return names;
+    }
     if let Some(uid) = id.pod_uid()
         && let Some(p) = pod_names_from_log_dir(std::path::Path::new(POD_LOG_ROOT), uid)
     {

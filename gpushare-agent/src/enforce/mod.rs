@@ -148,6 +148,15 @@ impl Enforcer {
             }
             Freezer::V1 => freeze::v1_state(&dir).is_ok_and(|s| s == "FROZEN" || s == "FREEZING"),
         };
+        // A `docker pause` on a hybrid host freezes through the v1 freezer; a v2 freeze of such a
+        // group never completes. Someone else's freeze either way: leave it to them.
+        let already = already
+            || (freezer == Freezer::V2
+                && pid_hint
+                    .and_then(|pid| self.v1_freezer_dir_of(pid).ok())
+                    .is_some_and(|d| {
+                        freeze::v1_state(&d).is_ok_and(|s| s == "FROZEN" || s == "FREEZING")
+                    }));
         if already && self.ledger.get(&dir).is_some() {
             return Outcome::Noop;
         }
@@ -349,6 +358,26 @@ impl Enforcer {
         } else {
             Outcome::Noop
         }
+    }
+
+    /// The v1 freezer group of a process.
+    fn v1_freezer_dir_of(&self, pid: u32) -> Result<PathBuf> {
+        let root = self
+            .v1_freezer_root
+            .as_ref()
+            .context("no v1 freezer mounted")?;
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+        let path = text
+            .lines()
+            .find_map(|l| {
+                let mut f = l.splitn(3, ':');
+                let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
+                ctrl.split(',')
+                    .any(|c| c == "freezer")
+                    .then(|| path.to_string())
+            })
+            .context("process has no v1 freezer group")?;
+        Ok(root.join(path.trim_start_matches('/')))
     }
 
     fn freezer_for(&self, rel: &str, pid_hint: Option<u32>) -> Result<(PathBuf, Freezer)> {

@@ -215,3 +215,69 @@ fn kill_uses_cgroup_kill_even_on_a_frozen_group_and_the_agents_own_groups_are_re
     }
     std::fs::remove_dir_all(state).unwrap();
 }
+
+/// A v1 freezer group for a test; thawed and removed on drop, so a failing test never leaves a
+/// process frozen (a v1-frozen task cannot even be killed).
+struct V1Group(std::path::PathBuf);
+
+impl Drop for V1Group {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("freezer.state"), "THAWED");
+        if let (Some(root), Ok(procs)) = (
+            self.0.parent(),
+            std::fs::read_to_string(self.0.join("cgroup.procs")),
+        ) {
+            for pid in procs.lines() {
+                let _ = std::fs::write(root.join("cgroup.procs"), pid);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_group_frozen_by_the_v1_freezer_is_someone_elses_and_is_left_alone_at_once() {
+    if !require_root("v1_frozen_group") {
+        return;
+    }
+    let Some(v1) = gpushare_agent::enforce::freeze::v1_freezer_root() else {
+        gpushare_testkit::loud_skip("no v1 freezer mounted (pure cgroup v2 host)");
+        return;
+    };
+    let (mut enf, state) = enforcer(false);
+    let cg = TestCgroup::create(&unique("paused")).unwrap();
+    let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
+    // What `docker pause` does on a hybrid host: the v1 freezer.
+    let group = V1Group(v1.join(unique("gpushare-test-paused")));
+    std::fs::create_dir_all(&group.0).unwrap();
+    std::fs::write(group.0.join("cgroup.procs"), p.pid().to_string()).unwrap();
+    std::fs::write(group.0.join("freezer.state"), "FROZEN").unwrap();
+    let v1_state = || {
+        std::fs::read_to_string(group.0.join("freezer.state"))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let t = Instant::now();
+    assert_eq!(
+        enf.freeze("w://paused", cg.rel_path(), Some(p.pid()), "t"),
+        Outcome::Noop
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "no wait for a v2 freeze that cannot complete"
+    );
+    assert!(
+        enf.ledger().get(cg.dir()).is_none(),
+        "not recorded: not ours to thaw"
+    );
+    assert_eq!(enf.thaw("w://paused", cg.rel_path()), Outcome::Noop);
+    assert!(
+        matches!(v1_state().as_str(), "FROZEN" | "FREEZING"),
+        "left as it was: {}",
+        v1_state()
+    );
+    drop(group);
+    drop(p);
+    std::fs::remove_dir_all(state).unwrap();
+}

@@ -405,20 +405,31 @@ fn quota_file_deleted_or_replaced_mid_run() {
         return;
     }
     let cg = TestCgroup::create(&unique("qdel")).unwrap();
-    let p = Reaped(cg.spawn(Command::new("sleep").arg("300").stdin(Stdio::null())).unwrap());
+    let p = Reaped(
+        cg.spawn(Command::new("sleep").arg("300").stdin(Stdio::null()))
+            .unwrap(),
+    );
     let sc = Scenario::create(&scenario(&[(p.0.id(), 3 * GIB)], json!({}))).unwrap();
     let agent = AgentProcess::start(&sc, &freeze_quota(&cg), &[]);
     assert!(cg.wait_frozen(true), "over quota: frozen");
     // Replaced by a half-written file (as an editor without atomic saves might leave it): rejected,
     // the last good configuration stays, the workload stays frozen.
-    std::fs::write(agent.quotas_path(), "[[quota]]\ncgroup = \"/x\"\ngpu_memory = ").unwrap();
+    std::fs::write(
+        agent.quotas_path(),
+        "[[quota]]\ncgroup = \"/x\"\ngpu_memory = ",
+    )
+    .unwrap();
     agent.wait_for(Duration::from_secs(15), |s| !s.counters.quota_config_valid);
     std::thread::sleep(Duration::from_millis(500));
     assert!(cg.is_frozen(), "a broken file must not thaw anything");
     // Deleted: no file means no entries; the quota is gone, so the workload is no longer liable.
     std::fs::remove_file(agent.quotas_path()).unwrap();
     agent.wait_for(Duration::from_secs(15), |s| s.counters.quota_config_valid);
-    assert!(cg.wait_frozen(false), "quota removed: thawed\n{}", agent.log());
+    assert!(
+        cg.wait_frozen(false),
+        "quota removed: thawed\n{}",
+        agent.log()
+    );
     // Written again: enforced again.
     agent.write_quotas(&freeze_quota(&cg));
     assert!(cg.wait_frozen(true), "quota back: frozen again");

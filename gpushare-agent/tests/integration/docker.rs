@@ -1,0 +1,305 @@
+//! Real Docker containers end to end: the agent binary, the mock NVML reporting the containers' host
+//! pids, a real `dockerd` (started by the testkit when none runs), the fake GPU program inside
+//! containers opening a fake `/dev/nvidia0`, and real freezes of the containers' cgroups.
+//!
+//! Containers, the test image and a daemon the tests started are removed/stopped by the testkit's
+//! guards, also when a test fails (see `gpushare_testkit::docker`).
+
+use std::time::Duration;
+
+use gpushare_agent::snapshot::{Snapshot, WorkloadView};
+use gpushare_testkit::{
+    docker::{Container, GpuContainer, require_docker},
+    nvml::Scenario,
+};
+use serde_json::json;
+
+use crate::util::{AgentProcess, workload};
+
+const GIB: u64 = 1 << 30;
+const GPU: &str = "GPU-docker";
+const FAST: &str = "[defaults]\ngrace = \"200ms\"\nladder = [ { action = \"freeze\" } ]\n";
+const WAIT: Duration = Duration::from_secs(15);
+
+fn scenario(procs: &[(u32, u64)]) -> serde_json::Value {
+    let list: Vec<_> = procs
+        .iter()
+        .map(|(pid, b)| json!({ "pid": pid, "used_memory": b }))
+        .collect();
+    json!({ "devices": [{ "uuid": GPU, "name": "NVIDIA Fake", "memory_total": 80 * GIB, "compute_processes": list }] })
+}
+
+/// The workload key the agent attributes `pid` to, if it lists the process.
+fn key_of(s: &Snapshot, pid: u32) -> Option<&str> {
+    s.processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .map(|p| p.workload.as_str())
+}
+
+/// The container's row under its quota: the all-GPU row of a file quota, else (an environment
+/// quota, which is per GPU) its row on the GPU.
+fn row<'a>(s: &'a Snapshot, c: &Container) -> Option<&'a WorkloadView> {
+    workload(s, &c.key(), "all").or_else(|| workload(s, &c.key(), GPU))
+}
+
+fn state_of(s: &Snapshot, c: &Container) -> String {
+    row(s, c)
+        .map(|w| w.state.clone())
+        .unwrap_or_else(|| "absent".into())
+}
+
+/// The process's state letter in `/proc/<pid>/stat` (`S`, `R`, ...).
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// `docker pause` still holds `c`: Docker says paused, and its freezer says frozen (the v1 freezer
+/// where the host has one, as here; the v2 group on a pure cgroup v2 host).
+fn assert_still_paused(c: &Container, when: &str) {
+    assert!(c.is_paused().unwrap(), "{}: not paused {when}", c.name());
+    match c.v1_freezer_state() {
+        Some(state) => assert_eq!(state, "FROZEN", "{}: v1 freezer {when}", c.name()),
+        None => assert!(c.is_v2_frozen(), "{}: v2 freezer {when}", c.name()),
+    }
+}
+
+fn ledger_text(agent: &AgentProcess) -> String {
+    std::fs::read_to_string(agent.ledger()).unwrap_or_default()
+}
+
+#[test]
+fn docker_three_containers_share_a_gpu_each_attributed_only_the_offender_frozen_a_paused_one_left_paused()
+ {
+    let Some(dk) = require_docker("docker_three_containers_share_a_gpu") else {
+        return;
+    };
+    let sc = Scenario::create(&scenario(&[])).unwrap();
+    let mut agent = AgentProcess::start(&sc, FAST, &[]);
+    // Started after the agent: the eBPF programs see each container open its /dev/nvidia0.
+    let mut a = GpuContainer::attached(dk, "a", &[]).unwrap();
+    let mut b = GpuContainer::attached(dk, "b", &[]).unwrap();
+    let mut c = GpuContainer::attached(dk, "c", &[]).unwrap();
+    for x in [&mut a, &mut b, &mut c] {
+        x.command("alloc 2").unwrap();
+        x.command("ioctl 3").unwrap();
+    }
+    // A and C are named by their container names, B by its id.
+    agent.write_quotas(&format!(
+        "{FAST}\n[[quota]]\ncontainer_name = \"{}\"\ngpu_memory = \"2GiB\"\n\n[[quota]]\ncontainer = \"{}\"\ngpu_memory = \"2GiB\"\n\n[[quota]]\ncontainer_name = \"{}\"\ngpu_memory = \"2GiB\"\n",
+        a.name(),
+        b.id(),
+        c.name()
+    ));
+    sc.write(&scenario(&[(a.pid(), GIB), (b.pid(), GIB), (c.pid(), GIB)]))
+        .unwrap();
+
+    // Each host pid is attributed to its own container.
+    let s = agent.wait_for(WAIT, |s| {
+        [&a, &b, &c]
+            .iter()
+            .all(|x| key_of(s, x.pid()) == Some(x.key().as_str()))
+            && workload(s, &b.key(), "all").is_some_and(|w| w.quota_bytes == Some(2 * GIB))
+            // The kernel's ioctl counts are read at the start of a step: a task attributed during
+            // the step shows them from the next one.
+            && (s.health.attribution != "ebpf"
+                || [&a, &b, &c].iter().all(|x| {
+                    workload(s, &x.key(), GPU).is_some_and(|w| w.ioctls >= 5)
+                }))
+    });
+    for x in [&a, &b, &c] {
+        let w = workload(&s, &x.key(), GPU).unwrap_or_else(|| panic!("no row for {}", x.key()));
+        assert_eq!(w.container_id, x.id());
+        assert_eq!(w.pids, vec![x.pid()]);
+        assert_eq!(w.used_bytes, GIB);
+        assert_eq!(
+            Some(w.cgroup_path.clone()),
+            x.v2_rel_path(),
+            "cgroup of {}",
+            x.name()
+        );
+    }
+
+    // Someone else pauses C (Docker's v1 freezer).
+    c.pause().unwrap();
+    assert!(c.is_paused().unwrap());
+
+    // B (quota by id) grows past its quota: frozen; A keeps running; C stays paused, as it was.
+    sc.write(&scenario(&[
+        (a.pid(), GIB),
+        (b.pid(), 3 * GIB),
+        (c.pid(), GIB),
+    ]))
+    .unwrap();
+    let s = agent.wait_for(WAIT, |s| state_of(s, &b) == "frozen");
+    assert!(
+        b.wait_v2_frozen(true, Duration::from_secs(5)),
+        "{} cgroup.events: frozen 1",
+        b.name()
+    );
+    assert!(ledger_text(&agent).contains(b.id()), "B's freeze recorded");
+    assert!(
+        !ledger_text(&agent).contains(c.id()),
+        "C is not the agent's"
+    );
+    assert_ne!(state_of(&s, &a), "frozen");
+    assert!(!a.is_v2_frozen());
+    a.command("ioctl 1").unwrap();
+    assert!(a.responds(), "A answers `docker exec true`");
+    assert!(matches!(proc_state(a.pid()), Some('S' | 'R')));
+    assert_still_paused(&c, "while B is frozen");
+
+    // B back within quota: the agent thaws what it froze, and only that. C is still paused.
+    sc.write(&scenario(&[(a.pid(), GIB), (b.pid(), GIB), (c.pid(), GIB)]))
+        .unwrap();
+    agent.wait_for(WAIT, |s| state_of(s, &b) == "ok");
+    assert!(b.wait_v2_frozen(false, Duration::from_secs(5)));
+    b.command("ioctl 1").unwrap();
+    assert!(b.responds(), "B runs again");
+    assert!(!ledger_text(&agent).contains(b.id()));
+    assert_still_paused(&c, "after the agent thawed B");
+
+    // Names: the agent knows each container's name (from the engine's config.v2.json) ...
+    let s = agent.wait_for(WAIT, |s| {
+        [&a, &b, &c]
+            .iter()
+            .all(|x| workload(s, &x.key(), GPU).is_some_and(|w| w.container == x.name()))
+    });
+    assert_eq!(
+        workload(&s, &a.key(), "all").map(|w| w.quota_bytes),
+        Some(Some(2 * GIB)),
+        "A's quota (by name) applies"
+    );
+    assert!(
+        agent.get("/metrics").1.contains(&format!(
+            "container=\"{}\",container_id=\"{}\"",
+            a.name(),
+            a.id()
+        )),
+        "the container label names it"
+    );
+    // ... and A, whose quota names it by name, is frozen when it grows past it.
+    sc.write(&scenario(&[
+        (a.pid(), 3 * GIB),
+        (b.pid(), GIB),
+        (c.pid(), GIB),
+    ]))
+    .unwrap();
+    agent.wait_for(WAIT, |s| state_of(s, &a) == "frozen");
+    assert!(a.wait_v2_frozen(true, Duration::from_secs(5)));
+    assert!(b.responds() && !b.is_v2_frozen());
+    assert_still_paused(&c, "while A is frozen");
+
+    // SIGTERM thaws what the agent froze (A); the paused container stays paused.
+    assert_eq!(agent.stop(), Some(0));
+    assert!(a.wait_v2_frozen(false, Duration::from_secs(5)));
+    assert!(a.responds());
+    assert_still_paused(&c, "after the agent thawed everything it froze on SIGTERM");
+    assert!(!ledger_text(&agent).contains(c.id()));
+}
+
+#[test]
+fn docker_env_quota_of_a_real_container_isolates_it_and_removal_while_frozen_leaves_nothing_behind()
+{
+    let Some(dk) = require_docker("docker_env_quota") else {
+        return;
+    };
+    // GPUShare's variables, set by `docker run -e` (as its device plugin does); no file entry.
+    let over =
+        GpuContainer::attached(dk, "env-over", &["-e", "ALIYUN_COM_GPU_MEM_CONTAINER=1"]).unwrap();
+    let mut under =
+        GpuContainer::attached(dk, "env-under", &["-e", "ALIYUN_COM_GPU_MEM_CONTAINER=4"]).unwrap();
+    let sc = Scenario::create(&scenario(&[(over.pid(), 2 * GIB), (under.pid(), 2 * GIB)])).unwrap();
+    let agent = AgentProcess::start(&sc, FAST, &[]);
+
+    let s = agent.wait_for(WAIT, |s| state_of(s, &over) == "frozen");
+    assert!(
+        over.wait_v2_frozen(true, Duration::from_secs(5)),
+        "2 GiB over a 1 GiB env quota: frozen"
+    );
+    let w = row(&s, &over).unwrap();
+    assert_eq!(w.quota_bytes, Some(GIB), "{w:?}");
+    assert!(w.quota_source.contains("env"), "{w:?}");
+    assert_eq!(w.container_id, over.id());
+    let w = row(&s, &under).unwrap();
+    assert_eq!((w.state.as_str(), w.quota_bytes), ("ok", Some(4 * GIB)));
+    assert!(!under.is_v2_frozen());
+    under.command("alloc 1").unwrap();
+    assert!(under.responds());
+    assert!(ledger_text(&agent).contains(over.id()));
+    assert!(agent.get("/metrics").1.contains(over.id()));
+
+    // The frozen container is removed (its process dies, NVML stops listing it): no record, no
+    // state and no series of it remain.
+    let (over_id, over_pid, over_key) = (over.id().to_string(), over.pid(), over.key());
+    let over_dir = over.v2_dir().map(|d| d.to_path_buf());
+    drop(over);
+    sc.write(&scenario(&[(under.pid(), 2 * GIB)])).unwrap();
+    let s = agent.wait_for(WAIT, |s| {
+        !s.workloads.iter().any(|w| w.workload == over_key)
+            && key_of(s, over_pid).is_none()
+            && !ledger_text(&agent).contains(&over_id)
+    });
+    assert!(over_dir.is_some_and(|d| !d.exists()), "cgroup gone");
+    assert_eq!(row(&s, &under).map(|w| w.state.as_str()), Some("ok"));
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        !metrics.contains(&over_id),
+        "no series of the removed container:\n{metrics}"
+    );
+    assert!(metrics.contains(under.id()));
+    assert!(under.responds());
+}
+
+#[test]
+fn docker_a_container_restarted_by_its_policy_keeps_its_identity_and_its_quota() {
+    let Some(dk) = require_docker("docker_restart_policy") else {
+        return;
+    };
+    let r = GpuContainer::detached(dk, "restart", &["--restart", "always"]).unwrap();
+    let p1 = r.pid();
+    let sc = Scenario::create(&scenario(&[(p1, GIB)])).unwrap();
+    let quotas = format!(
+        "{FAST}\n[[quota]]\ncontainer = \"{}\"\ngpu_memory = \"2GiB\"\n",
+        &r.id()[..12]
+    );
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    agent.wait_for(WAIT, |s| {
+        key_of(s, p1) == Some(r.key().as_str()) && state_of(s, &r) == "ok"
+    });
+
+    // Its process dies; Docker starts a new one in the same container.
+    // SAFETY: kill(2) of the container's main process.
+    assert_eq!(unsafe { libc::kill(p1 as i32, libc::SIGKILL) }, 0);
+    let p2 = r.wait_new_pid(p1, Duration::from_secs(20)).unwrap();
+    assert_ne!(p1, p2);
+    assert!(
+        r.inspect("{{.RestartCount}}")
+            .unwrap()
+            .parse::<u32>()
+            .unwrap()
+            >= 1
+    );
+
+    // The new pid is the same workload: attributed to the same key, under the same quota, which
+    // still isolates it.
+    sc.write(&scenario(&[(p2, 3 * GIB)])).unwrap();
+    let s = agent.wait_for(WAIT, |s| {
+        key_of(s, p2) == Some(r.key().as_str()) && state_of(s, &r) == "frozen"
+    });
+    assert!(key_of(&s, p1).is_none(), "the dead process is gone");
+    let w = workload(&s, &r.key(), GPU).unwrap();
+    assert_eq!(w.pids, vec![p2]);
+    assert_eq!(w.container_id, r.id());
+    assert_eq!(
+        s.workloads
+            .iter()
+            .filter(|w| w.container_id == r.id())
+            .map(|w| w.workload.as_str())
+            .collect::<std::collections::BTreeSet<_>>(),
+        [r.key().as_str()].into(),
+        "one identity across the restart"
+    );
+    assert!(r.wait_v2_frozen(true, Duration::from_secs(5)));
+}
