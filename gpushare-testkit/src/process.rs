@@ -2,7 +2,6 @@
 
 use std::{
     io::{BufRead, BufReader, Write},
-    os::unix::process::CommandExt,
     path::Path,
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
 };
@@ -33,25 +32,10 @@ impl FakeGpuProcess {
         cmd.envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
-        if let Some(cg) = cgroup {
-            let procs = std::ffi::CString::new(cg.procs_file().as_os_str().as_encoded_bytes())?;
-            // SAFETY: only async-signal-safe calls (open, write, close) between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                    if fd < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    let n = libc::write(fd, b"0".as_ptr().cast(), 1);
-                    libc::close(fd);
-                    if n != 1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
-        let mut child = cmd.spawn().context("spawning gpushare-fake-gpu-proc")?;
+        let mut child = match cgroup {
+            Some(cg) => cg.spawn(&mut cmd)?,
+            None => cmd.spawn().context("spawning gpushare-fake-gpu-proc")?,
+        };
         let stdin = child.stdin.take();
         let mut stdout = BufReader::new(child.stdout.take().context("stdout")?);
         let mut line = String::new();

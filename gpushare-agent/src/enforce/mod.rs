@@ -366,17 +366,7 @@ impl Enforcer {
             .v1_freezer_root
             .as_ref()
             .context("no v1 freezer mounted")?;
-        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
-        let path = text
-            .lines()
-            .find_map(|l| {
-                let mut f = l.splitn(3, ':');
-                let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
-                ctrl.split(',')
-                    .any(|c| c == "freezer")
-                    .then(|| path.to_string())
-            })
-            .context("process has no v1 freezer group")?;
+        let path = v1_freezer_path_of(pid)?;
         Ok(root.join(path.trim_start_matches('/')))
     }
 
@@ -390,18 +380,22 @@ impl Enforcer {
             .as_ref()
             .context("no cgroup v2 freezer for the group and no v1 freezer mounted")?;
         let pid = pid_hint.context("no process known to find the group's v1 freezer")?;
-        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
-        let path = text
-            .lines()
-            .find_map(|l| {
-                let mut f = l.splitn(3, ':');
-                let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
-                ctrl.split(',')
-                    .any(|c| c == "freezer")
-                    .then(|| path.to_string())
-            })
-            .context("process has no v1 freezer group")?;
+        let path = v1_freezer_path_of(pid)?;
         self.check_target(&path)?;
         Ok((root.join(path.trim_start_matches('/')), Freezer::V1))
     }
+}
+
+/// The v1 freezer group of a process, as `/proc/<pid>/cgroup` spells it.
+fn v1_freezer_path_of(pid: u32) -> Result<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+    text.lines()
+        .find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
+            ctrl.split(',')
+                .any(|c| c == "freezer")
+                .then(|| path.to_string())
+        })
+        .context("process has no v1 freezer group")
 }
