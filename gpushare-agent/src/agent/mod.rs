@@ -234,9 +234,8 @@ impl Agent {
         self.tracker.refresh_ioctl_counts();
         let t0 = Instant::now();
         let sample = self.sampler.sample();
-        self.metrics
-            .sample_duration
-            .observe(t0.elapsed().as_secs_f64());
+        let sampled = t0.elapsed();
+        self.metrics.sample_duration.observe(sampled.as_secs_f64());
         let observed_at = trigger.unwrap_or(t0);
         for p in &sample.processes {
             if self.tracker.table().get(p.pid).is_none()
@@ -283,8 +282,8 @@ impl Agent {
         self.publish(&sample);
         debug!(
             "step: sample {:?}, attribute+decide {:?}, act {:?}, publish {:?}",
-            t0.elapsed().saturating_sub(t1.elapsed()).min(t1 - t0),
-            t1 - t0,
+            sampled,
+            (t1 - t0).saturating_sub(sampled),
             t2 - t1,
             t2.elapsed()
         );
