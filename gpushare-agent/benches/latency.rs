@@ -8,16 +8,12 @@
 //! Needs root and `cargo build` first. Run: `cargo bench -p gpushare-agent --bench latency`.
 
 use std::{
-    process::{Child, Command, Stdio},
+    process::{Child, Stdio},
     time::{Duration, Instant},
 };
 
 use gpushare_agent::client::{Endpoint, request};
-use gpushare_testkit::{
-    FakeDeviceNode, FakeGpuProcess, TestCgroup,
-    nvml::{SCENARIO_ENV, Scenario},
-    unique,
-};
+use gpushare_testkit::{FakeDeviceNode, FakeGpuProcess, TestCgroup, nvml::Scenario, unique};
 use serde_json::json;
 
 const GIB: u64 = 1 << 30;
@@ -53,26 +49,9 @@ fn main() {
         ),
     )
     .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{}", gpushare_testkit::free_port());
     let mut agent = AgentGuard(
-        Command::new(&agent_bin)
-            .arg("--nvml-lib")
-            .arg(&lib)
-            .arg("--quotas")
-            .arg(dir.join("quotas.toml"))
-            .arg("--runtime-quotas")
-            .arg(dir.join("rq"))
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .arg("--socket")
-            .arg(dir.join("sock"))
-            .args(["--listen", &listen, "--interval", "1s"])
-            .env(SCENARIO_ENV, sc.path())
+        gpushare_testkit::agent_command(&agent_bin, Some(&lib), sc.path(), &dir, &listen, "1s")
             .env(
                 "RUST_LOG",
                 std::env::var("GPUSHARE_BENCH_AGENT_LOG_LEVEL").unwrap_or_else(|_| "warn".into()),

@@ -298,29 +298,14 @@ fn footprint() {
         ),
     )
     .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut agent = Command::new(&agent_bin)
-        .arg("--nvml-lib")
-        .arg(&lib)
-        .arg("--quotas")
-        .arg(dir.join("quotas.toml"))
-        .arg("--runtime-quotas")
-        .arg(dir.join("rq"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--socket")
-        .arg(dir.join("sock"))
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--interval", "1s"])
-        .env(SCENARIO_ENV, sc.path())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let listen = format!("127.0.0.1:{}", gpushare_testkit::free_port());
+    let mut agent =
+        gpushare_testkit::agent_command(&agent_bin, Some(&lib), sc.path(), &dir, &listen, "1s")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
     std::thread::sleep(Duration::from_secs(5)); // start-up and first samples
     let pid = agent.id() as i32;
     let cpu = || {

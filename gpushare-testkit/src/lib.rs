@@ -75,3 +75,38 @@ pub fn unique(name: &str) -> String {
         N.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// The agent binary's command line for tests and benchmarks: the mock NVML at `nvml_lib` with its
+/// scenario at `scenario`, and every path (quotas.toml, runtime drop-ins, state, socket) inside `dir`.
+pub fn agent_command(
+    agent_bin: &std::path::Path,
+    nvml_lib: Option<&std::path::Path>,
+    scenario: &std::path::Path,
+    dir: &std::path::Path,
+    listen: &str,
+    interval: &str,
+) -> std::process::Command {
+    let mut cmd = std::process::Command::new(agent_bin);
+    if let Some(lib) = nvml_lib {
+        cmd.arg("--nvml-lib").arg(lib);
+    }
+    cmd.arg("--quotas")
+        .arg(dir.join("quotas.toml"))
+        .arg("--runtime-quotas")
+        .arg(dir.join("runtime"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--socket")
+        .arg(dir.join("agent.sock"))
+        .args(["--listen", listen, "--interval", interval])
+        .env(nvml::SCENARIO_ENV, scenario);
+    cmd
+}

@@ -13,7 +13,9 @@ use gpushare_agent::client::{Endpoint, request};
 use gpushare_testkit::{TestCgroup, nvml::Scenario, require_root, unique};
 use serde_json::{Value, json};
 
-use crate::util::{AgentProcess, free_port, usr1_recorder};
+use gpushare_testkit::free_port;
+
+use crate::util::{AgentProcess, usr1_recorder};
 
 const GIB: u64 = 1 << 30;
 

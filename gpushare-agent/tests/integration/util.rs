@@ -12,7 +12,8 @@ use gpushare_agent::{
     snapshot::Snapshot,
 };
 use gpushare_testkit::{
-    nvml::{SCENARIO_ENV, Scenario, fake_nvml_lib},
+    agent_command,
+    nvml::{Scenario, fake_nvml_lib},
     unique, workspace_bin,
 };
 
@@ -80,22 +81,18 @@ impl AgentProcess {
             .append(true)
             .open(self.dir.join("agent.log"))
             .unwrap();
-        let mut cmd = Command::new(workspace_bin("gpushare-agent"));
-        if !self.extra.iter().any(|a| a == "--nvml-lib") {
-            cmd.arg("--nvml-lib").arg(fake_nvml_lib());
-        }
+        let default_lib = fake_nvml_lib();
+        let lib = (!self.extra.iter().any(|a| a == "--nvml-lib")).then_some(default_lib.as_path());
+        let mut cmd = agent_command(
+            &workspace_bin("gpushare-agent"),
+            lib,
+            &self.scenario,
+            &self.dir,
+            &self.listen,
+            "200ms",
+        );
         let child = cmd
-            .arg("--quotas")
-            .arg(self.dir.join("quotas.toml"))
-            .arg("--runtime-quotas")
-            .arg(self.dir.join("runtime"))
-            .arg("--state-dir")
-            .arg(self.dir.join("state"))
-            .arg("--socket")
-            .arg(self.dir.join("agent.sock"))
-            .args(["--listen", &self.listen, "--interval", "200ms"])
             .args(&self.extra)
-            .env(SCENARIO_ENV, &self.scenario)
             .env("RUST_LOG", "info,gpushare_agent=debug")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
