@@ -43,6 +43,23 @@ pub enum Command {
         #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
     },
+    /// Undo every freeze the agent made, without a running agent (root).
+    ///
+    /// Thaws each group listed in the state directory's freeze ledger or marked on the cgroups
+    /// with that state directory (so it works with a lost or corrupt ledger), and nothing else: a
+    /// `docker pause` or an operator's freeze is left alone. Refuses while an agent holds the state
+    /// directory (use `release` then).
+    Thaw {
+        /// Thaw everything the agent froze (required: there is no partial form yet).
+        #[arg(long, required = true)]
+        all: bool,
+        /// The agent's state directory.
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+        /// Go on even though an agent seems to hold the state directory.
+        #[arg(long)]
+        force: bool,
+    },
     /// Run a command as a service with a GPU-memory reservation (root).
     ///
     /// Picks a GPU that can hold the reservation, creates the cgroup /gpushare.slice/NAME.scope,

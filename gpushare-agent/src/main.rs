@@ -98,6 +98,34 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::FAILURE)
             }
         }
+        Some(Command::Thaw {
+            all: _,
+            state_dir,
+            force,
+        }) => {
+            let report = gpushare_agent::enforce::thaw_everything(&state_dir, force)?;
+            for (w, dir) in &report.thawed {
+                println!("thawed {w} ({})", dir.display());
+            }
+            for (w, dir) in &report.gone {
+                println!("forgot {w}: {} no longer exists", dir.display());
+            }
+            for (w, dir, why) in &report.failed {
+                eprintln!("NOT thawed {w} ({}): {why}", dir.display());
+            }
+            println!(
+                "{} thawed, {} gone, {} failed (state directory {})",
+                report.thawed.len(),
+                report.gone.len(),
+                report.failed.len(),
+                state_dir.display()
+            );
+            Ok(if report.failed.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
         Some(Command::Launch(args)) => Ok(gpushare_agent::launch::main(*args)),
     }
 }

@@ -22,8 +22,9 @@ pub const ISOLATION_STATES: &[&str] = &[
     "over_quota",
     "alerted",
     "signalled",
+    "freezing",
     "frozen",
-    "killed",
+    "killing",
 ];
 
 /// Which compatibility metrics to add.
@@ -252,6 +253,26 @@ impl Collector for SnapshotCollector {
                     *v,
                 )
             }),
+        )?;
+        counter(
+            &mut e,
+            "gpushare_enforcement_external_changes",
+            "Changes found made behind the agent's back to groups it froze (thawed, gone, replaced: \
+             recreated under the same path) and earlier runs' freezes taken over (adopted)",
+            c.external_changes
+                .iter()
+                .map(|(k, v)| (vec![("change", k.clone())], *v)),
+        )?;
+        counter(
+            &mut e,
+            "gpushare_identity_checks",
+            "GPU tasks dropped because they exited (exited), sampled pids whose tracked process had \
+             exited and were attributed afresh (stale_identity), sample records left unknown \
+             because their pid's process started after the sample (unverifiable), pids rejected \
+             at attribution (rejected)",
+            c.identity
+                .iter()
+                .map(|(k, v)| (vec![("kind", k.clone())], *v)),
         )?;
         counter(
             &mut e,

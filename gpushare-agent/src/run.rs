@@ -35,6 +35,8 @@ use crate::{
 /// machines where the kernel defers irq_work to the next interrupt (seen on this VM: a forced
 /// ring-buffer wakeup was only delivered when the agent next woke up).
 const DRAIN_INTERVAL: Duration = Duration::from_millis(25);
+/// How often a pending freeze or thaw is read again while one is pending.
+const SETTLE_POLL: Duration = Duration::from_millis(5);
 /// Backstop for file watching (files on filesystems without inotify, missed events).
 const QUOTA_POLL: Duration = Duration::from_secs(10);
 
@@ -45,6 +47,20 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
 
     enter_host_cgroup_namespace();
+    // One agent per state directory, checked before anything is loaded or served.
+    let enforcer = Enforcer::new(
+        cgroupfs::find_cgroup2_mount()?,
+        &args.state_dir,
+        args.dry_run,
+    )?;
+    match crate::attribution::pidfd::raise_fd_limit() {
+        Ok(n) if n < 4096 => warn!(
+            "the open-file limit is {n}: the agent holds one pidfd per GPU process; raise \
+             LimitNOFILE if the node runs more GPU processes than that"
+        ),
+        Ok(_) => {}
+        Err(e) => warn!("cannot raise the open-file limit: {e}"),
+    }
     let load = LoadOptions {
         alloc_event_min_interval_ns: args.alloc_event_min_interval.as_nanos() as u64,
         only: None,
@@ -60,17 +76,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     let paths = QuotaPaths::new(args.quotas.clone(), Some(args.runtime_quotas.clone()));
     let quotas = QuotaStore::load(paths.clone());
-    let enforcer = Enforcer::new(
-        cgroupfs::find_cgroup2_mount()?,
-        &args.state_dir,
-        args.dry_run,
-    )
-    .with_context(|| {
-        format!(
-            "opening the state directory {} (--state-dir)",
-            args.state_dir.display()
-        )
-    })?;
     let snapshot: SharedSnapshot = Arc::default();
     let compat = if args.compat.as_deref() == Some("hami") {
         Compat::Hami
@@ -143,7 +148,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut sample = interval(args.interval);
     let mut reconcile = interval(args.reconcile_interval);
     let mut quota_poll = interval(QUOTA_POLL);
-    for t in [&mut drain, &mut sample, &mut reconcile, &mut quota_poll] {
+    let mut settle = interval(SETTLE_POLL);
+    for t in [
+        &mut drain,
+        &mut sample,
+        &mut reconcile,
+        &mut quota_poll,
+        &mut settle,
+    ] {
         t.set_missed_tick_behavior(MissedTickBehavior::Delay);
     }
     info!(
@@ -171,6 +183,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 }
             }
             _ = sample.tick() => agent.tick(None),
+            // A freeze or thaw that had not settled when it was issued: read it again soon,
+            // without ever waiting on it here.
+            _ = settle.tick(), if agent.has_pending() => { agent.settle(); }
             _ = reconcile.tick() => { agent.tracker.reconcile(); }
             Some(()) = qrx.recv() => {
                 // Let an editor finish writing (several events per save) before reading.

@@ -1,7 +1,23 @@
-//! The agent's state as readers see it: an immutable snapshot rebuilt after each sample and
+//! The agent's state as readers see it: an immutable snapshot rebuilt after each step and
 //! published to the HTTP API, `/metrics` and `status`. Readers never reach back upstream.
+//!
+//! [`Publisher::build`] turns what one step observed and decided ([`StepReport`]) into a
+//! [`Snapshot`]; it keeps only what reports need across steps (how long a row has been in its
+//! state, monotonic ioctl totals). A workload's `state` is what the kernel says about its root
+//! group (see [`crate::policy::WorkloadState::reported`]): `frozen` only while the kernel reports
+//! the group frozen.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
+
+use crate::{
+    agent::workloads::NameCache,
+    attribution::{Attribution, ProcessIdentity},
+    policy::{AttributedProcess, GpuScope, PolicyState, Retry, Transition},
+    sample::GpuSample,
+};
 
 /// Everything a reader can ask about.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -85,8 +101,13 @@ pub struct WorkloadView {
     pub quota_bytes: Option<u64>,
     /// Where the quota comes from (`file:line`, `env:ALIYUN_COM_GPU_MEM_CONTAINER`, ...).
     pub quota_source: String,
-    /// Isolation state (`ok`, `over_quota`, `alerted`, `signalled`, `frozen`, `killed`, ...).
+    /// Isolation state as the kernel has it (`ok`, `over_quota`, `alerted`, `signalled`,
+    /// `freezing`, `frozen`, `killing`).
     pub state: String,
+    /// What is in progress, in words (a freeze that has not settled, a thaw being retried), or
+    /// empty.
+    #[serde(default)]
+    pub detail: String,
     /// Seconds in that state.
     pub state_for_secs: f64,
     /// Processes of the workload on that GPU.
@@ -140,4 +161,242 @@ pub struct Counters {
     pub quota_config_valid: bool,
     /// When the quota configuration was last (re)loaded, seconds since the epoch.
     pub quota_config_last_reload_unix: f64,
+    /// Changes the agent found made behind its back, by kind (`thawed`, `gone`, `replaced`,
+    /// `adopted`: an earlier run's freeze taken over).
+    #[serde(default)]
+    pub external_changes: BTreeMap<String, u64>,
+    /// Attribution's identity checks, by kind (`exited`, `stale_identity`, `unverifiable`).
+    #[serde(default)]
+    pub identity: BTreeMap<String, u64>,
+}
+
+/// What one step observed and decided, borrowed for [`Publisher::build`].
+pub struct StepReport<'a> {
+    /// The sample.
+    pub sample: &'a GpuSample,
+    /// The task table.
+    pub table: &'a Attribution,
+    /// The policy's view of the tasks (workloads at their roots).
+    pub processes: &'a [AttributedProcess],
+    /// The policy state after the step.
+    pub policy: &'a PolicyState,
+    /// Names of workloads.
+    pub names: &'a NameCache,
+    /// Health: readiness and degraded modes.
+    pub health: Health,
+    /// Monotonic totals kept by the agent (this builder adds the ioctl totals).
+    pub counters: Counters,
+    /// The effective quotas.
+    pub quotas: Vec<QuotaView>,
+    /// Time since the agent started (the policy's clock).
+    pub now: std::time::Duration,
+}
+
+/// Builds snapshots; remembers what reports need across steps.
+#[derive(Default)]
+pub struct Publisher {
+    state_since: HashMap<(String, String), (String, Instant)>,
+    ioctl_seen: HashMap<ProcessIdentity, (String, u64)>,
+    ioctl_totals: BTreeMap<String, u64>,
+}
+
+fn detail(retry: Option<&Retry>, now: std::time::Duration) -> String {
+    let Some(r) = retry else {
+        return String::new();
+    };
+    let what = match r.transition {
+        Transition::Freeze => "freeze",
+        Transition::Thaw => "thaw",
+    };
+    let next = r.next_at.saturating_sub(now);
+    format!(
+        "{what} requested {} time(s), not applied by the kernel yet; next attempt in {}",
+        r.attempts,
+        crate::quota::fmt_duration(std::time::Duration::from_millis(next.as_millis() as u64))
+    )
+}
+
+impl Publisher {
+    /// The snapshot of one step.
+    pub fn build(&mut self, r: StepReport) -> Snapshot {
+        let sample = r.sample;
+        let dry_run = r.health.dry_run;
+        let uuid_of = |i: u32| {
+            sample
+                .devices
+                .iter()
+                .find(|d| d.index == i)
+                .map(|d| d.uuid.clone())
+                .unwrap_or_default()
+        };
+        let by_pid: HashMap<u32, &AttributedProcess> =
+            r.processes.iter().map(|p| (p.identity.pid, p)).collect();
+        // ioctl totals per workload (monotonic while the workload has tasks).
+        let mut live_workloads = HashSet::new();
+        for t in r.table.tasks() {
+            let Some(p) = by_pid.get(&t.identity.pid) else {
+                continue;
+            };
+            let key = p.workload.key();
+            live_workloads.insert(key.clone());
+            let prev = self
+                .ioctl_seen
+                .insert(t.identity, (key.clone(), t.ioctls))
+                .map_or(0, |(_, c)| c);
+            *self.ioctl_totals.entry(key).or_default() += t.ioctls.saturating_sub(prev);
+        }
+        let table = r.table;
+        self.ioctl_seen
+            .retain(|id, _| table.get(id.pid).is_some_and(|t| t.identity == *id));
+        self.ioctl_totals.retain(|k, _| live_workloads.contains(k));
+
+        let mut usage: BTreeMap<(String, String), (u64, Vec<u32>)> = BTreeMap::new();
+        let mut unattributed: BTreeMap<String, u64> = BTreeMap::new();
+        let mut processes = Vec::new();
+        for p in &sample.processes {
+            let key = by_pid.get(&p.pid).map(|a| a.workload.key());
+            match &key {
+                Some(k) => {
+                    let e = usage.entry((k.clone(), p.device_uuid.clone())).or_default();
+                    e.0 += p.used_bytes.unwrap_or(0);
+                    e.1.push(p.pid);
+                }
+                None => {
+                    *unattributed.entry(p.device_uuid.clone()).or_default() +=
+                        p.used_bytes.unwrap_or(0)
+                }
+            }
+            processes.push(ProcessView {
+                pid: p.pid,
+                comm: table.get(p.pid).map(|t| t.comm.clone()).unwrap_or_default(),
+                workload: key.unwrap_or_default(),
+                gpu_uuid: p.device_uuid.clone(),
+                used_bytes: p.used_bytes,
+            });
+        }
+        let metas: HashMap<String, &crate::quota::WorkloadMeta> = r
+            .processes
+            .iter()
+            .map(|p| (p.workload.key(), &p.workload))
+            .collect();
+        let view = |key: &str, gpu: String| -> WorkloadView {
+            let meta = metas.get(key);
+            let id = meta.map(|m| &m.id);
+            let names = r.names.cached(key).cloned().unwrap_or_default();
+            WorkloadView {
+                workload: key.to_string(),
+                name: id
+                    .map(|i| i.short_name())
+                    .unwrap_or_else(|| key.to_string()),
+                cgroup_path: id.map(|i| i.cgroup_path.clone()).unwrap_or_default(),
+                namespace: names.namespace.unwrap_or_default(),
+                pod: names
+                    .pod
+                    .or_else(|| id.and_then(|i| i.pod_uid()).map(str::to_string))
+                    .unwrap_or_default(),
+                container: names.container.unwrap_or_default(),
+                container_id: id.and_then(|i| i.container_id()).unwrap_or("").to_string(),
+                gpu_uuid: gpu,
+                state: "ok".into(),
+                ..Default::default()
+            }
+        };
+        let mut rows: BTreeMap<(String, String), WorkloadView> = BTreeMap::new();
+        for ((key, gpu), (bytes, pids)) in &usage {
+            let mut v = view(key, gpu.clone());
+            v.used_bytes = *bytes;
+            v.pids = pids.clone();
+            v.ioctls = *self.ioctl_totals.get(key).unwrap_or(&0);
+            rows.insert((key.clone(), gpu.clone()), v);
+        }
+        for (key, ws) in &r.policy.workloads {
+            let scope_rows: Vec<(GpuScope, Option<&crate::policy::ScopeState>)> =
+                if ws.scopes.is_empty() {
+                    // Frozen with no liability of its own (an earlier run's freeze, processes
+                    // unseen): one row, so it shows and can be released.
+                    vec![(ws.frozen.unwrap_or(GpuScope::All), None)]
+                } else {
+                    ws.scopes.iter().map(|(s, ss)| (*s, Some(ss))).collect()
+                };
+            for (scope, ss) in scope_rows {
+                let gpu = match scope {
+                    GpuScope::All => "all".to_string(),
+                    GpuScope::Gpu(i) => uuid_of(i),
+                };
+                let v = rows
+                    .entry((key.clone(), gpu.clone()))
+                    .or_insert_with(|| view(key, gpu.clone()));
+                if let Some(ss) = ss {
+                    if scope == GpuScope::All {
+                        v.used_bytes = ss.usage.unwrap_or(0);
+                    }
+                    v.quota_bytes = Some(ss.limit);
+                }
+                v.quota_source = ws.quota.clone();
+                v.state = ws.reported_scope(scope, dry_run).to_string();
+                v.detail = detail(ws.retry.as_ref(), r.now);
+                if v.cgroup_path.is_empty() {
+                    v.cgroup_path = ws.cgroup_path.clone();
+                }
+            }
+        }
+        // Rows without a quota scope of their own (per-GPU usage under an all-GPU quota) show the
+        // workload's overall state: a frozen workload is frozen on every GPU.
+        for ((key, gpu), v) in rows.iter_mut() {
+            let Some(ws) = r.policy.workloads.get(key) else {
+                continue;
+            };
+            let own_scope = ws.scopes.keys().any(|s| match s {
+                GpuScope::All => gpu == "all",
+                GpuScope::Gpu(i) => uuid_of(*i) == *gpu,
+            }) || (ws.scopes.is_empty() && gpu == "all");
+            if !own_scope {
+                v.state = ws.reported(dry_run).to_string();
+                v.detail = detail(ws.retry.as_ref(), r.now);
+            }
+        }
+        let now = Instant::now();
+        let mut seen = HashSet::new();
+        for ((key, gpu), v) in rows.iter_mut() {
+            let k = (key.clone(), gpu.clone());
+            let entry = self
+                .state_since
+                .entry(k.clone())
+                .or_insert((v.state.clone(), now));
+            if entry.0 != v.state {
+                *entry = (v.state.clone(), now);
+            }
+            v.state_for_secs = now.duration_since(entry.1).as_secs_f64();
+            seen.insert(k);
+        }
+        self.state_since.retain(|k, _| seen.contains(k));
+        let mut counters = r.counters;
+        counters.gpu_ioctls = self.ioctl_totals.clone();
+        Snapshot {
+            taken_at_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            health: r.health,
+            gpus: sample
+                .devices
+                .iter()
+                .map(|d| GpuView {
+                    index: d.index,
+                    uuid: d.uuid.clone(),
+                    name: d.name.clone(),
+                    memory_total_bytes: d.memory_total,
+                    memory_used_bytes: d.memory_used,
+                    memory_free_bytes: d.memory_free,
+                    healthy: sample.device_ok(d.index),
+                })
+                .collect(),
+            workloads: rows.into_values().collect(),
+            processes,
+            unattributed_bytes: unattributed,
+            counters,
+            quotas: r.quotas,
+        }
+    }
 }

@@ -127,6 +127,9 @@ pub fn render_status(snap: &Snapshot) -> String {
             human_secs(w.state_for_secs),
             top.join(", ")
         );
+        if !w.detail.is_empty() {
+            let _ = writeln!(out, "    {}", w.detail);
+        }
     }
     if snap.workloads.is_empty() {
         let _ = writeln!(out, "(no workload on any GPU)");

@@ -1,14 +1,23 @@
 //! Who a GPU process belongs to.
 //!
 //! The [`Attribution`] table holds every known GPU task: its verified identity (pid + start time),
-//! cgroup id and path, workload, comm and ioctl counts. It is fed by kernel events
-//! ([`Attribution::apply`]), by `/proc` where eBPF cannot serve ([`Attribution::attribute_pid`]),
-//! and corrected by [`Attribution::reconcile`], so a lost ring-buffer event cannot leave it wrong
-//! for longer than one reconcile interval.
+//! a pidfd held since it was discovered, cgroup id and path, workload, comm and ioctl counts. It is
+//! fed by kernel events ([`Attribution::apply`]), by `/proc` where eBPF cannot serve
+//! ([`Attribution::attribute_pid`]), and corrected by [`Attribution::reconcile`], so a lost open
+//! event cannot leave it wrong for longer than one reconcile interval. Exits cannot be lost: each
+//! step polls the pidfds ([`Attribution::drop_exited`]).
+//!
+//! **Identity before memory.** A sampled pid is charged to a table entry only once
+//! [`Attribution::verify_sampled`] has shown that the entry's process held the pid when the sample
+//! was taken: its pidfd is still alive (so it held the pid all along since it was discovered) and
+//! it started before the sample. An entry whose process has exited is dropped and the pid is
+//! attributed afresh; a process that started after the sample began cannot own the sample's
+//! record, which then counts as unknown for that step.
 
 pub mod cgroupfs;
 pub mod docker;
 pub mod k8s_names;
+pub mod pidfd;
 pub mod procinfo;
 pub mod tracker;
 pub mod workload;
@@ -20,6 +29,7 @@ use log::debug;
 
 pub use self::{
     cgroupfs::CgroupResolver,
+    pidfd::Pidfd,
     procinfo::ProcessIdentity,
     workload::{WorkloadId, WorkloadKind, parse_cgroup_path},
 };
@@ -42,9 +52,15 @@ pub enum Source {
 pub struct GpuTaskEntry {
     /// pid + start time, verified against `/proc` when the task was added.
     pub identity: ProcessIdentity,
+    /// Start time as CLOCK_BOOTTIME ns (tick precision).
+    pub start_boot_ns: u64,
+    /// A pidfd held since the task was discovered: exit notification and safe signals.
+    #[serde(skip)]
+    pub pidfd: Option<Pidfd>,
+    /// The cgroup the task was in when last seen (its leaf; the workload's root may be above).
     /// cgroup v2 id (0 when only the path is known).
     pub cgroup_id: u64,
-    /// cgroup v2 path, when resolved.
+    /// cgroup v2 path of that cgroup, when resolved.
     pub cgroup_path: Option<String>,
     /// The workload, when the path is known.
     pub workload: Option<WorkloadId>,
@@ -88,6 +104,25 @@ pub struct AttributionStats {
     pub reconciled_added: u64,
     /// Tasks added from `/proc`.
     pub procfs_added: u64,
+    /// Entries dropped because their process had exited (seen through its pidfd).
+    pub exited_dropped: u64,
+    /// Sample records of a pid whose entry was stale (its process had exited): the pid was
+    /// attributed afresh.
+    pub stale_identity: u64,
+    /// Sample records left unknown because the pid's process started after the sample began.
+    pub unverifiable_samples: u64,
+}
+
+/// Whether a sampled pid can be charged to the table's entry for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verified {
+    /// The entry's process held the pid when the sample was taken.
+    Charged,
+    /// A process holds the pid now but started after the sample began: the record may be an
+    /// earlier holder's. Its memory counts as unknown for this step.
+    Unverifiable,
+    /// No process holds the pid (it exited).
+    Gone,
 }
 
 /// The GPU task table.
@@ -159,7 +194,13 @@ impl Attribution {
                 }
             }
             EventKind::GpuExit => {
-                if self.tasks.remove(&ev.tgid).is_some() {
+                // The exit of an earlier holder of the pid must not remove a newer process that
+                // was attributed through /proc before the event was drained.
+                let newer = self.tasks.get(&ev.tgid).is_some_and(|t| match &t.pidfd {
+                    Some(fd) => !fd.has_exited(),
+                    None => t.start_boot_ns > ev.ktime_boot_ns,
+                });
+                if !newer && self.tasks.remove(&ev.tgid).is_some() {
                     Change::Removed(ev.tgid)
                 } else {
                     Change::None
@@ -194,6 +235,7 @@ impl Attribution {
 
     /// Builds an entry for `pid` after verifying its identity: the process exists, is a process
     /// (not a thread), and started no later than `seen_boot_ns` (so the pid was not reused since).
+    /// A pidfd is opened first and kept: see [`procinfo::open_verified`].
     fn verified_entry(
         &mut self,
         pid: u32,
@@ -201,7 +243,7 @@ impl Attribution {
         seen_boot_ns: Option<u64>,
         source: Source,
     ) -> Option<GpuTaskEntry> {
-        let snap = match procinfo::snapshot(pid) {
+        let (snap, pidfd) = match procinfo::open_verified(pid) {
             Ok(s) => s,
             Err(e) => {
                 self.stats.identity_rejected += 1;
@@ -228,6 +270,8 @@ impl Attribution {
         };
         Some(GpuTaskEntry {
             identity: snap.identity,
+            start_boot_ns: snap.start_boot_ns,
+            pidfd,
             cgroup_id,
             workload: path.as_deref().map(parse_cgroup_path),
             cgroup_path: path,
@@ -239,12 +283,80 @@ impl Attribution {
         })
     }
 
+    /// Whether the entry's process is still alive: its pidfd, else its start time in `/proc`.
+    fn alive(entry: &GpuTaskEntry) -> bool {
+        match &entry.pidfd {
+            Some(fd) => !fd.has_exited(),
+            None => procinfo::is_same_process(entry.identity),
+        }
+    }
+
+    /// Drops every entry whose process has exited (one `poll` over the pidfds; a start-time check
+    /// for entries without one). Returns the pids dropped, so the caller can clear kernel state.
+    pub fn drop_exited(&mut self) -> Vec<u32> {
+        let with_fd: Vec<(u32, &Pidfd)> = self
+            .tasks
+            .values()
+            .filter_map(|t| t.pidfd.as_ref().map(|fd| (t.identity.pid, fd)))
+            .collect();
+        let fds: Vec<&Pidfd> = with_fd.iter().map(|(_, fd)| *fd).collect();
+        let mut dead: Vec<u32> = with_fd
+            .iter()
+            .zip(pidfd::exited(&fds))
+            .filter(|(_, exited)| *exited)
+            .map(|((pid, _), _)| *pid)
+            .collect();
+        dead.extend(
+            self.tasks
+                .values()
+                .filter(|t| t.pidfd.is_none() && !procinfo::is_same_process(t.identity))
+                .map(|t| t.identity.pid),
+        );
+        for pid in &dead {
+            self.tasks.remove(pid);
+        }
+        self.stats.exited_dropped += dead.len() as u64;
+        dead
+    }
+
+    /// Decides whether the record of `pid` in a sample that began at `sample_started_boot_ns`
+    /// (CLOCK_BOOTTIME) may be charged to the table's entry for it; attributes the pid through
+    /// `/proc` when the table has no live entry. See the module note.
+    pub fn verify_sampled(&mut self, pid: u32, sample_started_boot_ns: u64) -> Verified {
+        if let Some(entry) = self.tasks.get(&pid) {
+            if Self::alive(entry) {
+                return self.started_before(pid, sample_started_boot_ns);
+            }
+            self.tasks.remove(&pid);
+            self.stats.stale_identity += 1;
+            debug!("pid {pid}: its tracked process exited; attributing the pid afresh");
+        }
+        if self.attribute_pid(pid).is_none() {
+            return Verified::Gone;
+        }
+        self.started_before(pid, sample_started_boot_ns)
+    }
+
+    fn started_before(&mut self, pid: u32, sample_started_boot_ns: u64) -> Verified {
+        let Some(entry) = self.tasks.get(&pid) else {
+            return Verified::Gone;
+        };
+        // Start times have tick resolution: a process that started within a tick of the sample
+        // might have started after it.
+        if entry.start_boot_ns.saturating_add(procinfo::tick_ns()) < sample_started_boot_ns {
+            Verified::Charged
+        } else {
+            self.stats.unverifiable_samples += 1;
+            Verified::Unverifiable
+        }
+    }
+
     /// Attributes a pid reported by NVML that no kernel event announced, through `/proc`
     /// (the fallback when eBPF cannot load, and for processes that opened the GPU before the agent
     /// started). Returns the entry when the process exists.
     pub fn attribute_pid(&mut self, pid: u32) -> Option<&GpuTaskEntry> {
         if let Some(existing) = self.tasks.get(&pid)
-            && procinfo::is_same_process(existing.identity)
+            && Self::alive(existing)
         {
             return self.tasks.get(&pid);
         }
@@ -262,22 +374,6 @@ impl Attribution {
         }
     }
 
-    /// Drops tasks that no kernel event will ever report the exit of (found through `/proc` or by
-    /// reconciliation) when NVML no longer lists them and their process is gone. Returns how many.
-    pub fn forget_dead_untraced(&mut self, sampled: &std::collections::HashSet<u32>) -> usize {
-        let dead: Vec<u32> = self
-            .tasks
-            .values()
-            .filter(|t| t.source != Source::Ebpf && !sampled.contains(&t.identity.pid))
-            .filter(|t| !procinfo::is_same_process(t.identity))
-            .map(|t| t.identity.pid)
-            .collect();
-        for pid in &dead {
-            self.tasks.remove(pid);
-        }
-        dead.len()
-    }
-
     /// Reconciles the table with the kernel's table and `/proc`: drops tasks whose process is gone
     /// or was replaced (a lost exit), adds kernel-known tasks we missed (a lost open). Returns the
     /// pids removed from the userspace table, so the caller can clear kernel state for them.
@@ -286,7 +382,7 @@ impl Attribution {
         let gone: Vec<u32> = self
             .tasks
             .values()
-            .filter(|t| !procinfo::is_same_process(t.identity))
+            .filter(|t| !Self::alive(t))
             .map(|t| t.identity.pid)
             .collect();
         for pid in gone {

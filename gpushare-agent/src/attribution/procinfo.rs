@@ -61,6 +61,29 @@ pub fn tick_ns() -> u64 {
     1_000_000_000 / procfs::ticks_per_second().max(1)
 }
 
+/// A pidfd for `pid` and what `/proc/<pid>` says, proven to be about the same process: the pidfd is
+/// opened first (it pins whichever process holds the pid), `/proc` is read next, and the pidfd is
+/// checked to be still alive after that read, so the process `/proc` described is the one the
+/// pidfd holds. Without a pidfd (old kernel, fd limit) the snapshot alone is returned.
+pub fn open_verified(pid: u32) -> Result<(ProcSnapshot, Option<super::pidfd::Pidfd>)> {
+    let pidfd = match super::pidfd::Pidfd::open(pid) {
+        Ok(fd) => Some(fd),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => bail!("process {pid} is gone"),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            bail!("{pid} is not a process (a thread?)")
+        }
+        Err(e) => {
+            log::debug!("no pidfd for {pid} ({e}); falling back to start-time checks");
+            None
+        }
+    };
+    let snap = snapshot(pid)?;
+    if pidfd.as_ref().is_some_and(|fd| fd.has_exited()) {
+        bail!("process {pid} exited while it was being identified");
+    }
+    Ok((snap, pidfd))
+}
+
 /// Whether `/proc/<pid>` still is the process `identity` names.
 pub fn is_same_process(identity: ProcessIdentity) -> bool {
     procfs::process::Process::new(identity.pid as i32)

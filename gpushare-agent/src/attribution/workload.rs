@@ -1,6 +1,14 @@
-//! cgroup path -> workload identity. Pure string parsing, no I/O.
+//! cgroup path -> workload identity and the workload's *root* cgroup. Pure string parsing, no I/O.
 //!
-//! Recognised shapes (the last matching component wins, so nested runtimes resolve to the innermost):
+//! The workload is what the operator's runtime created on the host, never something created inside
+//! it: the **outermost** container component names the container (a container's own sub-cgroups,
+//! an init or systemd inside it, Docker-in-Docker's inner containers all belong to the outer one),
+//! and the outermost systemd unit names the unit (a unit's delegated subtree belongs to it). The
+//! root is the path up to and including that component; isolation acts on the root, so on the
+//! whole workload. A tenant can create cgroups only below its own root, so nothing it creates can
+//! change which workload it is or move the root.
+//!
+//! Recognised shapes:
 //! - Docker: `/docker/<64 hex>` (cgroupfs driver), `/system.slice/docker-<id>.scope` (systemd driver)
 //! - containerd / CRI: `cri-containerd-<id>.scope`; CRI-O: `crio-<id>.scope`; Podman: `libpod-<id>.scope`
 //! - Kubernetes pods: `kubepods[/<qos>]/pod<uid>/<container id>` (cgroupfs driver) and
@@ -152,8 +160,9 @@ impl fmt::Display for WorkloadId {
     }
 }
 
-/// Parses a cgroup v2 path (as in `/proc/<pid>/cgroup`'s `0::` line) into a workload identity.
-/// Never fails: an unrecognised path is a plain [`WorkloadKind::Cgroup`].
+/// Parses a cgroup v2 path (as in `/proc/<pid>/cgroup`'s `0::` line) into a workload identity,
+/// whose `cgroup_path` is the workload's root (see the module note). Never fails: an unrecognised
+/// path is a plain [`WorkloadKind::Cgroup`] rooted at the path itself.
 pub fn parse_cgroup_path(path: &str) -> WorkloadId {
     let trimmed = path.trim();
     let normalized = if trimmed.is_empty() || trimmed == "/" {
@@ -161,49 +170,62 @@ pub fn parse_cgroup_path(path: &str) -> WorkloadId {
     } else {
         format!("/{}", trimmed.trim_matches('/'))
     };
-    let kind = parse_kind(&normalized);
+    let (kind, depth) = parse_kind(&normalized);
+    let root = match depth {
+        Some(n) => {
+            let comps: Vec<&str> = normalized.split('/').filter(|c| !c.is_empty()).collect();
+            format!("/{}", comps[..n].join("/"))
+        }
+        None => normalized,
+    };
     WorkloadId {
-        cgroup_path: normalized,
+        cgroup_path: root,
         kind,
     }
 }
 
-fn parse_kind(path: &str) -> WorkloadKind {
+/// The kind, and how many leading components make up the root (`None`: the whole path).
+fn parse_kind(path: &str) -> (WorkloadKind, Option<usize>) {
     if path == "/" {
-        return WorkloadKind::Host;
+        return (WorkloadKind::Host, None);
     }
     let components: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
-    let mut pod: Option<(String, QosClass)> = None;
-    let mut container: Option<(Runtime, String)> = None;
+    let mut pod: Option<(String, QosClass, usize)> = None;
     for (i, comp) in components.iter().enumerate() {
-        if let Some(p) = pod_component(comp, components.get(i.wrapping_sub(1)).copied()) {
-            pod = Some(p);
+        let parent = i.checked_sub(1).map(|j| components[j]);
+        if pod.is_none()
+            && let Some((uid, qos)) = pod_component(comp, parent)
+        {
+            pod = Some((uid, qos, i + 1));
             continue;
         }
-        if let Some(c) = container_component(comp, i.checked_sub(1).map(|j| components[j]), &pod) {
-            container = Some(c);
+        let pod_ref = pod.as_ref().map(|(u, q, _)| (u.clone(), *q));
+        if let Some((runtime, container_id)) = container_component(comp, parent, &pod_ref) {
+            return (
+                WorkloadKind::Container {
+                    runtime,
+                    container_id,
+                    pod_uid: pod.as_ref().map(|(u, _, _)| u.clone()),
+                    qos: pod.as_ref().map(|(_, q, _)| *q),
+                },
+                Some(i + 1),
+            );
         }
     }
-    // A container id deeper than the last component still names the container (e.g. a
-    // sub-cgroup the container made for itself, `/docker/<id>/init`).
-    if let Some((runtime, container_id)) = container {
-        return WorkloadKind::Container {
-            runtime,
-            container_id,
-            pod_uid: pod.as_ref().map(|(u, _)| u.clone()),
-            qos: pod.as_ref().map(|(_, q)| *q),
-        };
+    if let Some((pod_uid, qos, depth)) = pod {
+        return (WorkloadKind::Pod { pod_uid, qos }, Some(depth));
     }
-    if let Some((pod_uid, qos)) = pod {
-        return WorkloadKind::Pod { pod_uid, qos };
+    for (i, comp) in components.iter().enumerate() {
+        if (comp.ends_with(".service") || comp.ends_with(".scope")) && comp.len() > ".scope".len() {
+            return (
+                WorkloadKind::SystemdUnit {
+                    unit: comp.to_string(),
+                },
+                Some(i + 1),
+            );
+        }
     }
-    let last = components.last().copied().unwrap_or("");
-    if (last.ends_with(".service") || last.ends_with(".scope")) && last.len() > ".scope".len() {
-        return WorkloadKind::SystemdUnit {
-            unit: last.to_string(),
-        };
-    }
-    WorkloadKind::Cgroup
+    (WorkloadKind::Cgroup, None)
 }
 
 /// `pod<uid>` (cgroupfs) or `kubepods[-<qos>]-pod<uid_with_underscores>.slice` (systemd).
@@ -390,6 +412,71 @@ mod tests {
         ];
         for (path, want) in cases {
             assert_eq!(parse_cgroup_path(&path).kind, want, "path {path}");
+        }
+    }
+
+    /// The workload is what the host's runtime created: a tenant's own sub-cgroups, nested
+    /// containers and delegated units all resolve to the outer workload and its root.
+    #[test]
+    fn the_root_is_the_outermost_workload_component() {
+        let other = "a".repeat(64);
+        let cases: Vec<(String, String, &str)> = vec![
+            // (path, root, key)
+            (
+                format!("/docker/{ID}/init.scope"),
+                format!("/docker/{ID}"),
+                "docker://",
+            ),
+            (
+                format!("/docker/{ID}/system.slice/worker.service"),
+                format!("/docker/{ID}"),
+                "docker://",
+            ),
+            // Docker-in-Docker: the inner container is the tenant's; the outer one is the workload.
+            (
+                format!("/docker/{ID}/docker/{other}"),
+                format!("/docker/{ID}"),
+                "docker://",
+            ),
+            (
+                format!("/system.slice/docker-{ID}.scope/init.scope"),
+                format!("/system.slice/docker-{ID}.scope"),
+                "docker://",
+            ),
+            (
+                format!("/kubepods/burstable/pod{UID}/{ID}/sub"),
+                format!("/kubepods/burstable/pod{UID}/{ID}"),
+                "unknown://",
+            ),
+            (
+                format!("/kubepods/burstable/pod{UID}/sub"),
+                format!("/kubepods/burstable/pod{UID}"),
+                "pod://",
+            ),
+            (
+                "/system.slice/train.service/worker".into(),
+                "/system.slice/train.service".into(),
+                "unit://train.service",
+            ),
+            // A unit's delegated subtree may name units of its own: still the outer unit.
+            (
+                "/system.slice/hub.service/user-7.scope".into(),
+                "/system.slice/hub.service".into(),
+                "unit://hub.service",
+            ),
+            (
+                "/gpushare-test/a/b".into(),
+                "/gpushare-test/a/b".into(),
+                "cgroup://",
+            ),
+        ];
+        for (path, root, key) in cases {
+            let w = parse_cgroup_path(&path);
+            assert_eq!(w.cgroup_path, root, "root of {path}");
+            assert!(w.key().starts_with(key), "key of {path}: {}", w.key());
+            if key.ends_with("://") && key != "cgroup://" && key != "pod://" {
+                assert!(w.key().ends_with(ID), "{path} names the outer container");
+            }
         }
     }
 

@@ -1,5 +1,8 @@
 //! Freezing and thawing cgroups: cgroup v2 `cgroup.freeze` (true state from `cgroup.events`), or the
-//! v1 freezer (`freezer.state`) where a workload has no v2 group.
+//! v1 freezer (`freezer.state`) where a workload has no v2 group. Nothing here waits: a request is
+//! written, and what the kernel made of it is read back, now or at a later step. A freeze can take
+//! long to settle (a task in D state inside a driver stops only when it leaves the driver), and the
+//! agent's only thread must not wait for it.
 //!
 //! Plain file writes rather than cgroups-rs: on this hybrid layout cgroups-rs picks v1 by itself, hard-codes
 //! the v2 root to /sys/fs/cgroup, reads the v2 state from `cgroup.freeze` (what was asked) rather than
@@ -8,10 +11,11 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-    time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+
+pub use crate::policy::GroupState;
 
 /// Which freezer a record refers to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -35,18 +39,22 @@ pub fn v2_freeze_requested(dir: &Path) -> Result<bool> {
     Ok(fs::read_to_string(dir.join("cgroup.freeze"))?.trim() == "1")
 }
 
-/// Freezes a v2 group and waits until the kernel says it is frozen.
-pub fn v2_freeze(dir: &Path, timeout: Duration) -> Result<()> {
-    write_control(dir, "cgroup.freeze", "1")?;
-    wait_for(timeout, || v2_is_frozen(dir))
-        .with_context(|| format!("{} did not report frozen", dir.display()))
+/// What the kernel says about a v2 group: frozen, asked to freeze but not yet, or neither.
+pub fn v2_state(dir: &Path) -> Result<GroupState> {
+    if v2_is_frozen(dir)? {
+        return Ok(GroupState::Frozen);
+    }
+    Ok(if v2_freeze_requested(dir)? {
+        GroupState::Freezing
+    } else {
+        GroupState::Thawed
+    })
 }
 
-/// Thaws a v2 group and waits until the kernel says it is no longer frozen.
-pub fn v2_thaw(dir: &Path, timeout: Duration) -> Result<()> {
-    write_control(dir, "cgroup.freeze", "0")?;
-    wait_for(timeout, || v2_is_frozen(dir).map(|f| !f))
-        .with_context(|| format!("{} did not report thawed", dir.display()))
+/// Asks the kernel to freeze (`true`) or thaw a v2 group; does not wait. The state to expect is
+/// read back with [`v2_state`].
+pub fn v2_request(dir: &Path, frozen: bool) -> Result<()> {
+    write_control(dir, "cgroup.freeze", if frozen { "1" } else { "0" })
 }
 
 /// Kills every process of a v2 group at once (`cgroup.kill`, kernel 5.14+).
@@ -62,16 +70,38 @@ pub fn v1_state(dir: &Path) -> Result<String> {
         .to_string())
 }
 
-/// Freezes a v1 freezer group.
-pub fn v1_freeze(dir: &Path, timeout: Duration) -> Result<()> {
-    write_control(dir, "freezer.state", "FROZEN")?;
-    wait_for(timeout, || v1_state(dir).map(|s| s == "FROZEN"))
+/// The v1 freezer state as a [`GroupState`].
+pub fn v1_group_state(dir: &Path) -> Result<GroupState> {
+    Ok(match v1_state(dir)?.as_str() {
+        "FROZEN" => GroupState::Frozen,
+        "FREEZING" => GroupState::Freezing,
+        _ => GroupState::Thawed,
+    })
 }
 
-/// Thaws a v1 freezer group.
-pub fn v1_thaw(dir: &Path, timeout: Duration) -> Result<()> {
-    write_control(dir, "freezer.state", "THAWED")?;
-    wait_for(timeout, || v1_state(dir).map(|s| s == "THAWED"))
+/// Asks the v1 freezer to freeze (`true`) or thaw a group; does not wait.
+pub fn v1_request(dir: &Path, frozen: bool) -> Result<()> {
+    write_control(
+        dir,
+        "freezer.state",
+        if frozen { "FROZEN" } else { "THAWED" },
+    )
+}
+
+/// What the kernel says about a group through `freezer`.
+pub fn state(dir: &Path, freezer: Freezer) -> Result<GroupState> {
+    match freezer {
+        Freezer::V2 => v2_state(dir),
+        Freezer::V1 => v1_group_state(dir),
+    }
+}
+
+/// Asks `freezer` to freeze or thaw a group; does not wait.
+pub fn request(dir: &Path, freezer: Freezer, frozen: bool) -> Result<()> {
+    match freezer {
+        Freezer::V2 => v2_request(dir, frozen),
+        Freezer::V1 => v1_request(dir, frozen),
+    }
 }
 
 /// The v1 freezer mount point, if any (`/sys/fs/cgroup/freezer` on hybrid systems).
@@ -90,17 +120,4 @@ pub fn v1_freezer_root() -> Option<PathBuf> {
 fn write_control(dir: &Path, file: &str, value: &str) -> Result<()> {
     let path = dir.join(file);
     fs::write(&path, value).with_context(|| format!("writing {value:?} to {}", path.display()))
-}
-
-fn wait_for(timeout: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if done()? {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            bail!("timed out after {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }

@@ -1,6 +1,13 @@
 //! The freeze ledger: every freeze the agent applies is written here *before* it is applied, so a
 //! restarted agent (after SIGKILL, OOM, a crash) knows what it froze and can thaw what no longer
 //! applies. The file is JSON, replaced atomically (write a temporary file, rename it over).
+//!
+//! Design note: the ledger must never be the reason a freeze is stranded. Reading it never fails
+//! on its content: fields this version does not know (a newer version wrote the file) are kept and
+//! written back; a byte that is not UTF-8 is replaced and the rest read; a file that still does not
+//! parse is moved aside as `freezes.json.corrupt` with a located warning, and the list is rebuilt
+//! from the marks the agent also leaves on every group it freezes (see [`super::marks`]). Only a
+//! state directory that cannot be created is an error.
 
 use std::{
     collections::BTreeMap,
@@ -15,10 +22,11 @@ use super::freeze::Freezer;
 
 /// File name inside the state directory.
 pub const LEDGER_FILE: &str = "freezes.json";
+/// The format this version writes.
+pub const LEDGER_VERSION: u32 = 2;
 
 /// One freeze the agent applied (or was about to apply).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct FreezeRecord {
     /// Workload key (e.g. `docker://<id>`).
     pub workload: String,
@@ -30,54 +38,99 @@ pub struct FreezeRecord {
     pub frozen_at_unix: u64,
     /// Why, in words.
     pub reason: String,
+    /// The group's inode when it was frozen: a group recreated under the same path is another one.
+    /// Absent in records of the first format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inode: Option<u64>,
+    /// The GPU scope whose ladder froze it (`all` or an index). Absent in the first format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// Fields written by a newer version, kept as they were.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Default, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
 struct LedgerFile {
     version: u32,
     freezes: Vec<FreezeRecord>,
+    #[serde(flatten)]
+    extra: BTreeMap<String, serde_json::Value>,
 }
 
 /// The ledger, in memory and on disk.
 pub struct FreezeLedger {
     path: PathBuf,
     records: BTreeMap<PathBuf, FreezeRecord>,
+    extra: BTreeMap<String, serde_json::Value>,
+    read_only: bool,
 }
 
 impl FreezeLedger {
-    /// Opens (or creates) the ledger in `state_dir`. A corrupt file is moved aside as
-    /// `freezes.json.corrupt` and reported in the returned warning; the ledger then starts empty.
-    pub fn open(state_dir: &Path) -> Result<(Self, Option<String>)> {
+    /// Opens (or creates) the ledger in `state_dir`. Returns warnings for the log (a repaired or
+    /// unreadable file); fails only when the directory cannot be created or the file not read.
+    pub fn open(state_dir: &Path) -> Result<(Self, Vec<String>)> {
         fs::create_dir_all(state_dir)
             .with_context(|| format!("creating state directory {}", state_dir.display()))?;
         let path = state_dir.join(LEDGER_FILE);
-        let mut warning = None;
-        let records = match fs::read_to_string(&path) {
-            Ok(text) => match serde_json::from_str::<LedgerFile>(&text) {
-                Ok(file) => file
-                    .freezes
-                    .into_iter()
-                    .map(|r| (r.cgroup_dir.clone(), r))
-                    .collect(),
+        let mut warnings = Vec::new();
+        let (records, extra) = match fs::read(&path) {
+            Ok(bytes) => match parse(&bytes) {
+                Ok((file, repaired)) => {
+                    if repaired {
+                        warnings.push(format!(
+                            "{}: bytes that are not UTF-8 were replaced; every record was read",
+                            path.display()
+                        ));
+                    }
+                    if file.version > LEDGER_VERSION {
+                        warnings.push(format!(
+                            "{} was written by a newer version (format {}); reading what this \
+                             version knows and keeping the rest",
+                            path.display(),
+                            file.version
+                        ));
+                    }
+                    let records = file
+                        .freezes
+                        .into_iter()
+                        .map(|r| (r.cgroup_dir.clone(), r))
+                        .collect();
+                    (records, file.extra)
+                }
                 Err(e) => {
                     let aside = path.with_extension("json.corrupt");
                     let _ = fs::rename(&path, &aside);
-                    warning = Some(format!(
-                        "{}:{}:{}: corrupt freeze ledger ({e}); moved to {}; groups it listed are \
-                         not thawed automatically: check `cgroup.freeze` of gpushare's workloads",
+                    warnings.push(format!(
+                        "{}:{}:{}: unreadable freeze ledger ({e}); moved to {}; the freezes it \
+                         listed are found again from the marks on the cgroups",
                         path.display(),
                         e.line(),
                         e.column(),
                         aside.display()
                     ));
-                    BTreeMap::new()
+                    (BTreeMap::new(), BTreeMap::new())
                 }
             },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                (BTreeMap::new(), BTreeMap::new())
+            }
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         };
-        Ok((Self { path, records }, warning))
+        Ok((
+            Self {
+                path,
+                records,
+                extra,
+                read_only: false,
+            },
+            warnings,
+        ))
+    }
+
+    /// From now on changes stay in memory (a dry run writes nothing).
+    pub fn set_read_only(&mut self) {
+        self.read_only = true;
     }
 
     /// The ledger file's path.
@@ -108,6 +161,22 @@ impl FreezeLedger {
         Ok(())
     }
 
+    /// Adds records found elsewhere (the marks on the cgroups) that the file does not list, and
+    /// persists when any was added. Returns how many.
+    pub fn merge(&mut self, found: Vec<FreezeRecord>) -> Result<usize> {
+        let mut added = 0;
+        for rec in found {
+            if !self.records.contains_key(&rec.cgroup_dir) {
+                self.records.insert(rec.cgroup_dir.clone(), rec);
+                added += 1;
+            }
+        }
+        if added > 0 {
+            self.persist()?;
+        }
+        Ok(added)
+    }
+
     /// Forgets a group (after it was thawed or removed) and persists.
     pub fn remove(&mut self, cgroup_dir: &Path) -> Result<()> {
         if self.records.remove(cgroup_dir).is_some() {
@@ -117,9 +186,13 @@ impl FreezeLedger {
     }
 
     fn persist(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
         let file = LedgerFile {
-            version: 1,
+            version: LEDGER_VERSION,
             freezes: self.records.values().cloned().collect(),
+            extra: self.extra.clone(),
         };
         let text = serde_json::to_string_pretty(&file)?;
         let tmp = self.path.with_extension("json.tmp");
@@ -136,6 +209,20 @@ impl FreezeLedger {
     }
 }
 
+/// Parses the file's bytes; `true` when bytes that are not UTF-8 had to be replaced first.
+fn parse(bytes: &[u8]) -> Result<(LedgerFile, bool), serde_json::Error> {
+    match serde_json::from_slice::<LedgerFile>(bytes) {
+        Ok(f) => Ok((f, false)),
+        Err(e) if std::str::from_utf8(bytes).is_err() => {
+            let text = String::from_utf8_lossy(bytes);
+            serde_json::from_str::<LedgerFile>(&text)
+                .map(|f| (f, true))
+                .map_err(|_| e)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,15 +234,24 @@ mod tests {
             freezer: Freezer::V2,
             frozen_at_unix: 1,
             reason: "test".into(),
+            inode: Some(7),
+            scope: Some("all".into()),
+            extra: BTreeMap::new(),
         }
+    }
+
+    fn tmp(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("gpushare-ledger-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
     }
 
     #[test]
     fn records_survive_a_reopen_and_removals_too() {
-        let dir = std::env::temp_dir().join(format!("gpushare-ledger-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
+        let dir = tmp("reopen");
         let (mut l, w) = FreezeLedger::open(&dir).unwrap();
-        assert!(w.is_none());
+        assert!(w.is_empty());
         l.record(rec("/a")).unwrap();
         l.record(rec("/b")).unwrap();
         l.remove(Path::new("/a")).unwrap();
@@ -165,28 +261,83 @@ mod tests {
     }
 
     #[test]
+    fn the_first_format_is_still_read() {
+        let dir = tmp("v1");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(
+            dir.join(LEDGER_FILE),
+            r#"{"version": 1, "freezes": [{"workload": "docker://x", "cgroup_dir": "/a",
+               "freezer": "v2", "frozen_at_unix": 1, "reason": "r"}]}"#,
+        )
+        .unwrap();
+        let (l, w) = FreezeLedger::open(&dir).unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        let r = l.records().next().unwrap();
+        assert_eq!((r.inode, r.scope.as_deref()), (None, None));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn fields_of_a_newer_version_are_kept_and_written_back() {
+        let dir = tmp("newer");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(
+            dir.join(LEDGER_FILE),
+            r#"{"version": 9, "written_by": "gpushare 9", "freezes": [{"workload": "docker://x",
+               "cgroup_dir": "/a", "freezer": "v2", "frozen_at_unix": 1, "reason": "r",
+               "checkpointed": {"bytes": 5}}]}"#,
+        )
+        .unwrap();
+        let (mut l, w) = FreezeLedger::open(&dir).unwrap();
+        assert!(w[0].contains("newer version"), "{w:?}");
+        assert_eq!(l.records().count(), 1);
+        l.record(rec("/b")).unwrap();
+        let text = fs::read_to_string(dir.join(LEDGER_FILE)).unwrap();
+        assert!(text.contains("\"written_by\": \"gpushare 9\""), "{text}");
+        assert!(text.contains("\"checkpointed\""), "{text}");
+        assert!(!dir.join("freezes.json.corrupt").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_byte_that_is_not_utf8_is_replaced_and_every_record_read() {
+        let dir = tmp("utf8");
+        fs::create_dir_all(&dir).unwrap();
+        let mut bytes =
+            br#"{"version": 2, "freezes": [{"workload": "docker://x", "cgroup_dir": "/a",
+               "freezer": "v2", "frozen_at_unix": 1, "reason": "over "#
+                .to_vec();
+        bytes.push(0xff);
+        bytes.extend_from_slice(br#""}]}"#);
+        fs::write(dir.join(LEDGER_FILE), &bytes).unwrap();
+        let (l, w) = FreezeLedger::open(&dir).unwrap();
+        assert_eq!(l.records().count(), 1);
+        assert!(w[0].contains("not UTF-8"), "{w:?}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_corrupt_ledger_is_moved_aside_with_a_located_warning() {
-        let dir = std::env::temp_dir().join(format!("gpushare-ledger-bad-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
+        let dir = tmp("bad");
         fs::create_dir_all(&dir).unwrap();
         fs::write(
             dir.join(LEDGER_FILE),
             "{\"version\": 1,\n \"freezes\": [oops]}",
         )
         .unwrap();
-        let (l, w) = FreezeLedger::open(&dir).unwrap();
-        let w = w.expect("warning");
-        assert!(w.contains("freezes.json:2:"), "{w}");
+        let (mut l, w) = FreezeLedger::open(&dir).unwrap();
+        assert!(w[0].contains("freezes.json:2:"), "{w:?}");
         assert_eq!(l.records().count(), 0);
         assert!(dir.join("freezes.json.corrupt").exists());
+        assert_eq!(l.merge(vec![rec("/m")]).unwrap(), 1, "rebuilt from marks");
+        assert_eq!(l.merge(vec![rec("/m")]).unwrap(), 0);
         fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn an_unwritable_state_dir_refuses_the_record() {
         // Root writes anywhere, so the unwritable directory is one below a regular file.
-        let base =
-            std::env::temp_dir().join(format!("gpushare-ledger-file-{}", std::process::id()));
+        let base = tmp("file");
         fs::write(&base, "not a dir").unwrap();
         assert!(FreezeLedger::open(&base.join("sub")).is_err());
         fs::remove_file(&base).unwrap();

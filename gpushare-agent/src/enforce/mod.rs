@@ -1,19 +1,33 @@
-//! Enforcement: idempotent executors for the policy's actions. Matching and deciding happen in
-//! [`crate::policy`]; this module only acts, and in dry-run mode only reports.
+//! Enforcement: executors for the policy's actions, and the observation of what they did. Matching
+//! and deciding happen in [`crate::policy`]; this module only acts, reports what the kernel made of
+//! it, and in dry-run mode only reports.
+//!
+//! Executors never wait: a freeze is requested and read back once (`done` if the kernel already
+//! reports the group frozen, `pending` otherwise); [`Enforcer::settle`] reads pending groups again
+//! when the event loop asks, and every step starts with [`Enforcer::observe`], which reports the
+//! kernel's view of every group the agent froze (and of the ones it wants frozen) to the policy.
 //!
 //! Safety rules applied here, whatever the policy says:
-//! - signals go through pidfds after the process's start time is verified ([`signal`]);
-//! - a freeze is written to the [`ledger`] before it is applied; the agent only thaws groups its
-//!   ledger lists, so a `docker pause` or an operator's freeze is never undone by it;
-//! - the root group and any group containing the agent itself are never frozen or killed.
+//! - signals go through the pidfd the attribution holds for the process since it was verified, or
+//!   through a fresh pidfd whose start time is checked after it was opened ([`signal`]);
+//! - a freeze is written to the [`ledger`] and marked on the group ([`marks`]) before it is
+//!   applied; the agent only thaws groups it froze itself (same inode), so a `docker pause` or an
+//!   operator's freeze is never undone by it;
+//! - the root group and any group containing the agent itself are never frozen or killed;
+//! - a dry run writes nothing: no cgroup file, no ledger, no mark;
+//! - one agent per state directory ([`lock`]).
 
 pub mod freeze;
 pub mod ledger;
+pub mod lock;
+pub mod marks;
 pub mod signal;
 
 use std::{
+    collections::BTreeMap,
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Context, Result, bail};
@@ -22,18 +36,26 @@ use log::{info, warn};
 use self::{
     freeze::Freezer,
     ledger::{FreezeLedger, FreezeRecord},
+    lock::{LockError, StateLock},
+    marks::Mark,
     signal::{SignalOutcome, send_verified},
 };
-use crate::attribution::{ProcessIdentity, cgroupfs};
+use crate::{
+    attribution::{Pidfd, ProcessIdentity, cgroupfs, parse_cgroup_path},
+    policy::{GpuScope, GroupState, ObservedGroup, Transition},
+};
 
-/// How long a freeze or thaw may take to be reported by the kernel.
-const FREEZE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a pending freeze or thaw is watched by [`Enforcer::settle`] before it is left to the
+/// steps (which keep observing it and retry with backoff).
+const SETTLE_WATCH: Duration = Duration::from_secs(30);
 
 /// The result of one executed action, for logs and the `{action, result}` metric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// Done.
+    /// Done: the kernel reports it.
     Ok,
+    /// Requested; the kernel does not report it yet (the step keeps observing).
+    Pending,
     /// Dry run: reported, not done.
     DryRun,
     /// Nothing to do (already in that state, or the processes are gone).
@@ -49,6 +71,7 @@ impl Outcome {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Ok => "ok",
+            Self::Pending => "pending",
             Self::DryRun => "dry_run",
             Self::Noop => "noop",
             Self::Refused => "refused",
@@ -57,30 +80,107 @@ impl Outcome {
     }
 }
 
-/// Executes freezes, thaws, signals and kills.
+/// A freeze or thaw the kernel had not applied when it was requested.
+#[derive(Clone, Debug)]
+struct Pending {
+    workload: String,
+    transition: Transition,
+    since: Instant,
+    trigger: Instant,
+    freezer: Freezer,
+}
+
+/// A pending freeze or thaw the kernel has now applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settled {
+    /// Workload key.
+    pub workload: String,
+    /// What settled.
+    pub transition: Transition,
+    /// From the observation that asked for it to now.
+    pub latency: Duration,
+}
+
+/// A process to signal, with the pidfd attribution holds for it (if any).
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// Its verified identity.
+    pub identity: ProcessIdentity,
+    /// A pidfd held since the identity was verified.
+    pub pidfd: Option<Pidfd>,
+}
+
+impl From<ProcessIdentity> for Target {
+    /// A target without a held pidfd: its start time is checked through a fresh one.
+    fn from(identity: ProcessIdentity) -> Self {
+        Self {
+            identity,
+            pidfd: None,
+        }
+    }
+}
+
+/// Executes freezes, thaws, signals and kills, and observes groups.
 pub struct Enforcer {
     v2_root: PathBuf,
     v1_freezer_root: Option<PathBuf>,
-    ledger: FreezeLedger,
+    state_dir: PathBuf,
+    ledger: Option<FreezeLedger>,
+    problems: Vec<String>,
     dry_run: bool,
     agent_cgroup: Option<String>,
+    marks_ok: bool,
+    pending: BTreeMap<PathBuf, Pending>,
+    _lock: Option<StateLock>,
 }
 
 impl Enforcer {
-    /// An enforcer over the v2 hierarchy at `v2_root`, recording freezes in `state_dir`.
-    pub fn new(v2_root: PathBuf, state_dir: &Path, dry_run: bool) -> Result<Self> {
-        let (ledger, warning) = FreezeLedger::open(state_dir)?;
-        if let Some(w) = warning {
-            warn!("{w}");
+    /// An enforcer over the v2 hierarchy at `v2_root`, recording freezes in `state_dir`. Fails only
+    /// when another agent holds the state directory. A ledger that cannot be used (unwritable
+    /// directory) does not stop the agent: freezes are then refused (and reported), thaws still work.
+    pub fn new(v2_root: PathBuf, state_dir: &Path, dry_run: bool) -> Result<Self, LockError> {
+        let mut problems = Vec::new();
+        let lock = match StateLock::acquire(state_dir) {
+            Ok(l) => Some(l),
+            Err(e @ LockError::Held { .. }) => return Err(e),
+            Err(e) => {
+                problems.push(format!("{e}; freezes are refused"));
+                None
+            }
+        };
+        let ledger = match FreezeLedger::open(state_dir) {
+            Ok((l, warnings)) => {
+                for w in warnings {
+                    warn!("{w}");
+                }
+                Some(l)
+            }
+            Err(e) => {
+                problems.push(format!(
+                    "the freeze ledger cannot be used ({e:#}); freezes are refused until the \
+                     state directory is writable"
+                ));
+                None
+            }
+        };
+        for p in &problems {
+            warn!("{p}");
         }
         let agent_cgroup = cgroupfs::cgroup_path_of_pid(std::process::id()).ok();
-        Ok(Self {
+        let mut e = Self {
             v2_root,
             v1_freezer_root: freeze::v1_freezer_root(),
+            state_dir: state_dir.to_path_buf(),
             ledger,
+            problems,
             dry_run,
             agent_cgroup,
-        })
+            marks_ok: true,
+            pending: BTreeMap::new(),
+            _lock: lock,
+        };
+        e.adopt_marks();
+        Ok(e)
     }
 
     /// Whether actions are only reported.
@@ -88,14 +188,61 @@ impl Enforcer {
         self.dry_run
     }
 
-    /// The freeze ledger.
-    pub fn ledger(&self) -> &FreezeLedger {
-        &self.ledger
+    /// Reasons the enforcer runs degraded (for `/healthz` and `status`).
+    pub fn problems(&self) -> &[String] {
+        &self.problems
+    }
+
+    /// Every recorded freeze (empty without a ledger).
+    pub fn records(&self) -> Vec<FreezeRecord> {
+        self.ledger
+            .as_ref()
+            .map(|l| l.records().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The record of a group, if the agent froze it.
+    pub fn record(&self, dir: &Path) -> Option<FreezeRecord> {
+        self.ledger.as_ref().and_then(|l| l.get(dir).cloned())
+    }
+
+    /// The ledger file, when there is a ledger.
+    pub fn ledger_path(&self) -> Option<&Path> {
+        self.ledger.as_ref().map(|l| l.path())
     }
 
     /// The v2 directory of a group given by its path relative to the root.
     pub fn v2_dir(&self, rel: &str) -> PathBuf {
         self.v2_root.join(rel.trim_start_matches('/'))
+    }
+
+    fn hierarchies(&self) -> Vec<PathBuf> {
+        let mut roots = vec![self.v2_root.clone()];
+        roots.extend(self.v1_freezer_root.clone());
+        roots
+    }
+
+    /// Groups marked by this agent's state directory that the ledger does not list (it was lost
+    /// or unreadable) are added to it. In a dry run only the in-memory list grows.
+    fn adopt_marks(&mut self) {
+        let found: Vec<FreezeRecord> = marks::scan(&self.hierarchies(), &self.state_dir)
+            .into_iter()
+            .map(|(dir, m)| m.record(&dir))
+            .collect();
+        let Some(ledger) = self.ledger.as_mut() else {
+            return;
+        };
+        if self.dry_run {
+            ledger.set_read_only();
+        }
+        match ledger.merge(found) {
+            Ok(0) => {}
+            Ok(n) => info!(
+                "found {n} freeze(s) of an earlier run from the marks on their cgroups (not in {})",
+                ledger.path().display()
+            ),
+            Err(e) => warn!("could not add freezes found from marks to the ledger: {e:#}"),
+        }
     }
 
     /// Refuses groups that must never be frozen or killed: the root, and the agent's own group
@@ -113,20 +260,123 @@ impl Enforcer {
         Ok(())
     }
 
-    /// Freezes the group at `rel` (v2 path) for `workload`. `pid_hint` (a process of the group) is
-    /// used to find its v1 freezer group where the group has no v2 freezer.
+    /// What the kernel says about every group the agent froze (its ledger), and about the root
+    /// groups of `wanted` (workload key, root path) that it wants frozen but has no record of.
+    /// Records of groups that are gone or were recreated (another inode) are dropped here, and
+    /// reported as such once.
+    pub fn observe<'a>(
+        &mut self,
+        wanted: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> BTreeMap<String, ObservedGroup> {
+        let mut out: BTreeMap<String, ObservedGroup> = BTreeMap::new();
+        let mut forget = Vec::new();
+        for rec in self.records() {
+            let rel = self.rel_of(&rec.cgroup_dir);
+            let frozen_by = rec.scope.as_deref().and_then(GpuScope::from_label);
+            let inode = std::fs::metadata(&rec.cgroup_dir).map(|m| m.ino());
+            let (state, ours) = match inode {
+                Err(_) => (GroupState::Gone, false),
+                Ok(ino) if rec.inode.is_some_and(|r| r != ino) => (GroupState::Replaced, false),
+                Ok(_) => match freeze::state(&rec.cgroup_dir, rec.freezer) {
+                    Ok(s) => (s, true),
+                    Err(_) => (GroupState::Gone, false),
+                },
+            };
+            if !ours {
+                info!(
+                    "{}: the group the agent froze ({}) is {}; forgetting it",
+                    rec.workload,
+                    rec.cgroup_dir.display(),
+                    if state == GroupState::Gone {
+                        "gone"
+                    } else {
+                        "another group now (recreated under the same path)"
+                    }
+                );
+                forget.push(rec.cgroup_dir.clone());
+            }
+            let o = ObservedGroup {
+                ours,
+                state,
+                frozen_by,
+                cgroup_path: rel,
+            };
+            // One workload, one root: a record of ours wins over a stale one.
+            match out.get(&rec.workload) {
+                Some(existing) if existing.ours && !o.ours => {}
+                _ => {
+                    out.insert(rec.workload.clone(), o);
+                }
+            }
+        }
+        for dir in forget {
+            self.forget(&dir);
+        }
+        for (key, rel) in wanted {
+            if out.contains_key(key) {
+                continue;
+            }
+            let dir = self.v2_dir(rel);
+            let state = match freeze::v2_state(&dir) {
+                Ok(s) => s,
+                Err(_) => continue,
+            };
+            out.insert(
+                key.to_string(),
+                ObservedGroup {
+                    ours: false,
+                    state,
+                    frozen_by: None,
+                    cgroup_path: rel.to_string(),
+                },
+            );
+        }
+        out
+    }
+
+    fn rel_of(&self, dir: &Path) -> String {
+        let rel = dir
+            .strip_prefix(&self.v2_root)
+            .ok()
+            .or_else(|| {
+                self.v1_freezer_root
+                    .as_ref()
+                    .and_then(|r| dir.strip_prefix(r).ok())
+            })
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        format!("/{}", rel.trim_start_matches('/'))
+    }
+
+    fn forget(&mut self, dir: &Path) {
+        self.pending.remove(dir);
+        if self.dry_run {
+            return;
+        }
+        let _ = marks::clear(dir);
+        if let Some(l) = self.ledger.as_mut()
+            && let Err(e) = l.remove(dir)
+        {
+            warn!("{e:#}");
+        }
+    }
+
+    /// Freezes the root group at `rel` (v2 path) of `workload`. `pid_hint` (a process of the
+    /// workload) finds its v1 freezer group where the group has no v2 freezer. Never waits.
     pub fn freeze(
         &mut self,
         workload: &str,
         rel: &str,
+        scope: GpuScope,
         pid_hint: Option<u32>,
         reason: &str,
+        trigger: Instant,
     ) -> Outcome {
         if let Err(e) = self.check_target(rel) {
             warn!("freeze of {workload}: {e:#}");
             return Outcome::Refused;
         }
-        let (dir, freezer) = match self.freezer_for(rel, pid_hint) {
+        let (dir, freezer) = match self.freezer_for(workload, rel, pid_hint) {
             Ok(x) => x,
             Err(e) => {
                 warn!("freeze of {workload}: {e:#}");
@@ -140,160 +390,265 @@ impl Enforcer {
             );
             return Outcome::DryRun;
         }
-        let already = match freezer {
-            // Asked to freeze counts too: a freeze in progress is someone's freeze.
-            Freezer::V2 => {
-                freeze::v2_is_frozen(&dir).unwrap_or(false)
-                    || freeze::v2_freeze_requested(&dir).unwrap_or(false)
-            }
-            Freezer::V1 => freeze::v1_state(&dir).is_ok_and(|s| s == "FROZEN" || s == "FREEZING"),
-        };
-        // A `docker pause` on a hybrid host freezes through the v1 freezer; a v2 freeze of such a
-        // group never completes. Someone else's freeze either way: leave it to them.
-        let already = already
-            || (freezer == Freezer::V2
-                && pid_hint
-                    .and_then(|pid| self.v1_freezer_dir_of(pid).ok())
-                    .is_some_and(|d| {
-                        freeze::v1_state(&d).is_ok_and(|s| s == "FROZEN" || s == "FREEZING")
-                    }));
-        if already && self.ledger.get(&dir).is_some() {
-            return Outcome::Noop;
-        }
-        if already {
-            // Frozen by someone else (docker pause, an operator): not ours to record or thaw.
+        let ours = self.ours(&dir);
+        if !ours && self.frozen_by_someone_else(&dir, freezer, pid_hint) {
+            // docker pause, an operator: not ours to record or thaw. (A v2 freeze of a group a
+            // v1 freezer holds would never complete either.)
             info!("{workload} is already frozen by someone else; leaving it to them");
             return Outcome::Noop;
         }
-        let rec = FreezeRecord {
-            workload: workload.to_string(),
-            cgroup_dir: dir.clone(),
-            freezer,
-            frozen_at_unix: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            reason: reason.to_string(),
-        };
-        if let Err(e) = self.ledger.record(rec) {
-            warn!("not freezing {workload}: the freeze could not be recorded first ({e:#})");
-            return Outcome::Refused;
+        if ours && matches!(freeze::state(&dir, freezer), Ok(GroupState::Frozen)) {
+            return Outcome::Noop;
         }
-        let res = match freezer {
-            Freezer::V2 => freeze::v2_freeze(&dir, FREEZE_TIMEOUT),
-            Freezer::V1 => freeze::v1_freeze(&dir, FREEZE_TIMEOUT),
-        };
-        match res {
-            Ok(()) => {
+        let inode = std::fs::metadata(&dir).map(|m| m.ino()).ok();
+        if !ours {
+            let rec = FreezeRecord {
+                workload: workload.to_string(),
+                cgroup_dir: dir.clone(),
+                freezer,
+                frozen_at_unix: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0),
+                reason: reason.to_string(),
+                inode,
+                scope: Some(scope.label()),
+                extra: Default::default(),
+            };
+            let Some(ledger) = self.ledger.as_mut() else {
+                warn!("not freezing {workload}: there is no usable freeze ledger to record it in");
+                return Outcome::Refused;
+            };
+            if let Err(e) = ledger.record(rec.clone()) {
+                warn!("not freezing {workload}: the freeze could not be recorded first ({e:#})");
+                return Outcome::Refused;
+            }
+            if let Err(e) = marks::set(&dir, &Mark::of(&rec, &self.state_dir))
+                && self.marks_ok
+            {
+                self.marks_ok = false;
+                warn!(
+                    "cannot mark {} ({e}); the ledger alone lists the agent's freezes",
+                    dir.display()
+                );
+            }
+            #[cfg(debug_assertions)]
+            test_pause("GPUSHARE_TEST_PAUSE_BEFORE_FREEZE");
+        }
+        if let Err(e) = freeze::request(&dir, freezer, true) {
+            warn!("freezing {workload} failed: {e:#}");
+            if !ours {
+                self.forget(&dir);
+            }
+            return Outcome::Failed;
+        }
+        match freeze::state(&dir, freezer) {
+            Ok(GroupState::Frozen) => {
+                self.pending.remove(&dir);
                 info!("froze {workload} ({}): {reason}", dir.display());
                 Outcome::Ok
             }
-            Err(e) => {
-                warn!("freezing {workload} failed: {e:#}; thawing");
-                let _ = self.thaw_dir(&dir, freezer);
-                Outcome::Failed
+            _ => {
+                info!(
+                    "asked the kernel to freeze {workload} ({}); not frozen yet: {reason}",
+                    dir.display()
+                );
+                self.pending.entry(dir).or_insert(Pending {
+                    workload: workload.to_string(),
+                    transition: Transition::Freeze,
+                    since: Instant::now(),
+                    trigger,
+                    freezer,
+                });
+                Outcome::Pending
             }
         }
     }
 
-    /// Thaws the group at `rel` if (and only if) the agent froze it.
-    pub fn thaw(&mut self, workload: &str, rel: &str) -> Outcome {
-        let v2 = self.v2_dir(rel);
-        let rec = self.ledger.get(&v2).cloned().or_else(|| {
-            self.ledger
-                .records()
-                .find(|r| r.workload == workload)
-                .cloned()
-        });
-        let Some(rec) = rec else { return Outcome::Noop };
+    fn ours(&self, dir: &Path) -> bool {
+        let Some(rec) = self.ledger.as_ref().and_then(|l| l.get(dir)) else {
+            return false;
+        };
+        match (rec.inode, std::fs::metadata(dir).map(|m| m.ino())) {
+            (Some(want), Ok(have)) => want == have,
+            (None, Ok(_)) => true,
+            (_, Err(_)) => false,
+        }
+    }
+
+    fn frozen_by_someone_else(&self, dir: &Path, freezer: Freezer, pid_hint: Option<u32>) -> bool {
+        let own = !matches!(freeze::state(dir, freezer), Ok(GroupState::Thawed) | Err(_));
+        own || (freezer == Freezer::V2
+            && pid_hint
+                .and_then(|pid| self.v1_freezer_dir_of(pid).ok())
+                .is_some_and(|d| {
+                    matches!(
+                        freeze::v1_group_state(&d),
+                        Ok(GroupState::Frozen | GroupState::Freezing)
+                    )
+                }))
+    }
+
+    /// Thaws the group the agent froze for `workload` (and only such a group). Never waits.
+    pub fn thaw(&mut self, workload: &str, trigger: Instant) -> Outcome {
+        let recs: Vec<FreezeRecord> = self
+            .records()
+            .into_iter()
+            .filter(|r| r.workload == workload)
+            .collect();
+        if recs.is_empty() {
+            return Outcome::Noop;
+        }
         if self.dry_run {
             info!("dry run: would thaw {workload}");
             return Outcome::DryRun;
         }
-        match self.thaw_dir(&rec.cgroup_dir, rec.freezer) {
-            Ok(()) => {
-                info!("thawed {workload} ({})", rec.cgroup_dir.display());
+        let mut outcome = Outcome::Noop;
+        for rec in recs {
+            let o = self.thaw_record(&rec, trigger);
+            if matches!(o, Outcome::Failed | Outcome::Pending) || outcome == Outcome::Noop {
+                outcome = o;
+            }
+        }
+        outcome
+    }
+
+    fn thaw_record(&mut self, rec: &FreezeRecord, trigger: Instant) -> Outcome {
+        let dir = &rec.cgroup_dir;
+        if !self.ours(dir) {
+            // Gone, or recreated: nothing of ours to thaw there.
+            self.forget(dir);
+            return Outcome::Ok;
+        }
+        if let Err(e) = freeze::request(dir, rec.freezer, false) {
+            warn!("thawing {} failed: {e:#}", rec.workload);
+            return Outcome::Failed;
+        }
+        match freeze::state(dir, rec.freezer) {
+            Ok(GroupState::Thawed) => {
+                info!("thawed {} ({})", rec.workload, dir.display());
+                self.forget(dir);
                 Outcome::Ok
             }
-            Err(e) => {
-                warn!("thawing {workload} failed: {e:#}");
-                Outcome::Failed
+            Ok(s) => {
+                warn!(
+                    "asked the kernel to thaw {} ({}); it still says {s:?}",
+                    rec.workload,
+                    dir.display()
+                );
+                self.pending.insert(
+                    dir.clone(),
+                    Pending {
+                        workload: rec.workload.clone(),
+                        transition: Transition::Thaw,
+                        since: Instant::now(),
+                        trigger,
+                        freezer: rec.freezer,
+                    },
+                );
+                Outcome::Pending
+            }
+            Err(_) => {
+                self.forget(dir);
+                Outcome::Ok
             }
         }
     }
 
-    fn thaw_dir(&mut self, dir: &Path, freezer: Freezer) -> Result<()> {
-        if dir.exists() {
-            match freezer {
-                Freezer::V2 => freeze::v2_thaw(dir, FREEZE_TIMEOUT)?,
-                Freezer::V1 => freeze::v1_thaw(dir, FREEZE_TIMEOUT)?,
+    /// Whether a freeze or thaw is waiting to settle.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Reads the groups whose freeze or thaw was pending; returns those the kernel now reports
+    /// done. Stops watching a group after [`SETTLE_WATCH`] (the steps keep observing it).
+    pub fn settle(&mut self) -> Vec<Settled> {
+        let mut done = Vec::new();
+        let mut forget = Vec::new();
+        self.pending.retain(|dir, p| {
+            let want = match p.transition {
+                Transition::Freeze => GroupState::Frozen,
+                Transition::Thaw => GroupState::Thawed,
+            };
+            match freeze::state(dir, p.freezer) {
+                Ok(s) if s == want => {
+                    done.push(Settled {
+                        workload: p.workload.clone(),
+                        transition: p.transition,
+                        latency: p.trigger.elapsed(),
+                    });
+                    if p.transition == Transition::Thaw {
+                        forget.push(dir.clone());
+                    }
+                    false
+                }
+                Ok(_) => p.since.elapsed() < SETTLE_WATCH,
+                Err(_) => false,
             }
+        });
+        for dir in forget {
+            self.forget(&dir);
         }
-        // Gone groups (workload removed while frozen) leave no stale record either.
-        self.ledger.remove(dir)
+        for s in &done {
+            info!(
+                "{} {} (settled {:?} after it was decided)",
+                match s.transition {
+                    Transition::Freeze => "froze",
+                    Transition::Thaw => "thawed",
+                },
+                s.workload,
+                s.latency
+            );
+        }
+        done
     }
 
     /// Thaws everything the ledger lists (on SIGTERM). Returns how many were thawed.
     pub fn thaw_all(&mut self) -> usize {
-        let recs: Vec<FreezeRecord> = self.ledger.records().cloned().collect();
+        if self.dry_run {
+            return 0;
+        }
         let mut n = 0;
-        for rec in recs {
-            match self.thaw_dir(&rec.cgroup_dir, rec.freezer) {
-                Ok(()) => {
+        for rec in self.records() {
+            match self.thaw_record(&rec, Instant::now()) {
+                Outcome::Ok => {
                     n += 1;
                     info!("thawed {} on shutdown", rec.workload);
                 }
-                Err(e) => warn!("thawing {} on shutdown failed: {e:#}", rec.workload),
+                o => warn!("thawing {} on shutdown: {}", rec.workload, o.as_str()),
             }
         }
         n
     }
 
-    /// On start: thaws every recorded freeze `still_liable` rejects and forgets records of groups
-    /// that no longer exist. Returns (kept, thawed).
-    pub fn reconcile_ledger(
-        &mut self,
-        still_liable: impl Fn(&FreezeRecord) -> bool,
-    ) -> (usize, usize) {
-        let recs: Vec<FreezeRecord> = self.ledger.records().cloned().collect();
-        let (mut kept, mut thawed) = (0, 0);
-        for rec in recs {
-            if rec.cgroup_dir.exists() && still_liable(&rec) {
-                // Re-apply: a crash between record and freeze leaves a record of an unfrozen group.
-                let _ = match rec.freezer {
-                    Freezer::V2 => freeze::v2_freeze(&rec.cgroup_dir, FREEZE_TIMEOUT),
-                    Freezer::V1 => freeze::v1_freeze(&rec.cgroup_dir, FREEZE_TIMEOUT),
-                };
-                kept += 1;
-            } else if self.thaw_dir(&rec.cgroup_dir, rec.freezer).is_ok() {
-                info!(
-                    "thawed {}: frozen by an earlier run, no longer liable",
-                    rec.workload
-                );
-                thawed += 1;
-            }
-        }
-        (kept, thawed)
-    }
-
-    /// Sends `sig` to each verified process. Returns the outcome per process.
+    /// Sends `sig` to each target. Returns the outcome per process.
     pub fn signal(
         &self,
         workload: &str,
-        targets: &[ProcessIdentity],
+        targets: &[Target],
         sig: i32,
     ) -> Vec<(ProcessIdentity, Outcome)> {
         targets
             .iter()
-            .map(|id| {
+            .map(|t| {
+                let id = t.identity;
                 if self.dry_run {
                     info!(
                         "dry run: would send signal {sig} to {} of {workload}",
                         id.pid
                     );
-                    return (*id, Outcome::DryRun);
+                    return (id, Outcome::DryRun);
                 }
-                let outcome = match send_verified(*id, sig) {
+                let sent = match &t.pidfd {
+                    Some(fd) if fd.has_exited() => Ok(SignalOutcome::Gone),
+                    Some(fd) => match fd.send_signal(sig) {
+                        Ok(()) => Ok(SignalOutcome::Sent),
+                        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(SignalOutcome::Gone),
+                        Err(e) => Err(anyhow::anyhow!("pidfd_send_signal({}): {e}", id.pid)),
+                    },
+                    None => send_verified(id, sig),
+                };
+                let outcome = match sent {
                     Ok(SignalOutcome::Sent) => {
                         info!("sent signal {sig} to {} of {workload}", id.pid);
                         Outcome::Ok
@@ -311,14 +666,14 @@ impl Enforcer {
                         Outcome::Failed
                     }
                 };
-                (*id, outcome)
+                (id, outcome)
             })
             .collect()
     }
 
-    /// Kills a workload: `cgroup.kill` on its v2 group where it exists, else SIGKILL to each
-    /// verified process. A frozen group is killed at once (v2) and its record dropped.
-    pub fn kill(&mut self, workload: &str, rel: &str, targets: &[ProcessIdentity]) -> Outcome {
+    /// Kills a workload: `cgroup.kill` on its root v2 group where it exists (a frozen group is
+    /// killed at once), else SIGKILL to each target.
+    pub fn kill(&mut self, workload: &str, rel: &str, targets: &[Target]) -> Outcome {
         if let Err(e) = self.check_target(rel) {
             warn!("kill of {workload}: {e:#}");
             return Outcome::Refused;
@@ -331,10 +686,7 @@ impl Enforcer {
         if dir.join("cgroup.kill").exists() {
             return match freeze::v2_kill(&dir) {
                 Ok(()) => {
-                    info!("killed {workload} (cgroup.kill)");
-                    if self.ledger.get(&dir).is_some() {
-                        let _ = self.thaw_dir(&dir, Freezer::V2);
-                    }
+                    info!("killed {workload} (cgroup.kill on {})", dir.display());
                     Outcome::Ok
                 }
                 Err(e) => {
@@ -345,13 +697,13 @@ impl Enforcer {
         }
         let results = self.signal(workload, targets, libc::SIGKILL);
         // v1-frozen tasks only die once thawed.
-        let rec = self
-            .ledger
+        let recs: Vec<FreezeRecord> = self
             .records()
-            .find(|r| r.workload == workload)
-            .cloned();
-        if let Some(rec) = rec {
-            let _ = self.thaw_dir(&rec.cgroup_dir, rec.freezer);
+            .into_iter()
+            .filter(|r| r.workload == workload && r.freezer == Freezer::V1)
+            .collect();
+        for rec in recs {
+            self.thaw_record(&rec, Instant::now());
         }
         if results.iter().any(|(_, o)| *o == Outcome::Ok) {
             Outcome::Ok
@@ -370,7 +722,15 @@ impl Enforcer {
         Ok(root.join(path.trim_start_matches('/')))
     }
 
-    fn freezer_for(&self, rel: &str, pid_hint: Option<u32>) -> Result<(PathBuf, Freezer)> {
+    /// The group to freeze and its freezer: the v2 root group, else the workload's root in the v1
+    /// freezer hierarchy (the root of the v1 path of one of its processes, which must name the
+    /// same workload).
+    fn freezer_for(
+        &self,
+        workload: &str,
+        rel: &str,
+        pid_hint: Option<u32>,
+    ) -> Result<(PathBuf, Freezer)> {
         let v2 = self.v2_dir(rel);
         if v2.join("cgroup.freeze").exists() {
             return Ok((v2, Freezer::V2));
@@ -380,9 +740,31 @@ impl Enforcer {
             .as_ref()
             .context("no cgroup v2 freezer for the group and no v1 freezer mounted")?;
         let pid = pid_hint.context("no process known to find the group's v1 freezer")?;
-        let path = v1_freezer_path_of(pid)?;
-        self.check_target(&path)?;
-        Ok((root.join(path.trim_start_matches('/')), Freezer::V1))
+        let id = parse_cgroup_path(&v1_freezer_path_of(pid)?);
+        if id.key() != workload && !workload.starts_with("cgroup://") {
+            bail!(
+                "the v1 freezer group of pid {pid} ({}) is not {workload}'s",
+                id.cgroup_path
+            );
+        }
+        self.check_target(&id.cgroup_path)?;
+        Ok((
+            root.join(id.cgroup_path.trim_start_matches('/')),
+            Freezer::V1,
+        ))
+    }
+}
+
+/// A test-only pause point (debug builds): sleeps while the file named by `var` exists, so a test
+/// can SIGKILL the agent between recording a freeze and applying it.
+#[cfg(debug_assertions)]
+fn test_pause(var: &str) {
+    if let Some(path) = std::env::var_os(var) {
+        let path = PathBuf::from(path);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while path.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
@@ -398,4 +780,161 @@ fn v1_freezer_path_of(pid: u32) -> Result<String> {
                 .then(|| path.to_string())
         })
         .context("process has no v1 freezer group")
+}
+
+/// What `gpushare-agent thaw --all` did.
+#[derive(Debug, Default)]
+pub struct ThawAllReport {
+    /// Groups thawed (workload, directory).
+    pub thawed: Vec<(String, PathBuf)>,
+    /// Records of groups that no longer exist (forgotten).
+    pub gone: Vec<(String, PathBuf)>,
+    /// Groups that could not be thawed, with why.
+    pub failed: Vec<(String, PathBuf, String)>,
+}
+
+/// Undoes every freeze recorded in `state_dir`'s ledger or marked with it on the cgroups, without
+/// a running agent. Takes the state directory's lock first (so it cannot race an agent) unless
+/// `force`. Never touches a group it did not freeze (a recreated group has no mark and another
+/// inode).
+pub fn thaw_everything(state_dir: &Path, force: bool) -> Result<ThawAllReport> {
+    let _lock = match StateLock::acquire(state_dir) {
+        Ok(l) => Some(l),
+        Err(e @ LockError::Held { .. }) if !force => {
+            bail!("{e}; use `gpushare-agent release` with a running agent, or --force")
+        }
+        Err(e) => {
+            warn!("{e}; going on without the lock (--force)");
+            None
+        }
+    };
+    let v2_root = cgroupfs::find_cgroup2_mount()?;
+    let mut enforcer = Enforcer {
+        v1_freezer_root: freeze::v1_freezer_root(),
+        v2_root,
+        state_dir: state_dir.to_path_buf(),
+        ledger: None,
+        problems: Vec::new(),
+        dry_run: false,
+        agent_cgroup: None,
+        marks_ok: true,
+        pending: BTreeMap::new(),
+        _lock: None,
+    };
+    let (ledger, warnings) = FreezeLedger::open(state_dir)?;
+    for w in warnings {
+        warn!("{w}");
+    }
+    enforcer.ledger = Some(ledger);
+    enforcer.adopt_marks();
+    let mut report = ThawAllReport::default();
+    for rec in enforcer.records() {
+        let entry = (rec.workload.clone(), rec.cgroup_dir.clone());
+        if !enforcer.ours(&rec.cgroup_dir) {
+            enforcer.forget(&rec.cgroup_dir);
+            report.gone.push(entry);
+            continue;
+        }
+        match enforcer.thaw_record(&rec, Instant::now()) {
+            Outcome::Ok => report.thawed.push(entry),
+            o => report.failed.push((
+                entry.0,
+                entry.1,
+                format!(
+                    "{}: the kernel still reports it {:?}",
+                    o.as_str(),
+                    freeze::state(&rec.cgroup_dir, rec.freezer).ok()
+                ),
+            )),
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A fake cgroup v2 tree of plain files: what the executors would write to shows up as a
+    /// changed file.
+    fn fake_tree(root: &Path, groups: &[&str]) {
+        for g in groups {
+            let dir = root.join(g);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("cgroup.freeze"), "0\n").unwrap();
+            std::fs::write(dir.join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+            std::fs::write(dir.join("cgroup.kill"), "").unwrap();
+            std::fs::write(dir.join("cgroup.procs"), "").unwrap();
+        }
+    }
+
+    /// Every file under `root` with its contents, and every directory's xattrs.
+    fn contents(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+        let mut out = BTreeMap::new();
+        let mut stack = vec![root.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            for name in xattr::list(&dir).into_iter().flatten() {
+                let v = xattr::get(&dir, &name).ok().flatten().unwrap_or_default();
+                out.insert(dir.join(format!("xattr:{}", name.to_string_lossy())), v);
+            }
+            for e in std::fs::read_dir(&dir).unwrap().flatten() {
+                if e.file_type().unwrap().is_dir() {
+                    stack.push(e.path());
+                } else {
+                    out.insert(e.path(), std::fs::read(e.path()).unwrap());
+                }
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// A dry run writes to no cgroup file, sets no mark and records nothing, whatever it is
+        /// asked to do.
+        #[test]
+        fn a_dry_run_writes_nothing(actions in proptest::collection::vec((0u8..5, 0usize..3), 1..20)) {
+            let base = std::env::temp_dir().join(format!(
+                "gpushare-dry-{}-{}",
+                std::process::id(),
+                rand_suffix()
+            ));
+            let root = base.join("v2");
+            let groups = ["a", "b/c", "d"];
+            fake_tree(&root, &groups);
+            let before = contents(&root);
+            let state = base.join("state");
+            let mut e = Enforcer::new(root.clone(), &state, true).unwrap();
+            let me = crate::attribution::procinfo::snapshot(std::process::id()).unwrap().identity;
+            for (kind, g) in actions {
+                let rel = format!("/{}", groups[g]);
+                let key = format!("cgroup://{rel}");
+                let o = match kind {
+                    0 => e.freeze(&key, &rel, GpuScope::All, None, "t", Instant::now()),
+                    1 => e.thaw(&key, Instant::now()),
+                    2 => e.kill(&key, &rel, &[Target::from(me)]),
+                    3 => e.signal(&key, &[Target::from(me)], libc::SIGUSR2)[0].1,
+                    _ => {
+                        e.observe([(key.as_str(), rel.as_str())]);
+                        e.settle();
+                        Outcome::Noop
+                    }
+                };
+                prop_assert!(matches!(o, Outcome::DryRun | Outcome::Noop), "{kind}: {o:?}");
+            }
+            prop_assert_eq!(contents(&root), before);
+            prop_assert!(!state.join(ledger::LEDGER_FILE).exists(), "a dry run wrote a ledger");
+            drop(e);
+            let _ = std::fs::remove_dir_all(&base);
+        }
+    }
+
+    fn rand_suffix() -> u64 {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        N.fetch_add(1, Ordering::Relaxed)
+    }
 }

@@ -1,4 +1,5 @@
-//! The pure policy core: `(previous state, samples, attribution, quotas, now) -> (state, actions)`.
+//! The pure policy core: `(previous state, samples, attribution, quotas, observed enforcement
+//! state, now) -> (state, actions)`.
 //!
 //! Design note: [`evaluate`] does no I/O, reads no clock and keeps no hidden state, so every decision
 //! can be replayed in a unit test. Time is a plain [`Duration`] since an arbitrary origin (the agent
@@ -17,30 +18,50 @@
 //! **Ladder.** A liability's clock starts the first time it is seen liable and restarts whenever it
 //! is not. Step *n* fires once, when the clock reaches `max(grace, step.after)`; every step that is
 //! due fires in ladder order (after a gap in sampling, several may fire together). Freeze and kill
-//! act on the whole workload (its cgroup); a signal is not sent to a workload that is frozen (it could
-//! not be handled). Alerts, signals and kills name the processes on the liability's GPUs; freeze and
-//! thaw name all of the workload's processes.
+//! act on the whole workload (its root cgroup); a signal is not sent to a workload that is frozen (it
+//! could not be handled). Alerts, signals and kills name the processes on the liability's GPUs.
+//!
+//! **Desired and observed.** The ladder decides what the workload's root group *should* be
+//! (frozen or not); [`PolicyInput::observed`] says what the kernel reported about it at the start of
+//! the step, and whether it is a group the agent froze (a ledger record or a mark on the group, with
+//! the same inode). Freeze and Thaw actions come from the difference, level-triggered: a freeze the
+//! kernel does not show (it failed, it is still settling, someone thawed the group behind the
+//! agent's back) is issued again with backoff ([`RETRY_BASE`] doubling to [`RETRY_MAX`]); a thaw that
+//! did not take likewise. A group thawed behind the agent's back while its workload is still liable
+//! is re-frozen at once and counted ([`Stats::external_thaws`]). A group that is gone, or was
+//! recreated under the same path (another inode), is forgotten: the workload's state starts afresh.
+//! An earlier run's freezes are *adopted*: with no state of its own for a workload the agent froze,
+//! the policy takes it as frozen by its freeze step (so earlier steps do not fire again) and decides
+//! from there: kept while liable or while its usage is unknown, thawed otherwise. Reconciliation
+//! after a restart is therefore per workload and per GPU, with the same rules as every step.
+//!
+//! **Kill.** A kill step with SIGKILL kills the whole root group. A kill step with another signal
+//! thaws the workload (a frozen process cannot handle a signal) and sends it to the processes; if
+//! any of them still runs [`KILL_GRACE`] later, SIGKILL follows. The workload reads `killing` until
+//! its processes are gone; then it leaves the attribution and its state is dropped.
 //!
 //! **Thaw.** A frozen workload is thawed as soon as no liability holds it frozen: usage back within
 //! quota + tolerance, quota raised or removed, pressure gone (elastic), the workload now protected, or
-//! an operator release. A workload that vanished from the attribution while frozen gets a Thaw with
-//! no targets (a cgroup-only operation), so nothing stays frozen; its state is dropped.
+//! an operator release. A workload that left the attribution while frozen gets a Thaw with no
+//! targets (a cgroup-only operation), unless the sample is blind or a GPU is degraded (its
+//! processes might only be unseen); its state is dropped once the group is thawed.
 //!
 //! **Release** (`releases`, workload keys): thaw if frozen, forget all its liabilities, and escalate
 //! nothing in that evaluation; its clock starts afresh, so it gets the whole grace period and ladder
-//! again before it could be frozen again.
+//! again before it could be frozen again. Workloads known only from an earlier run's freezes can be
+//! released too.
 //!
 //! **Safety.** No action other than Thaw for a workload that is protected (the host's root cgroup, the
 //! agent's own workload, the `protect` list, a plain cgroup no file entry names) or that no quota
 //! covers. Fail open: a liability whose usage is unknown (its GPU degraded, a process with
 //! `used_bytes == None`, a pid attributed to two identities, an all-GPU quota while any GPU is
-//! degraded, or a sample without any device) keeps its previous state unchanged, escalates nothing
-//! and is counted in [`Stats::fail_open`]; a workload frozen by it stays frozen until the data is
-//! good again. Targets are only ever identities from the `processes` input.
+//! degraded, or a sample without any device) keeps its previous state unchanged, escalates nothing,
+//! re-freezes nothing, and is counted in [`Stats::fail_open`]; a workload frozen by it stays frozen
+//! until the data is good again. Targets are only ever identities from the `processes` input.
 //!
 //! **Dry run.** The policy decides exactly as usual and copies `dry_run` into each [`Action`]; the
 //! executors must not touch anything for such an action. State advances as if the actions were
-//! carried out, so reports show what would have happened.
+//! carried out (a desired freeze counts as done), so reports show what would have happened.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -60,6 +81,13 @@ use crate::{
 #[cfg(test)]
 mod tests;
 
+/// First delay before a freeze or thaw that did not take is issued again; it doubles per attempt.
+pub const RETRY_BASE: Duration = Duration::from_secs(1);
+/// Longest delay between two attempts.
+pub const RETRY_MAX: Duration = Duration::from_secs(60);
+/// How long after a kill step's (catchable) signal SIGKILL follows if a process still runs.
+pub const KILL_GRACE: Duration = Duration::from_secs(10);
+
 /// One verified GPU process and who it belongs to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AttributedProcess {
@@ -69,6 +97,36 @@ pub struct AttributedProcess {
     pub workload: WorkloadMeta,
     /// The quota in its environment, if any (see [`crate::quota::env`]).
     pub env_quota: Option<EnvQuota>,
+}
+
+/// What the kernel says about a workload's root group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupState {
+    /// Frozen (`frozen 1` in `cgroup.events`, or v1 `FROZEN`).
+    Frozen,
+    /// Asked to freeze, not frozen yet (a task that cannot stop, e.g. in D state in a driver).
+    Freezing,
+    /// Not frozen and not asked to be.
+    Thawed,
+    /// The directory is gone.
+    Gone,
+    /// A directory of that path exists, but it is another group (another inode) than the one frozen.
+    Replaced,
+}
+
+/// One observed root group, at the start of the step.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ObservedGroup {
+    /// The agent froze this very group (a record or mark of its own, same inode). Never true for
+    /// [`GroupState::Gone`] or [`GroupState::Replaced`].
+    pub ours: bool,
+    /// What the kernel says.
+    pub state: GroupState,
+    /// The scope whose ladder froze it, when the record says.
+    pub frozen_by: Option<GpuScope>,
+    /// The group's path relative to the v2 root.
+    pub cgroup_path: String,
 }
 
 /// Everything one evaluation looks at.
@@ -88,6 +146,9 @@ pub struct PolicyInput<'a> {
     pub agent_pid: Option<u32>,
     /// Copied into every action: decide, report, touch nothing.
     pub dry_run: bool,
+    /// The root groups of workloads the agent froze or wants frozen, by workload key, as the
+    /// kernel reported them at the start of this step.
+    pub observed: &'a BTreeMap<String, ObservedGroup>,
 }
 
 /// What a liability's usage is measured over.
@@ -97,6 +158,24 @@ pub enum GpuScope {
     All,
     /// One GPU, by NVML index.
     Gpu(u32),
+}
+
+impl GpuScope {
+    /// `all` or the index, as records store it.
+    pub fn label(self) -> String {
+        match self {
+            Self::All => "all".to_string(),
+            Self::Gpu(i) => i.to_string(),
+        }
+    }
+
+    /// The inverse of [`Self::label`].
+    pub fn from_label(s: &str) -> Option<Self> {
+        match s {
+            "all" => Some(Self::All),
+            i => i.parse().ok().map(Self::Gpu),
+        }
+    }
 }
 
 impl fmt::Display for GpuScope {
@@ -111,10 +190,7 @@ impl fmt::Display for GpuScope {
 impl serde::Serialize for GpuScope {
     /// `"all"` or the index as a string, so it can key a JSON object.
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Self::All => s.serialize_str("all"),
-            Self::Gpu(i) => s.serialize_str(&i.to_string()),
-        }
+        s.serialize_str(&self.label())
     }
 }
 
@@ -136,6 +212,31 @@ pub enum Status {
     Killed,
 }
 
+impl Status {
+    /// The ladder position's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::OverQuota => "over_quota",
+            Self::Alerted => "alerted",
+            Self::Signalled => "signalled",
+            Self::Frozen => "frozen",
+            Self::Killed => "killed",
+        }
+    }
+
+    fn rank(self) -> u8 {
+        match self {
+            Self::Ok => 0,
+            Self::OverQuota => 1,
+            Self::Alerted => 2,
+            Self::Signalled => 3,
+            Self::Frozen => 4,
+            Self::Killed => 5,
+        }
+    }
+}
+
 /// One liability's state.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ScopeState {
@@ -153,17 +254,106 @@ pub struct ScopeState {
     pub mode: Mode,
 }
 
+/// A kill step in progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Killing {
+    /// The liability whose ladder killed.
+    pub scope: GpuScope,
+    /// When the kill step fired.
+    pub since: Duration,
+    /// The step's signal.
+    pub signal: Signal,
+    /// When SIGKILL was last sent (for a step with another signal: after [`KILL_GRACE`]).
+    pub sigkill_at: Option<Duration>,
+}
+
+/// Which transition is being retried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transition {
+    /// Freeze the root group.
+    Freeze,
+    /// Thaw it.
+    Thaw,
+}
+
+/// A freeze or thaw issued and not (yet) seen in the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Retry {
+    /// What was issued.
+    pub transition: Transition,
+    /// How many times.
+    pub attempts: u32,
+    /// Not issued again before this time.
+    pub next_at: Duration,
+}
+
 /// One workload's state.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct WorkloadState {
-    /// Its cgroup path.
+    /// Its root cgroup path.
     pub cgroup_path: String,
     /// Where its quota came from, in words.
     pub quota: String,
-    /// The scope whose ladder froze it, while frozen.
+    /// Desired: the scope whose ladder holds it frozen.
     pub frozen: Option<GpuScope>,
     /// Its liabilities.
     pub scopes: BTreeMap<GpuScope, ScopeState>,
+    /// A kill step in progress.
+    pub killing: Option<Killing>,
+    /// A freeze or thaw not seen in the kernel yet.
+    pub retry: Option<Retry>,
+    /// What the kernel said about its root group at this step (`None`: not looked at, as for a
+    /// workload never frozen).
+    pub observed: Option<GroupState>,
+    /// Whether the group is frozen by the agent (`observed` is about a group of its own).
+    pub ours: bool,
+}
+
+impl WorkloadState {
+    /// The state to report: what the kernel says first, then the ladder. `frozen` only when the
+    /// kernel reports the root group frozen (or, in a dry run, when the policy would have frozen
+    /// it); `freezing` while a freeze is wanted and not (yet) effective; `killing` while a kill
+    /// step's processes still run.
+    pub fn reported(&self, dry_run: bool) -> &'static str {
+        if self.killing.is_some() {
+            return "killing";
+        }
+        match self.observed {
+            Some(GroupState::Frozen) if self.ours => return "frozen",
+            Some(GroupState::Frozen) if self.frozen.is_some() => return "frozen",
+            Some(GroupState::Freezing) if self.frozen.is_some() || self.ours => {
+                return "freezing";
+            }
+            _ => {}
+        }
+        if self.frozen.is_some() {
+            return if dry_run { "frozen" } else { "freezing" };
+        }
+        self.worst().as_str()
+    }
+
+    /// The furthest ladder position of its liabilities.
+    pub fn worst(&self) -> Status {
+        self.scopes
+            .values()
+            .map(|s| s.status)
+            .max_by_key(|s| s.rank())
+            .unwrap_or(Status::Ok)
+    }
+
+    /// The state of one liability's row: the workload's reported state when it is frozen,
+    /// freezing or killing (those act on the whole workload), else the liability's own.
+    pub fn reported_scope(&self, scope: GpuScope, dry_run: bool) -> &'static str {
+        let whole = self.reported(dry_run);
+        if matches!(whole, "frozen" | "freezing" | "killing") {
+            return whole;
+        }
+        match self.scopes.get(&scope).map(|s| s.status) {
+            Some(Status::Frozen | Status::Killed) | None => whole,
+            Some(s) => s.as_str(),
+        }
+    }
 }
 
 /// State carried from one evaluation to the next. Only quota-covered workloads (and frozen ones)
@@ -175,7 +365,32 @@ pub struct PolicyState {
 }
 
 impl PolicyState {
-    /// Keys of the workloads this state holds frozen.
+    /// Records what an executor reported the kernel did at this step: a freeze or thaw the kernel
+    /// already applied (`done`) is what the kernel now says about the group, so reports need not
+    /// wait for the next step's observation. A workload left with nothing to carry is dropped.
+    pub fn note_done(&mut self, workload: &str, transition: Transition) {
+        let Some(ws) = self.workloads.get_mut(workload) else {
+            return;
+        };
+        match transition {
+            Transition::Freeze => {
+                ws.observed = Some(GroupState::Frozen);
+                ws.ours = true;
+            }
+            Transition::Thaw => {
+                ws.observed = Some(GroupState::Thawed);
+                ws.ours = false;
+            }
+        }
+        if ws.retry.is_some_and(|r| r.transition == transition) {
+            ws.retry = None;
+        }
+        if ws.scopes.is_empty() && ws.frozen.is_none() && !ws.ours && ws.killing.is_none() {
+            self.workloads.remove(workload);
+        }
+    }
+
+    /// Keys of the workloads this state wants frozen.
     pub fn frozen(&self) -> Vec<&str> {
         self.workloads
             .iter()
@@ -193,12 +408,25 @@ pub enum ActionKind {
     Alert,
     /// Send this signal to the targets.
     Signal(Signal),
-    /// Freeze the cgroup.
+    /// Freeze the root cgroup.
     Freeze,
-    /// Thaw the cgroup.
+    /// Thaw the root cgroup.
     Thaw,
-    /// Kill the targets with this signal.
+    /// Kill the targets with this signal (SIGKILL: the whole root cgroup).
     Kill(Signal),
+}
+
+impl ActionKind {
+    /// `alert`, `signal`, `freeze`, `thaw` or `kill`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Alert => "alert",
+            Self::Signal(_) => "signal",
+            Self::Freeze => "freeze",
+            Self::Thaw => "thaw",
+            Self::Kill(_) => "kill",
+        }
+    }
 }
 
 /// One decision for the executors.
@@ -206,7 +434,7 @@ pub enum ActionKind {
 pub struct Action {
     /// Workload key.
     pub workload: String,
-    /// Its cgroup path.
+    /// Its root cgroup path.
     pub cgroup_path: String,
     /// The liability that caused it.
     pub gpu: GpuScope,
@@ -222,6 +450,8 @@ pub struct Action {
     pub reason: String,
     /// Dry run: report only, touch nothing.
     pub dry_run: bool,
+    /// Which attempt of this freeze or thaw (1 for the first).
+    pub attempt: u32,
 }
 
 /// Counts from one evaluation (for metrics).
@@ -243,6 +473,14 @@ pub struct Stats {
     pub degraded_devices: usize,
     /// Releases naming no known workload.
     pub ignored_releases: usize,
+    /// Groups the agent froze that were found thawed by someone else.
+    pub external_thaws: usize,
+    /// Groups the agent froze that were found removed.
+    pub groups_gone: usize,
+    /// Groups the agent froze that were found recreated under the same path.
+    pub groups_replaced: usize,
+    /// Freezes of an earlier run taken over.
+    pub adopted: usize,
 }
 
 /// The result of one evaluation.
@@ -289,6 +527,13 @@ enum Plan {
         quota: ResolvedQuota,
         liabilities: Vec<Liability>,
     },
+}
+
+/// Delay before attempt `attempts + 1` of a transition.
+fn backoff(attempts: u32) -> Duration {
+    RETRY_BASE
+        .saturating_mul(1u32 << attempts.saturating_sub(1).min(16))
+        .min(RETRY_MAX)
 }
 
 /// Decides what to do now. See the module note for the rules.
@@ -365,9 +610,570 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
     let empty = BTreeMap::new();
     let usage_of = |key: &str| usage.get(key).unwrap_or(&empty);
 
-    // Plan each workload: excluded, or its liabilities with usage.
+    let mut plans = plan_workloads(input, &groups, &usage, &degraded, blind, &mut stats);
+    apply_elastic_pressure(input, &mut plans, &usage);
+
+    let releases: BTreeSet<&str> = input.releases.iter().map(String::as_str).collect();
+    stats.ignored_releases = releases
+        .iter()
+        .filter(|k| {
+            !groups.contains_key(**k)
+                && !prev.workloads.contains_key(**k)
+                && !input.observed.get(**k).is_some_and(|o| o.ours)
+        })
+        .count();
+
+    let mut next = PolicyState::default();
+    let mut actions = Vec::new();
+    let reserve = input.quotas.defaults().elastic_reserve;
+    for (key, plan) in &plans {
+        let g = &groups[*key];
+        let observed = input.observed.get(*key);
+        let cx = Cx {
+            key,
+            cgroup_path: &g.meta.id.cgroup_path,
+            all_targets: g.identities.iter().copied().collect(),
+            input,
+        };
+        let mut prev_ws = prev.workloads.get(*key).cloned();
+        // The group the state is about is gone or was replaced: start afresh.
+        if let Some(o) = observed
+            && matches!(o.state, GroupState::Gone | GroupState::Replaced)
+        {
+            if o.state == GroupState::Gone {
+                stats.groups_gone += 1;
+            } else {
+                stats.groups_replaced += 1;
+            }
+            prev_ws = None;
+        }
+        let released = releases.contains(*key);
+        if released {
+            prev_ws = None;
+        }
+        let (quota, liabilities) = match plan {
+            Plan::Excluded(why) => {
+                if let Some(o) = observed.filter(|o| o.ours) {
+                    let why = if released {
+                        "released by an operator".to_string()
+                    } else {
+                        format!("thawed because {why}")
+                    };
+                    let ws = thaw_only(&cx, prev_ws.as_ref(), o);
+                    if let Some(ws) = reconcile(&cx, ws, Some(o), None, &why, &mut actions) {
+                        next.workloads.insert(key.to_string(), ws);
+                    }
+                }
+                continue;
+            }
+            Plan::Unresolved => {
+                stats.fail_open += 1;
+                if let Some(mut p) = prev_ws {
+                    p.observed = observed.map(|o| o.state);
+                    p.ours = observed.is_some_and(|o| o.ours);
+                    next.workloads.insert(key.to_string(), p);
+                }
+                continue;
+            }
+            Plan::Enforce { quota, liabilities } => (quota, liabilities),
+        };
+        // An earlier run froze it and this one has no state of its own: adopt the freeze.
+        if prev_ws.is_none()
+            && !released
+            && let Some(o) = observed.filter(|o| o.ours)
+        {
+            stats.adopted += 1;
+            prev_ws = Some(adopt(&cx, quota, liabilities, o, input.now));
+        }
+        let mut ws = WorkloadState {
+            cgroup_path: g.meta.id.cgroup_path.clone(),
+            quota: quota.source.to_string(),
+            frozen: prev_ws.as_ref().and_then(|p| p.frozen),
+            scopes: BTreeMap::new(),
+            killing: prev_ws.as_ref().and_then(|p| p.killing),
+            retry: prev_ws.as_ref().and_then(|p| p.retry),
+            observed: None,
+            ours: false,
+        };
+        let dev_usage = usage_of(key);
+        let scope_targets = |scope: GpuScope| -> Vec<ProcessIdentity> {
+            let set: BTreeSet<ProcessIdentity> = dev_usage
+                .iter()
+                .filter(|(dev, _)| scope == GpuScope::All || scope == GpuScope::Gpu(**dev))
+                .flat_map(|(_, d)| d.procs.iter().copied())
+                .collect();
+            set.into_iter().collect()
+        };
+        // The reason a freeze is wanted, from the liability that holds it.
+        let mut freeze_reason: Option<(GpuScope, u64, u64, String)> = None;
+        for l in liabilities {
+            let prev_ss = prev_ws.as_ref().and_then(|p| p.scopes.get(&l.scope));
+            let ok_state = |usage| ScopeState {
+                status: Status::Ok,
+                over_since: None,
+                steps_taken: 0,
+                usage,
+                limit: l.limit,
+                mode: l.enforcement.mode,
+            };
+            if l.over {
+                stats.over_quota += 1;
+            }
+            if l.unknown {
+                stats.fail_open += 1;
+                let kept = prev_ss.cloned().map_or(ok_state(None), |mut s| {
+                    s.usage = None;
+                    s
+                });
+                ws.scopes.insert(l.scope, kept);
+                continue;
+            }
+            if !l.liable {
+                ws.scopes.insert(l.scope, ok_state(Some(l.usage)));
+                continue;
+            }
+            let ladder = &l.enforcement.ladder;
+            let (since, mut taken) = match prev_ss {
+                Some(ScopeState {
+                    over_since: Some(since),
+                    steps_taken,
+                    ..
+                }) => (*since, (*steps_taken).min(ladder.len())),
+                _ => (input.now, 0),
+            };
+            let elapsed = input.now.saturating_sub(since);
+            let mut reason = format!(
+                "uses {} of its {} quota on {} for {}",
+                ByteSize(l.usage).approx(),
+                ByteSize(l.limit).approx(),
+                l.scope,
+                fmt_duration(elapsed)
+            );
+            let tolerance = l.enforcement.tolerance.allowance(l.limit);
+            if tolerance > 0 {
+                reason += &format!(" (tolerance {})", ByteSize(tolerance).approx());
+            }
+            if let Some((dev, free)) = l.pressure {
+                reason += &format!(
+                    ", and GPU {dev} has {} free, below the {} reserve",
+                    ByteSize(free).approx(),
+                    ByteSize(reserve).approx()
+                );
+            }
+            reason += &format!("; {}", quota.source);
+            while !released && taken < ladder.len() {
+                let step = ladder[taken];
+                if elapsed < l.enforcement.grace.max(step.after) {
+                    break;
+                }
+                taken += 1;
+                let (kind, targets) = match step.action {
+                    StepAction::Alert => (ActionKind::Alert, scope_targets(l.scope)),
+                    StepAction::Signal(_) if ws.frozen.is_some() => continue,
+                    StepAction::Signal(sig) => (ActionKind::Signal(sig), scope_targets(l.scope)),
+                    StepAction::Freeze => {
+                        if ws.frozen.is_none() {
+                            ws.frozen = Some(l.scope);
+                        }
+                        continue; // issued by reconciliation below
+                    }
+                    StepAction::Kill(sig) => {
+                        ws.killing = Some(Killing {
+                            scope: l.scope,
+                            since: input.now,
+                            signal: sig,
+                            sigkill_at: (sig == Signal::KILL).then_some(input.now),
+                        });
+                        if sig != Signal::KILL {
+                            // A frozen process cannot handle the signal: thaw it first.
+                            ws.frozen = None;
+                        }
+                        (ActionKind::Kill(sig), cx.all_targets.clone())
+                    }
+                };
+                actions.push(cx.act(
+                    l.scope,
+                    kind,
+                    targets,
+                    Some(l.usage),
+                    Some(l.limit),
+                    reason.clone(),
+                ));
+            }
+            if ws.frozen == Some(l.scope) || (ws.frozen.is_some() && freeze_reason.is_none()) {
+                freeze_reason = Some((l.scope, l.usage, l.limit, reason.clone()));
+            }
+            let status = match ladder[..taken].last().map(|s| s.action) {
+                None => Status::OverQuota,
+                Some(StepAction::Alert) => Status::Alerted,
+                Some(StepAction::Signal(_)) => Status::Signalled,
+                Some(StepAction::Freeze) => Status::Frozen,
+                Some(StepAction::Kill(_)) => Status::Killed,
+            };
+            ws.scopes.insert(
+                l.scope,
+                ScopeState {
+                    status,
+                    over_since: Some(since),
+                    steps_taken: taken,
+                    usage: Some(l.usage),
+                    limit: l.limit,
+                    mode: l.enforcement.mode,
+                },
+            );
+        }
+        // Which liability holds the desired freeze (or none does any more).
+        let mut thaw_why = None;
+        if let Some(frozen_by) = ws.frozen {
+            let holding: Vec<GpuScope> = ws
+                .scopes
+                .iter()
+                .filter(|(_, s)| matches!(s.status, Status::Frozen | Status::Killed))
+                .map(|(scope, _)| *scope)
+                .collect();
+            if holding.is_empty() {
+                let why = match liabilities.iter().find(|l| l.scope == frozen_by) {
+                    None => format!("its quota on {frozen_by} no longer applies"),
+                    Some(l) if !l.over => format!(
+                        "it is back within quota: uses {} of its {} quota on {frozen_by}",
+                        ByteSize(l.usage).approx(),
+                        ByteSize(l.limit).approx()
+                    ),
+                    Some(l) if !l.liable => format!(
+                        "GPU memory pressure is gone, so it may borrow again: uses {} of its {} quota on {frozen_by}",
+                        ByteSize(l.usage).approx(),
+                        ByteSize(l.limit).approx()
+                    ),
+                    Some(_) => "its ladder no longer freezes".to_string(),
+                };
+                thaw_why = Some(format!("thawed because {why}; {}", quota.source));
+                ws.frozen = None;
+            } else if !holding.contains(&frozen_by) {
+                ws.frozen = Some(holding[0]);
+            }
+        }
+        if released {
+            thaw_why = Some(
+                "released by an operator; its ladder starts again from the grace period".into(),
+            );
+        }
+        // A kill step still in progress: SIGKILL when its signal was not enough, as long as the
+        // liability is still liable (a process that handled the signal by shrinking has complied).
+        if let Some(k) = ws.killing {
+            let l = liabilities.iter().find(|l| l.scope == k.scope);
+            let complied = l.is_some_and(|l| !l.unknown && !l.liable) || l.is_none();
+            if released || complied {
+                ws.killing = None;
+            } else if let Some(l) = l.filter(|l| !l.unknown) {
+                let since = k.sigkill_at.unwrap_or(k.since);
+                if input.now.saturating_sub(since) >= KILL_GRACE {
+                    ws.killing = Some(Killing {
+                        sigkill_at: Some(input.now),
+                        ..k
+                    });
+                    actions.push(cx.act(
+                        k.scope,
+                        ActionKind::Kill(Signal::KILL),
+                        cx.all_targets.clone(),
+                        Some(l.usage),
+                        Some(l.limit),
+                        format!(
+                            "still running {} after the kill step's {}; {}",
+                            fmt_duration(input.now.saturating_sub(k.since)),
+                            k.signal.name,
+                            quota.source
+                        ),
+                    ));
+                }
+            }
+        }
+        // Whether the liability holding the freeze is known this step: a freeze (first or again)
+        // is only issued on good data.
+        let known = ws.frozen.is_some_and(|scope| {
+            liabilities
+                .iter()
+                .any(|l| l.scope == scope && !l.unknown && l.liable)
+        });
+        let why = thaw_why.unwrap_or_else(|| {
+            freeze_reason
+                .map(|(_, _, _, r)| r)
+                .unwrap_or_else(|| format!("{}", quota.source))
+        });
+        let usage_limit = ws.frozen.and_then(|scope| {
+            liabilities
+                .iter()
+                .find(|l| l.scope == scope)
+                .map(|l| (l.usage, l.limit))
+        });
+        // Wanted frozen and asked for at the last step, and now neither frozen nor asked to be:
+        // someone else wrote the thaw (the agent never does while it wants the group frozen).
+        let external_thaw = observed.is_some_and(|o| o.ours && o.state == GroupState::Thawed)
+            && prev.workloads.get(*key).is_some_and(|p| {
+                p.frozen.is_some()
+                    && (p.ours || p.retry.is_some_and(|r| r.transition == Transition::Freeze))
+            });
+        let why = if external_thaw {
+            stats.external_thaws += 1;
+            if ws.frozen.is_some() {
+                format!("thawed behind the agent's back, freezing it again: {why}")
+            } else {
+                format!("thawed behind the agent's back: {why}")
+            }
+        } else {
+            why
+        };
+        if let Some(ws) = reconcile(
+            &cx,
+            ws,
+            observed,
+            known.then_some(usage_limit),
+            &why,
+            &mut actions,
+        ) && (!ws.scopes.is_empty() || ws.frozen.is_some() || ws.ours)
+        {
+            next.workloads.insert(key.to_string(), ws);
+        }
+    }
+
+    // Workloads with no GPU processes left (or known only from an earlier run's freezes).
+    let trustworthy = !blind && degraded.is_empty();
+    let mut orphans: BTreeSet<&str> = prev
+        .workloads
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !groups.contains_key(*k))
+        .collect();
+    orphans.extend(
+        input
+            .observed
+            .keys()
+            .filter(|k| !groups.contains_key(k.as_str()))
+            .map(String::as_str),
+    );
+    for key in orphans {
+        let observed = input.observed.get(key);
+        let prev_ws = prev.workloads.get(key);
+        match observed.map(|o| o.state) {
+            Some(GroupState::Gone) => stats.groups_gone += 1,
+            Some(GroupState::Replaced) => stats.groups_replaced += 1,
+            _ => {}
+        }
+        let Some(o) = observed.filter(|o| o.ours) else {
+            continue; // not a group the agent froze: nothing to undo, state dropped
+        };
+        let cx = Cx {
+            key,
+            cgroup_path: &o.cgroup_path,
+            all_targets: Vec::new(),
+            input,
+        };
+        let released = releases.contains(key);
+        let ws = thaw_only(&cx, prev_ws, o);
+        if !released && !trustworthy {
+            // Its processes may only be unseen: keep the freeze until the data is good.
+            let mut ws = ws;
+            ws.frozen = ws.frozen.or(o.frozen_by).or(Some(GpuScope::All));
+            ws.observed = Some(o.state);
+            ws.ours = true;
+            next.workloads.insert(key.to_string(), ws);
+            continue;
+        }
+        let why = if released {
+            "released by an operator".to_string()
+        } else {
+            "it has no GPU processes left; thawing its cgroup so nothing stays frozen".to_string()
+        };
+        if let Some(ws) = reconcile(&cx, ws, Some(o), None, &why, &mut actions) {
+            next.workloads.insert(key.to_string(), ws);
+        }
+    }
+
+    Outcome {
+        state: next,
+        actions,
+        stats,
+    }
+}
+
+/// What one workload's actions share.
+struct Cx<'a> {
+    key: &'a str,
+    cgroup_path: &'a str,
+    all_targets: Vec<ProcessIdentity>,
+    input: &'a PolicyInput<'a>,
+}
+
+impl Cx<'_> {
+    fn act(
+        &self,
+        gpu: GpuScope,
+        kind: ActionKind,
+        targets: Vec<ProcessIdentity>,
+        usage: Option<u64>,
+        limit: Option<u64>,
+        reason: String,
+    ) -> Action {
+        Action {
+            workload: self.key.to_string(),
+            cgroup_path: self.cgroup_path.to_string(),
+            gpu,
+            kind,
+            targets,
+            usage,
+            limit,
+            reason,
+            dry_run: self.input.dry_run,
+            attempt: 1,
+        }
+    }
+}
+
+/// A state that wants the workload thawed (excluded, released, or without processes).
+fn thaw_only(cx: &Cx, prev: Option<&WorkloadState>, o: &ObservedGroup) -> WorkloadState {
+    WorkloadState {
+        cgroup_path: cx.cgroup_path.to_string(),
+        quota: prev.map(|p| p.quota.clone()).unwrap_or_default(),
+        frozen: None,
+        scopes: BTreeMap::new(),
+        killing: None,
+        retry: prev.and_then(|p| p.retry),
+        observed: Some(o.state),
+        ours: o.ours,
+    }
+}
+
+/// A state for a workload an earlier run froze: as if its freeze step had fired at the right time,
+/// on each liability whose ladder freezes (so earlier steps do not fire again).
+fn adopt(
+    cx: &Cx,
+    quota: &ResolvedQuota,
+    liabilities: &[Liability],
+    o: &ObservedGroup,
+    now: Duration,
+) -> WorkloadState {
+    let mut scopes = BTreeMap::new();
+    for l in liabilities {
+        let ladder = &l.enforcement.ladder;
+        let Some(at) = ladder.iter().position(|s| s.action == StepAction::Freeze) else {
+            continue;
+        };
+        let after = l.enforcement.grace.max(ladder[at].after);
+        scopes.insert(
+            l.scope,
+            ScopeState {
+                status: Status::Frozen,
+                over_since: Some(now.saturating_sub(after)),
+                steps_taken: at + 1,
+                usage: None,
+                limit: l.limit,
+                mode: l.enforcement.mode,
+            },
+        );
+    }
+    let frozen = o
+        .frozen_by
+        .filter(|s| scopes.contains_key(s))
+        .or_else(|| scopes.keys().next().copied())
+        .or(o.frozen_by)
+        .or(Some(GpuScope::All));
+    WorkloadState {
+        cgroup_path: cx.cgroup_path.to_string(),
+        quota: quota.source.to_string(),
+        frozen,
+        scopes,
+        killing: None,
+        retry: None,
+        observed: Some(o.state),
+        ours: true,
+    }
+}
+
+/// Compares what the workload's state wants (frozen or not) with what the kernel reported, and
+/// issues the Freeze or Thaw that closes the gap, with backoff for one that did not take. A freeze
+/// is issued only when `freeze_on` carries the holding liability's (usage, limit) (good data).
+/// Returns the state to carry, `None` when the workload can be forgotten.
+fn reconcile(
+    cx: &Cx,
+    mut ws: WorkloadState,
+    observed: Option<&ObservedGroup>,
+    freeze_on: Option<Option<(u64, u64)>>,
+    why: &str,
+    actions: &mut Vec<Action>,
+) -> Option<WorkloadState> {
+    let now = cx.input.now;
+    let ours = observed.is_some_and(|o| o.ours);
+    let state = observed.map(|o| o.state);
+    ws.observed = state;
+    ws.ours = ours;
+    let want_frozen = ws.frozen.is_some();
+    let in_kernel_frozen = ours && state == Some(GroupState::Frozen);
+    let transition = if want_frozen {
+        Transition::Freeze
+    } else {
+        Transition::Thaw
+    };
+    // In a dry run nothing is written: a transition reported once counts as done.
+    let reported = cx.input.dry_run && ws.retry.is_some_and(|r| r.transition == transition);
+    let settled = reported || if want_frozen { in_kernel_frozen } else { !ours };
+    if settled {
+        if !cx.input.dry_run {
+            ws.retry = None;
+        }
+        let keep = want_frozen || ours || !ws.scopes.is_empty() || ws.killing.is_some();
+        return keep.then_some(ws);
+    }
+    let retry = ws.retry.filter(|r| r.transition == transition);
+    let due = retry.is_none_or(|r| now >= r.next_at);
+    let (kind, usage, limit) = match transition {
+        Transition::Freeze => {
+            let Some(ul) = freeze_on else {
+                // Unknown data: neither a first freeze nor a retry.
+                return Some(ws);
+            };
+            (ActionKind::Freeze, ul.map(|u| u.0), ul.map(|u| u.1))
+        }
+        Transition::Thaw => (ActionKind::Thaw, None, None),
+    };
+    if due {
+        let attempts = retry.map_or(0, |r| r.attempts) + 1;
+        let mut reason = why.to_string();
+        if attempts > 1 {
+            let seen = match state {
+                Some(GroupState::Freezing) => "still freezing",
+                Some(GroupState::Frozen) => "still frozen",
+                _ => "not frozen",
+            };
+            reason = format!("attempt {attempts} (the kernel says {seen}): {reason}");
+        }
+        let scope = ws
+            .frozen
+            .or(observed.and_then(|o| o.frozen_by))
+            .unwrap_or(GpuScope::All);
+        let mut a = cx.act(scope, kind, cx.all_targets.clone(), usage, limit, reason);
+        a.attempt = attempts;
+        actions.push(a);
+        ws.retry = Some(Retry {
+            transition,
+            attempts,
+            next_at: now + backoff(attempts),
+        });
+    }
+    Some(ws)
+}
+
+/// Excluded, unresolved or liable with its liabilities, for every workload with processes.
+fn plan_workloads<'a>(
+    input: &PolicyInput,
+    groups: &'a BTreeMap<String, Group>,
+    usage: &BTreeMap<&str, BTreeMap<u32, DevUsage>>,
+    degraded: &BTreeSet<u32>,
+    blind: bool,
+    stats: &mut Stats,
+) -> BTreeMap<&'a str, Plan> {
+    let sample = input.sample;
+    let empty = BTreeMap::new();
     let mut plans: BTreeMap<&str, Plan> = BTreeMap::new();
-    for (key, g) in &groups {
+    for (key, g) in groups {
         stats.workloads += 1;
         let meta = g.meta;
         let protected = meta.id.kind == WorkloadKind::Host
@@ -386,7 +1192,7 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
             plans.insert(key.as_str(), Plan::Excluded("no quota covers it any more"));
             continue;
         };
-        let dev_usage = usage_of(key);
+        let dev_usage = usage.get(key.as_str()).unwrap_or(&empty);
         let mut scopes: Vec<(GpuScope, &crate::quota::Limit)> = Vec::new();
         let mut unresolved = false;
         for limit in &quota.limits {
@@ -472,15 +1278,23 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
             .collect();
         plans.insert(key.as_str(), Plan::Enforce { quota, liabilities });
     }
+    plans
+}
 
-    // Elastic: on each GPU under pressure, take the largest borrowers until the shortfall is covered.
+/// Elastic: on each GPU under pressure, take the largest borrowers until the shortfall is covered.
+fn apply_elastic_pressure(
+    input: &PolicyInput,
+    plans: &mut BTreeMap<&str, Plan>,
+    usage: &BTreeMap<&str, BTreeMap<u32, DevUsage>>,
+) {
+    let sample = input.sample;
     let reserve = input.quotas.defaults().elastic_reserve;
     for dev in &sample.devices {
         if !sample.device_ok(dev.index) || dev.memory_free >= reserve {
             continue;
         }
         let mut candidates: Vec<(u64, &str, GpuScope)> = Vec::new();
-        for (key, plan) in &plans {
+        for (key, plan) in plans.iter() {
             let Plan::Enforce { liabilities, .. } = plan else {
                 continue;
             };
@@ -489,7 +1303,10 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
                     continue;
                 }
                 let borrowed = l.usage - l.limit;
-                let on_dev = usage_of(key).get(&dev.index).map_or(0, |d| d.bytes);
+                let on_dev = usage
+                    .get(key)
+                    .and_then(|u| u.get(&dev.index))
+                    .map_or(0, |d| d.bytes);
                 let share = match l.scope {
                     GpuScope::Gpu(i) if i == dev.index => borrowed,
                     GpuScope::All if on_dev > 0 => borrowed.min(on_dev),
@@ -513,255 +1330,5 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
                 l.pressure = Some((dev.index, dev.memory_free));
             }
         }
-    }
-
-    let releases: BTreeSet<&str> = input.releases.iter().map(String::as_str).collect();
-    stats.ignored_releases = releases
-        .iter()
-        .filter(|k| !groups.contains_key(**k) && !prev.workloads.contains_key(**k))
-        .count();
-
-    let mut next = PolicyState::default();
-    let mut actions = Vec::new();
-    for (key, plan) in &plans {
-        let g = &groups[*key];
-        let cgroup_path = g.meta.id.cgroup_path.clone();
-        let all_targets: Vec<ProcessIdentity> = g.identities.iter().copied().collect();
-        let act = |gpu: GpuScope,
-                   kind: ActionKind,
-                   targets: Vec<ProcessIdentity>,
-                   usage: Option<u64>,
-                   limit: Option<u64>,
-                   reason: String| Action {
-            workload: key.to_string(),
-            cgroup_path: cgroup_path.clone(),
-            gpu,
-            kind,
-            targets,
-            usage,
-            limit,
-            reason,
-            dry_run: input.dry_run,
-        };
-        let released = releases.contains(key);
-        let mut prev_ws = prev.workloads.get(*key);
-        if released {
-            if let Some(scope) = prev_ws.and_then(|p| p.frozen) {
-                actions.push(act(
-                    scope,
-                    ActionKind::Thaw,
-                    all_targets.clone(),
-                    None,
-                    None,
-                    "released by an operator; its ladder starts again from the grace period"
-                        .to_string(),
-                ));
-            }
-            prev_ws = None;
-        }
-        let (quota, liabilities) = match plan {
-            Plan::Excluded(why) => {
-                if let Some(scope) = prev_ws.and_then(|p| p.frozen) {
-                    actions.push(act(
-                        scope,
-                        ActionKind::Thaw,
-                        all_targets.clone(),
-                        None,
-                        None,
-                        format!("thawed because {why}"),
-                    ));
-                }
-                continue;
-            }
-            Plan::Unresolved => {
-                stats.fail_open += 1;
-                if let Some(p) = prev_ws {
-                    next.workloads.insert(key.to_string(), p.clone());
-                }
-                continue;
-            }
-            Plan::Enforce { quota, liabilities } => (quota, liabilities),
-        };
-        let mut ws = WorkloadState {
-            cgroup_path: cgroup_path.clone(),
-            quota: quota.source.to_string(),
-            frozen: prev_ws.and_then(|p| p.frozen),
-            scopes: BTreeMap::new(),
-        };
-        let dev_usage = usage_of(key);
-        let scope_targets = |scope: GpuScope| -> Vec<ProcessIdentity> {
-            let set: BTreeSet<ProcessIdentity> = dev_usage
-                .iter()
-                .filter(|(dev, _)| scope == GpuScope::All || scope == GpuScope::Gpu(**dev))
-                .flat_map(|(_, d)| d.procs.iter().copied())
-                .collect();
-            set.into_iter().collect()
-        };
-        for l in liabilities {
-            let prev_ss = prev_ws.and_then(|p| p.scopes.get(&l.scope));
-            let ok_state = |usage| ScopeState {
-                status: Status::Ok,
-                over_since: None,
-                steps_taken: 0,
-                usage,
-                limit: l.limit,
-                mode: l.enforcement.mode,
-            };
-            if l.over {
-                stats.over_quota += 1;
-            }
-            if l.unknown {
-                stats.fail_open += 1;
-                let kept = prev_ss.cloned().map_or(ok_state(None), |mut s| {
-                    s.usage = None;
-                    s
-                });
-                ws.scopes.insert(l.scope, kept);
-                continue;
-            }
-            if !l.liable {
-                ws.scopes.insert(l.scope, ok_state(Some(l.usage)));
-                continue;
-            }
-            let ladder = &l.enforcement.ladder;
-            let (since, mut taken) = match prev_ss {
-                Some(ScopeState {
-                    over_since: Some(since),
-                    steps_taken,
-                    ..
-                }) => (*since, (*steps_taken).min(ladder.len())),
-                _ => (input.now, 0),
-            };
-            let elapsed = input.now.saturating_sub(since);
-            let mut reason = format!(
-                "uses {} of its {} quota on {} for {}",
-                ByteSize(l.usage).approx(),
-                ByteSize(l.limit).approx(),
-                l.scope,
-                fmt_duration(elapsed)
-            );
-            let tolerance = l.enforcement.tolerance.allowance(l.limit);
-            if tolerance > 0 {
-                reason += &format!(" (tolerance {})", ByteSize(tolerance).approx());
-            }
-            if let Some((dev, free)) = l.pressure {
-                reason += &format!(
-                    ", and GPU {dev} has {} free, below the {} reserve",
-                    ByteSize(free).approx(),
-                    ByteSize(reserve).approx()
-                );
-            }
-            reason += &format!("; {}", quota.source);
-            while !released && taken < ladder.len() {
-                let step = ladder[taken];
-                if elapsed < l.enforcement.grace.max(step.after) {
-                    break;
-                }
-                taken += 1;
-                let (kind, targets) = match step.action {
-                    StepAction::Alert => (ActionKind::Alert, scope_targets(l.scope)),
-                    StepAction::Signal(_) if ws.frozen.is_some() => continue,
-                    StepAction::Signal(sig) => (ActionKind::Signal(sig), scope_targets(l.scope)),
-                    StepAction::Freeze if ws.frozen.is_some() => continue,
-                    StepAction::Freeze => {
-                        ws.frozen = Some(l.scope);
-                        (ActionKind::Freeze, all_targets.clone())
-                    }
-                    StepAction::Kill(sig) => (ActionKind::Kill(sig), all_targets.clone()),
-                };
-                actions.push(act(
-                    l.scope,
-                    kind,
-                    targets,
-                    Some(l.usage),
-                    Some(l.limit),
-                    reason.clone(),
-                ));
-            }
-            let status = match ladder[..taken].last().map(|s| s.action) {
-                None => Status::OverQuota,
-                Some(StepAction::Alert) => Status::Alerted,
-                Some(StepAction::Signal(_)) => Status::Signalled,
-                Some(StepAction::Freeze) => Status::Frozen,
-                Some(StepAction::Kill(_)) => Status::Killed,
-            };
-            ws.scopes.insert(
-                l.scope,
-                ScopeState {
-                    status,
-                    over_since: Some(since),
-                    steps_taken: taken,
-                    usage: Some(l.usage),
-                    limit: l.limit,
-                    mode: l.enforcement.mode,
-                },
-            );
-        }
-        if let Some(frozen_by) = ws.frozen {
-            let holding: Vec<GpuScope> = ws
-                .scopes
-                .iter()
-                .filter(|(_, s)| matches!(s.status, Status::Frozen | Status::Killed))
-                .map(|(scope, _)| *scope)
-                .collect();
-            if holding.is_empty() {
-                let why = match liabilities.iter().find(|l| l.scope == frozen_by) {
-                    None => format!("its quota on {frozen_by} no longer applies"),
-                    Some(l) if !l.over => format!(
-                        "it is back within quota: uses {} of its {} quota on {frozen_by}",
-                        ByteSize(l.usage).approx(),
-                        ByteSize(l.limit).approx()
-                    ),
-                    Some(l) if !l.liable => format!(
-                        "GPU memory pressure is gone, so it may borrow again: uses {} of its {} quota on {frozen_by}",
-                        ByteSize(l.usage).approx(),
-                        ByteSize(l.limit).approx()
-                    ),
-                    Some(_) => "its ladder no longer freezes".to_string(),
-                };
-                let l = liabilities.iter().find(|l| l.scope == frozen_by);
-                actions.push(act(
-                    frozen_by,
-                    ActionKind::Thaw,
-                    all_targets.clone(),
-                    l.filter(|l| !l.unknown).map(|l| l.usage),
-                    l.map(|l| l.limit),
-                    format!("thawed because {why}; {}", quota.source),
-                ));
-                ws.frozen = None;
-            } else if !holding.contains(&frozen_by) {
-                ws.frozen = Some(holding[0]);
-            }
-        }
-        if !ws.scopes.is_empty() || ws.frozen.is_some() {
-            next.workloads.insert(key.to_string(), ws);
-        }
-    }
-
-    // Workloads that left the GPU while frozen: thaw the cgroup so nothing stays frozen.
-    for (key, p) in &prev.workloads {
-        if groups.contains_key(key) {
-            continue;
-        }
-        if let Some(scope) = p.frozen {
-            actions.push(Action {
-                workload: key.clone(),
-                cgroup_path: p.cgroup_path.clone(),
-                gpu: scope,
-                kind: ActionKind::Thaw,
-                targets: Vec::new(),
-                usage: None,
-                limit: None,
-                reason: "it has no GPU processes left; thawing its cgroup so nothing stays frozen"
-                    .to_string(),
-                dry_run: input.dry_run,
-            });
-        }
-    }
-
-    Outcome {
-        state: next,
-        actions,
-        stats,
     }
 }

@@ -82,7 +82,31 @@ fn sample(gpus: &[(u32, u64, bool)], usage: &[(u32, u32, Option<u64>)]) -> GpuSa
     }
 }
 
-/// A policy loop driven by hand.
+/// What the kernel would make of the actions: a Freeze freezes the root group (and the agent
+/// records it as its own), a Thaw thaws it; dry-run actions change nothing.
+fn apply_to_kernel(kernel: &mut BTreeMap<String, ObservedGroup>, actions: &[Action]) {
+    for a in actions.iter().filter(|a| !a.dry_run) {
+        match a.kind {
+            ActionKind::Freeze => {
+                kernel.insert(
+                    a.workload.clone(),
+                    ObservedGroup {
+                        ours: true,
+                        state: GroupState::Frozen,
+                        frozen_by: Some(a.gpu),
+                        cgroup_path: a.cgroup_path.clone(),
+                    },
+                );
+            }
+            ActionKind::Thaw => {
+                kernel.remove(&a.workload);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A policy loop driven by hand, over a simulated kernel.
 struct Sim {
     quotas: QuotaSet,
     state: PolicyState,
@@ -92,6 +116,10 @@ struct Sim {
     agent_pid: Option<u32>,
     dry_run: bool,
     last: Option<Outcome>,
+    /// The groups the agent froze, as the kernel reports them at the next step.
+    kernel: BTreeMap<String, ObservedGroup>,
+    /// Whether the kernel carries out freezes and thaws (false: they never take).
+    kernel_applies: bool,
 }
 
 impl Sim {
@@ -105,6 +133,8 @@ impl Sim {
             agent_pid: None,
             dry_run: false,
             last: None,
+            kernel: BTreeMap::new(),
+            kernel_applies: true,
         }
     }
 
@@ -122,8 +152,12 @@ impl Sim {
                 releases: &releases,
                 agent_pid: self.agent_pid,
                 dry_run: self.dry_run,
+                observed: &self.kernel,
             },
         );
+        if self.kernel_applies {
+            apply_to_kernel(&mut self.kernel, &out.actions);
+        }
         self.state = out.state.clone();
         self.last = Some(out.clone());
         out.actions
@@ -396,6 +430,8 @@ fn frozen_workloads_are_thawed_when_no_longer_liable() {
         "{}",
         thaw[0].reason
     );
+    // Forgotten once the kernel shows it thawed.
+    assert!(sim.at(2000, &over).is_empty());
     assert!(sim.state.workloads.is_empty());
     // Now protected.
     let mut sim = Sim::new(&quota_for('a', freeze_now), vec![attributed(10, &a)]);
@@ -458,6 +494,7 @@ fn a_workload_that_leaves_while_frozen_is_thawed_and_forgotten() {
     assert_eq!(actions[0].kind, ActionKind::Thaw);
     assert!(actions[0].targets.is_empty());
     assert_eq!(actions[0].cgroup_path, format!("/docker/{}", id('a')));
+    assert!(sim.at(2000, &[]).is_empty());
     assert!(sim.state.workloads.is_empty());
     // Not frozen: dropped silently.
     let mut sim = Sim::new(&quota_for('a', ""), vec![attributed(10, &a)]);
@@ -652,9 +689,16 @@ fn signals_are_not_sent_to_frozen_workloads_and_kill_comes_last() {
     );
     let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
     let term = Signal::from_name("SIGTERM").unwrap();
+    // The kill step's SIGTERM comes with a thaw (a frozen process cannot handle it); the process
+    // still runs 10 s later, so SIGKILL follows.
     assert_eq!(
         sim.run(0, 20, &[(10, 0, Some(3 * GIB))]),
-        vec![(0, ActionKind::Freeze), (10, ActionKind::Kill(term))]
+        vec![
+            (0, ActionKind::Freeze),
+            (10, ActionKind::Kill(term)),
+            (10, ActionKind::Thaw),
+            (20, ActionKind::Kill(Signal::KILL))
+        ]
     );
     assert_eq!(sim.status('a', GpuScope::All), Some(Status::Signalled));
     assert_eq!(sim.status('a', GpuScope::Gpu(0)), Some(Status::Killed));
@@ -696,6 +740,225 @@ fn state_serializes_to_json() {
     serde_json::to_string(sim.last.as_ref().unwrap()).unwrap();
 }
 
+fn freeze_at_once(c: char) -> String {
+    quota_for(c, "grace = \"0s\"\nladder = [{ action = \"freeze\" }]")
+}
+
+fn observed(state: GroupState, ours: bool, c: char) -> ObservedGroup {
+    ObservedGroup {
+        ours,
+        state,
+        frozen_by: Some(GpuScope::All),
+        cgroup_path: format!("/docker/{}", id(c)),
+    }
+}
+
+fn reported(sim: &Sim, c: char) -> &'static str {
+    sim.state.workloads[&key(c)].reported(sim.dry_run)
+}
+
+#[test]
+fn a_group_thawed_behind_the_agents_back_is_frozen_again_at_once_and_counted() {
+    let a = docker('a');
+    let over = [(10, 0, Some(3 * GIB))];
+    let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+    assert_eq!(sim.at(0, &over)[0].kind, ActionKind::Freeze);
+    assert!(sim.at(1000, &over).is_empty(), "frozen: nothing to do");
+    assert_eq!(reported(&sim, 'a'), "frozen");
+    // An operator writes 0 to cgroup.freeze.
+    sim.kernel.get_mut(&key('a')).unwrap().state = GroupState::Thawed;
+    let again = sim.at(2000, &over);
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].kind, ActionKind::Freeze);
+    assert!(
+        again[0].reason.contains("thawed behind the agent's back"),
+        "{}",
+        again[0].reason
+    );
+    assert_eq!(sim.stats().external_thaws, 1);
+    // Within quota now, thawed by someone else: nothing left to do but forget it.
+    sim.kernel.get_mut(&key('a')).unwrap().state = GroupState::Thawed;
+    let actions = sim.at(3000, &[(10, 0, Some(GIB))]);
+    assert_eq!(
+        actions.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        vec![ActionKind::Thaw],
+        "the record of the freeze is dropped through a thaw"
+    );
+}
+
+#[test]
+fn a_freeze_that_does_not_settle_is_reported_freezing_and_retried_with_backoff() {
+    let a = docker('a');
+    let over = [(10, 0, Some(3 * GIB))];
+    let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+    sim.kernel_applies = false;
+    assert_eq!(sim.at(0, &over)[0].attempt, 1);
+    // The kernel was asked but a task cannot stop.
+    sim.kernel
+        .insert(key('a'), observed(GroupState::Freezing, true, 'a'));
+    assert!(sim.at(500, &over).is_empty(), "not before the backoff");
+    assert_eq!(reported(&sim, 'a'), "freezing");
+    let attempts: Vec<(u64, u32)> = (1..=12)
+        .flat_map(|t| {
+            sim.at(t * 1000, &over)
+                .into_iter()
+                .map(move |a| (t, a.attempt))
+        })
+        .collect();
+    assert_eq!(
+        attempts,
+        vec![(1, 2), (3, 3), (7, 4)],
+        "1 s, 2 s, 4 s apart"
+    );
+    assert_eq!(reported(&sim, 'a'), "freezing");
+    // It settles: reported frozen, no more attempts.
+    sim.kernel
+        .insert(key('a'), observed(GroupState::Frozen, true, 'a'));
+    assert!(sim.at(13_000, &over).is_empty());
+    assert_eq!(reported(&sim, 'a'), "frozen");
+    assert_eq!(sim.state.workloads[&key('a')].retry, None);
+}
+
+#[test]
+fn a_thaw_that_does_not_take_is_reported_frozen_and_retried() {
+    let a = docker('a');
+    let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+    sim.at(0, &[(10, 0, Some(3 * GIB))]);
+    sim.kernel_applies = false;
+    let within = [(10, 0, Some(GIB))];
+    assert_eq!(sim.at(1000, &within)[0].kind, ActionKind::Thaw);
+    assert_eq!(
+        reported(&sim, 'a'),
+        "frozen",
+        "the kernel still says frozen"
+    );
+    assert!(sim.at(1500, &within).is_empty());
+    let retry = sim.at(2000, &within);
+    assert_eq!((retry[0].kind, retry[0].attempt), (ActionKind::Thaw, 2));
+    assert!(
+        retry[0].reason.contains("still frozen"),
+        "{}",
+        retry[0].reason
+    );
+    sim.kernel.clear();
+    assert!(sim.at(3000, &within).is_empty());
+    assert_eq!(reported(&sim, 'a'), "ok");
+}
+
+#[test]
+fn a_group_gone_or_recreated_starts_its_workload_afresh() {
+    let a = docker('a');
+    let over = [(10, 0, Some(3 * GIB))];
+    for state in [GroupState::Gone, GroupState::Replaced] {
+        let mut sim = Sim::new(&quota_for('a', ""), vec![attributed(10, &a)]);
+        assert_eq!(sim.run(0, 15, &over).last().unwrap().1, ActionKind::Freeze);
+        // The container was recreated under the same path (or removed and a process of the same
+        // key seen again): the freeze is not the new group's.
+        sim.kernel.insert(key('a'), observed(state, false, 'a'));
+        assert!(sim.at(16_000, &over).is_empty(), "the ladder starts again");
+        sim.kernel.clear();
+        assert_eq!(reported(&sim, 'a'), "over_quota");
+        assert_eq!(
+            sim.run(17, 40, &over),
+            vec![
+                (19, ActionKind::Alert),
+                (21, USR1),
+                (31, ActionKind::Freeze)
+            ]
+        );
+    }
+}
+
+#[test]
+fn an_earlier_runs_freezes_are_adopted_per_workload_and_per_gpu() {
+    let (a, b, c) = (docker('a'), docker('b'), docker('c'));
+    let toml = format!(
+        "[defaults]\ngrace = \"0s\"\nladder = [{{ action = \"alert\" }}, {{ action = \"freeze\", after = \"5s\" }}, {{ action = \"kill\", after = \"60s\" }}]\n{}{}{}",
+        quota_for('a', "gpu = 0"),
+        quota_for('b', "gpu = 0"),
+        quota_for('c', "gpu = 1")
+    );
+    let mut sim = Sim::new(
+        &toml,
+        vec![attributed(10, &a), attributed(20, &b), attributed(30, &c)],
+    );
+    for k in ['a', 'b', 'c'] {
+        sim.kernel
+            .insert(key(k), observed(GroupState::Frozen, true, k));
+    }
+    sim.gpus[1].2 = false; // GPU 1 stays degraded
+    // a is still over quota: kept, and its alert does not fire again. b is within quota: thawed.
+    // c's GPU is degraded: its usage is unknown, so it is kept.
+    let actions = sim.at(100_000, &[(10, 0, Some(3 * GIB)), (20, 0, Some(GIB))]);
+    assert_eq!(
+        actions
+            .iter()
+            .map(|a| (a.workload.clone(), a.kind))
+            .collect::<Vec<_>>(),
+        vec![(key('b'), ActionKind::Thaw)]
+    );
+    assert_eq!(sim.stats().adopted, 3);
+    assert_eq!(reported(&sim, 'a'), "frozen");
+    assert_eq!(sim.status('a', GpuScope::Gpu(0)), Some(Status::Frozen));
+    assert_eq!(reported(&sim, 'c'), "frozen");
+    // The kill step comes 60 s after the adopted freeze's time, not at once.
+    assert!(sim.at(150_000, &[(10, 0, Some(3 * GIB))]).is_empty());
+    let kill = sim.at(156_000, &[(10, 0, Some(3 * GIB))]);
+    assert_eq!(kill[0].kind, ActionKind::Kill(Signal::KILL));
+    // An operator releases c although its GPU is still degraded.
+    sim.releases = vec![key('c')];
+    let actions = sim.at(157_000, &[(10, 0, Some(3 * GIB))]);
+    assert!(
+        actions
+            .iter()
+            .any(|x| x.workload == key('c') && x.kind == ActionKind::Thaw),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_frozen_workload_without_processes_is_kept_while_the_data_is_bad_then_thawed() {
+    let a = docker('a');
+    let mut sim = Sim::new(&freeze_at_once('a'), Vec::new());
+    sim.kernel
+        .insert(key('a'), observed(GroupState::Frozen, true, 'a'));
+    sim.gpus[0].2 = false;
+    assert!(
+        sim.at(0, &[]).is_empty(),
+        "its processes may only be unseen"
+    );
+    assert_eq!(reported(&sim, 'a'), "frozen");
+    sim.gpus[0].2 = true;
+    let thaw = sim.at(1000, &[]);
+    assert_eq!(thaw[0].kind, ActionKind::Thaw);
+    assert!(thaw[0].targets.is_empty());
+    assert!(sim.at(2000, &[]).is_empty());
+    assert!(sim.state.workloads.is_empty());
+    // A group of someone else's is never thawed.
+    let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+    sim.kernel
+        .insert(key('a'), observed(GroupState::Frozen, false, 'a'));
+    assert!(sim.at(0, &[(10, 0, Some(GIB))]).is_empty());
+}
+
+#[test]
+fn a_dry_run_reports_each_transition_once_and_never_retries() {
+    let a = docker('a');
+    let over = [(10, 0, Some(3 * GIB))];
+    let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+    sim.dry_run = true;
+    let first = sim.at(0, &over);
+    assert_eq!(first[0].kind, ActionKind::Freeze);
+    assert!(first[0].dry_run);
+    assert!(sim.kernel.is_empty(), "nothing written");
+    for t in 1..30 {
+        assert!(sim.at(t * 1000, &over).is_empty(), "no retry of a dry run");
+    }
+    assert_eq!(reported(&sim, 'a'), "frozen");
+    let thaw = sim.at(31_000, &[(10, 0, Some(GIB))]);
+    assert_eq!(thaw.len(), 0, "nothing the dry run froze exists to thaw");
+}
+
 // ---- properties --------------------------------------------------------------------------------
 
 /// Workload pool for the properties: containers a–c, a unit, a plain cgroup, the host.
@@ -722,6 +985,28 @@ struct World {
     steps: Vec<Step>,
     releases: Vec<Vec<usize>>,
     agent: Option<u32>,
+    /// Per step, what happens to the groups the agent froze before the step observes them:
+    /// 0-5 nothing, 6 thawed by someone else, 7 freezes do not settle, 8 removed, 9 recreated.
+    perturb: Vec<u8>,
+}
+
+/// Changes made behind the agent's back, applied to the simulated kernel.
+fn perturb(kernel: &mut BTreeMap<String, ObservedGroup>, what: u8) {
+    for o in kernel.values_mut() {
+        match what {
+            6 => o.state = GroupState::Thawed,
+            7 => o.state = GroupState::Freezing,
+            8 => {
+                o.state = GroupState::Gone;
+                o.ours = false;
+            }
+            9 => {
+                o.state = GroupState::Replaced;
+                o.ours = false;
+            }
+            _ => {}
+        }
+    }
 }
 
 fn quota_strategy() -> impl Strategy<Value = String> {
@@ -737,7 +1022,12 @@ fn quota_strategy() -> impl Strategy<Value = String> {
         prop_oneof![Just("\"all\""), Just("0"), Just("1")],
         1u64..6,
         prop_oneof![Just("strict"), Just("elastic")],
-        prop_oneof![Just(""), Just("tolerance = \"10%\""), Just("grace = \"0s\"")],
+        prop_oneof![
+            Just(""),
+            Just("tolerance = \"10%\""),
+            Just("grace = \"0s\""),
+            Just("grace = \"0s\"\nladder = [{ action = \"freeze\" }]"),
+        ],
     )
         .prop_map(|(sel, gpu, gib, mode, extra)| {
             format!("[[quota]]\n{sel}\ngpu = {gpu}\ngpu_memory = \"{gib}GiB\"\nmode = \"{mode}\"\n{extra}\n")
@@ -786,21 +1076,31 @@ fn world() -> impl Strategy<Value = World> {
     (
         quota_strategy(),
         procs,
-        proptest::collection::vec(step, 1..8),
-        proptest::collection::vec(proptest::collection::vec(0usize..6, 0..2), 8),
+        proptest::collection::vec(step, 1..12),
+        proptest::collection::vec(proptest::collection::vec(0usize..6, 0..2), 12),
         proptest::option::of(100u32..106),
+        proptest::collection::vec(0u8..10, 12),
     )
-        .prop_map(|(toml, procs, steps, releases, agent)| World {
+        .prop_map(|(toml, procs, steps, releases, agent, perturb)| World {
             toml,
             procs,
             steps,
+            perturb,
             releases,
             agent,
         })
 }
 
+/// One step's input: the sample, the releases, the time, and what the kernel reported.
+type StepInput = (
+    GpuSample,
+    Vec<String>,
+    Duration,
+    BTreeMap<String, ObservedGroup>,
+);
+
 struct Replay {
-    step_inputs: Vec<(GpuSample, Vec<String>, Duration)>,
+    step_inputs: Vec<StepInput>,
     outcomes: Vec<(PolicyState, Outcome)>,
     processes: Vec<AttributedProcess>,
     quotas: QuotaSet,
@@ -823,6 +1123,7 @@ fn replay(w: &World) -> Replay {
         })
         .collect();
     let mut state = PolicyState::default();
+    let mut kernel: BTreeMap<String, ObservedGroup> = BTreeMap::new();
     let mut now = Duration::ZERO;
     let mut step_inputs = Vec::new();
     let mut outcomes = Vec::new();
@@ -839,6 +1140,7 @@ fn replay(w: &World) -> Replay {
             .collect();
         let s = sample(&gpus, &usage);
         let releases: Vec<String> = w.releases[i].iter().map(|&wi| pool[wi].key()).collect();
+        perturb(&mut kernel, w.perturb[i]);
         let out = evaluate(
             &state,
             &PolicyInput {
@@ -849,11 +1151,15 @@ fn replay(w: &World) -> Replay {
                 releases: &releases,
                 agent_pid: w.agent,
                 dry_run: false,
+                observed: &kernel,
             },
         );
+        let observed = kernel.clone();
+        kernel.retain(|_, o| o.ours);
+        apply_to_kernel(&mut kernel, &out.actions);
         outcomes.push((state.clone(), out.clone()));
         state = out.state;
-        step_inputs.push((s, releases, now));
+        step_inputs.push((s, releases, now, observed));
     }
     Replay {
         step_inputs,
@@ -861,6 +1167,39 @@ fn replay(w: &World) -> Replay {
         processes,
         quotas,
     }
+}
+
+/// The usage above which a scope of a resolved quota is over: its limit plus tolerance, looked up
+/// from the quota as the file (or environment) states it, not from the policy's actions.
+fn independent_threshold(q: &ResolvedQuota, scope: GpuScope, s: &GpuSample) -> Option<u64> {
+    let uuid_index = |u: &str| {
+        s.devices
+            .iter()
+            .find(|d| d.uuid == u)
+            .map(|d| d.index)
+            .or_else(|| {
+                s.processes
+                    .iter()
+                    .find(|p| p.device_uuid == u)
+                    .map(|p| p.device_index)
+            })
+    };
+    let named = |l: &crate::quota::Limit| match (&l.scope, scope) {
+        (LimitScope::AllGpusTotal, GpuScope::All) => true,
+        (LimitScope::Device(DeviceRef::Index(i)), GpuScope::Gpu(g)) => *i == g,
+        (LimitScope::Device(DeviceRef::Uuid(u)), GpuScope::Gpu(g)) => uuid_index(u) == Some(g),
+        _ => false,
+    };
+    let limit = q.limits.iter().find(|l| named(l)).or_else(|| {
+        matches!(scope, GpuScope::Gpu(_))
+            .then(|| q.limits.iter().find(|l| l.scope == LimitScope::EachGpu))
+            .flatten()
+    })?;
+    Some(
+        limit
+            .bytes
+            .saturating_add(limit.enforcement.tolerance.allowance(limit.bytes)),
+    )
 }
 
 /// Usage of a workload on a scope, recomputed from the raw input.
@@ -898,7 +1237,7 @@ proptest! {
     fn safety_invariants(w in world()) {
         let r = replay(&w);
         let known: BTreeSet<ProcessIdentity> = r.processes.iter().map(|p| p.identity).collect();
-        for ((s, _, _), (prev, out)) in r.step_inputs.iter().zip(&r.outcomes) {
+        for ((s, _, _, observed), (_prev, out)) in r.step_inputs.iter().zip(&r.outcomes) {
             for a in &out.actions {
                 for t in &a.targets {
                     prop_assert!(known.contains(t), "target {t:?} not in input");
@@ -909,8 +1248,8 @@ proptest! {
                 }
                 if a.kind == ActionKind::Thaw {
                     prop_assert!(
-                        prev.workloads.get(&a.workload).is_some_and(|w| w.frozen.is_some()),
-                        "thaw of a workload that was not frozen"
+                        observed.get(&a.workload).is_some_and(|o| o.ours),
+                        "thaw of a group the agent did not freeze: {}", a.workload
                     );
                     continue;
                 }
@@ -919,11 +1258,15 @@ proptest! {
                 prop_assert!(!is_protected(&r, meta, w.agent), "action on protected {}", a.workload);
                 let env = r.processes.iter().filter(|p| p.workload.key() == a.workload).find_map(|p| p.env_quota.as_ref());
                 prop_assert!(r.quotas.resolve(meta, env).is_some(), "action on unquota'd {}", a.workload);
-                // (a)
-                let limit = a.limit.expect("escalations carry their limit");
+                // (a) over the quota resolved here, independently of the policy, tolerance
+                // included.
+                let quota = r.quotas.resolve(meta, env).unwrap();
+                let threshold = independent_threshold(&quota, a.gpu, s)
+                    .unwrap_or_else(|| panic!("{:?} on {} for {}: no limit of its quota covers it", a.kind, a.workload, a.gpu));
                 let used = raw_usage(&r, s, &a.workload, a.gpu);
-                prop_assert!(used > limit, "{:?} on {} within quota: {used} <= {limit}", a.kind, a.workload);
+                prop_assert!(used > threshold, "{:?} on {} within quota: {used} <= {threshold}", a.kind, a.workload);
                 prop_assert_eq!(a.usage, Some(used));
+                prop_assert!(a.limit.is_some(), "escalations carry their limit");
                 // (c)
                 if matches!(a.kind, ActionKind::Signal(_) | ActionKind::Freeze | ActionKind::Kill(_)) {
                     let healthy = match a.gpu {
@@ -941,13 +1284,43 @@ proptest! {
         }
     }
 
+    /// (f) `frozen` is reported only when the kernel said so; (g) a workload the agent wanted
+    /// frozen and found thawed behind its back is frozen again in the same step, or not reported
+    /// frozen; (h) actions only name workloads of the input (processes or observed groups).
+    #[test]
+    fn reports_follow_the_kernel(w in world()) {
+        let r = replay(&w);
+        let keys: BTreeSet<String> = r.processes.iter().map(|p| p.workload.key()).collect();
+        for ((_, _, _, observed), (prev, out)) in r.step_inputs.iter().zip(&r.outcomes) {
+            for (key, ws) in &out.state.workloads {
+                if ws.reported(false) == "frozen" {
+                    prop_assert!(
+                        observed.get(key).is_some_and(|o| o.state == GroupState::Frozen),
+                        "{key} reported frozen, the kernel said {:?}", observed.get(key)
+                    );
+                }
+                let thawed_behind = prev.workloads.get(key).is_some_and(|p| p.frozen.is_some())
+                    && observed.get(key).is_some_and(|o| o.ours && o.state == GroupState::Thawed);
+                if thawed_behind && ws.frozen.is_some() {
+                    let refrozen = out.actions.iter().any(|a| &a.workload == key && a.kind == ActionKind::Freeze);
+                    prop_assert!(refrozen || ws.reported(false) != "frozen",
+                        "{key} thawed behind the agent's back: neither frozen again nor reported as it is");
+                }
+            }
+            for a in &out.actions {
+                prop_assert!(keys.contains(&a.workload) || observed.contains_key(&a.workload),
+                    "action on {} which is neither attributed nor observed", a.workload);
+            }
+        }
+    }
+
     /// (d) Deterministic, and independent of the order of the processes.
     #[test]
     fn deterministic(w in world()) {
         let r = replay(&w);
         let mut reversed = r.processes.clone();
         reversed.reverse();
-        for ((s, releases, now), (prev, out)) in r.step_inputs.iter().zip(&r.outcomes) {
+        for ((s, releases, now, observed), (prev, out)) in r.step_inputs.iter().zip(&r.outcomes) {
             for procs in [&r.processes, &reversed] {
                 let again = evaluate(prev, &PolicyInput {
                     now: *now,
@@ -957,6 +1330,7 @@ proptest! {
                     releases,
                     agent_pid: w.agent,
                     dry_run: false,
+                    observed,
                 });
                 prop_assert_eq!(&again, out);
             }
@@ -990,22 +1364,41 @@ fn generated_worlds_exercise_every_action() {
     use proptest::strategy::ValueTree;
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     let mut seen: BTreeMap<&'static str, usize> = BTreeMap::new();
-    for _ in 0..300 {
+    for _ in 0..1000 {
         let w = world().new_tree(&mut runner).unwrap().current();
-        for (_, out) in replay(&w).outcomes {
-            for a in out.actions {
-                let name = match a.kind {
-                    ActionKind::Alert => "alert",
-                    ActionKind::Signal(_) => "signal",
-                    ActionKind::Freeze => "freeze",
-                    ActionKind::Thaw => "thaw",
-                    ActionKind::Kill(_) => "kill",
-                };
-                *seen.entry(name).or_default() += 1;
+        let r = replay(&w);
+        for ((_, _, _, observed), (prev, out)) in r.step_inputs.iter().zip(&r.outcomes) {
+            for a in &out.actions {
+                *seen.entry(a.kind.name()).or_default() += 1;
+                if a.kind == ActionKind::Freeze
+                    && observed
+                        .get(&a.workload)
+                        .is_some_and(|o| o.ours && o.state == GroupState::Thawed)
+                    && prev.workloads.contains_key(&a.workload)
+                {
+                    *seen.entry("refreeze after an external thaw").or_default() += 1;
+                }
+                if a.attempt > 1 {
+                    *seen.entry("retry").or_default() += 1;
+                }
+            }
+            for ws in out.state.workloads.values() {
+                if ws.reported(false) == "frozen" {
+                    *seen.entry("reported frozen").or_default() += 1;
+                }
             }
         }
     }
-    for kind in ["alert", "signal", "freeze", "thaw", "kill"] {
+    for kind in [
+        "alert",
+        "signal",
+        "freeze",
+        "thaw",
+        "kill",
+        "refreeze after an external thaw",
+        "retry",
+        "reported frozen",
+    ] {
         assert!(
             seen.get(kind).copied().unwrap_or(0) > 0,
             "no {kind} in {seen:?}"

@@ -5,14 +5,35 @@ use std::time::{Duration, Instant};
 
 use gpushare_agent::{
     attribution::{ProcessIdentity, cgroupfs, procinfo},
-    enforce::{Enforcer, Outcome},
+    enforce::{Enforcer, Outcome, Target},
+    policy::{GpuScope, GroupState},
 };
 use gpushare_testkit::{FakeGpuProcess, TestCgroup, require_root, unique};
+
+use crate::util::V1Group;
 
 fn enforcer(dry_run: bool) -> (Enforcer, std::path::PathBuf) {
     let state = std::env::temp_dir().join(unique("gpushare-state"));
     let root = cgroupfs::find_cgroup2_mount().unwrap();
     (Enforcer::new(root, &state, dry_run).unwrap(), state)
+}
+
+/// The outcome of a freeze once the kernel settled it: a freeze is `pending` until every task of
+/// the group has stopped, which the executor does not wait for; the test does, up to 5 s.
+fn settled(enf: &mut Enforcer, o: Outcome) -> Outcome {
+    if o != Outcome::Pending {
+        return o;
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while enf.has_pending() && Instant::now() < deadline {
+        enf.settle();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if enf.has_pending() {
+        Outcome::Pending
+    } else {
+        Outcome::Ok
+    }
 }
 
 fn wait_exit(pid: u32) -> bool {
@@ -39,18 +60,35 @@ fn freeze_is_recorded_before_it_happens_and_thaw_only_undoes_our_own() {
     let _p2 = FakeGpuProcess::spawn(Some(&theirs), &[], &[]).unwrap();
 
     assert_eq!(
-        enf.freeze("w://ours", ours.rel_path(), None, "test"),
+        {
+            let o = enf.freeze(
+                "w://ours",
+                ours.rel_path(),
+                GpuScope::All,
+                None,
+                "test",
+                Instant::now(),
+            );
+            settled(&mut enf, o)
+        },
         Outcome::Ok
     );
     assert!(ours.is_frozen(), "kernel reports the group frozen");
     assert!(
-        enf.ledger().get(ours.dir()).is_some(),
+        enf.record(ours.dir()).is_some(),
         "the freeze is in the ledger"
     );
-    let on_disk = std::fs::read_to_string(enf.ledger().path()).unwrap();
+    let on_disk = std::fs::read_to_string(enf.ledger_path().unwrap()).unwrap();
     assert!(on_disk.contains(ours.dir().to_str().unwrap()));
     assert_eq!(
-        enf.freeze("w://ours", ours.rel_path(), None, "again"),
+        enf.freeze(
+            "w://ours",
+            ours.rel_path(),
+            GpuScope::All,
+            None,
+            "again",
+            Instant::now()
+        ),
         Outcome::Noop,
         "idempotent"
     );
@@ -58,23 +96,30 @@ fn freeze_is_recorded_before_it_happens_and_thaw_only_undoes_our_own() {
     // Someone else (docker pause, an operator) froze the other group: the agent leaves it.
     std::fs::write(theirs.dir().join("cgroup.freeze"), "1").unwrap();
     assert_eq!(
-        enf.freeze("w://theirs", theirs.rel_path(), None, "test"),
+        enf.freeze(
+            "w://theirs",
+            theirs.rel_path(),
+            GpuScope::All,
+            None,
+            "test",
+            Instant::now()
+        ),
         Outcome::Noop
     );
-    assert_eq!(enf.thaw("w://theirs", theirs.rel_path()), Outcome::Noop);
+    assert_eq!(enf.thaw("w://theirs", Instant::now()), Outcome::Noop);
     assert!(
         theirs.wait_frozen(true),
         "a freeze the agent did not make is never undone"
     );
 
-    assert_eq!(enf.thaw("w://ours", ours.rel_path()), Outcome::Ok);
+    assert_eq!(enf.thaw("w://ours", Instant::now()), Outcome::Ok);
     assert!(!ours.is_frozen());
-    assert!(enf.ledger().get(ours.dir()).is_none());
+    assert!(enf.record(ours.dir()).is_none());
     std::fs::remove_dir_all(state).unwrap();
 }
 
 #[test]
-fn restarted_enforcer_thaws_what_is_no_longer_liable_and_keeps_the_rest() {
+fn a_restarted_enforcer_observes_its_earlier_freezes_as_its_own_and_thaws_them_on_request() {
     if !require_root("restarted_enforcer") {
         return;
     }
@@ -87,22 +132,56 @@ fn restarted_enforcer_thaws_what_is_no_longer_liable_and_keeps_the_rest() {
     {
         let mut enf = Enforcer::new(root.clone(), &state, false).unwrap();
         assert_eq!(
-            enf.freeze("w://keep", keep.rel_path(), None, "t"),
+            {
+                let o = enf.freeze(
+                    "w://keep",
+                    keep.rel_path(),
+                    GpuScope::All,
+                    None,
+                    "t",
+                    Instant::now(),
+                );
+                settled(&mut enf, o)
+            },
             Outcome::Ok
         );
         assert_eq!(
-            enf.freeze("w://release", release.rel_path(), None, "t"),
+            {
+                let o = enf.freeze(
+                    "w://release",
+                    release.rel_path(),
+                    GpuScope::Gpu(1),
+                    None,
+                    "t",
+                    Instant::now(),
+                );
+                settled(&mut enf, o)
+            },
             Outcome::Ok
         );
         // The agent dies here without thawing (as with SIGKILL).
     }
     let mut enf = Enforcer::new(root, &state, false).unwrap();
-    let (kept, thawed) = enf.reconcile_ledger(|r| r.workload == "w://keep");
-    assert_eq!((kept, thawed), (1, 1));
+    let seen = enf.observe([]);
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for (k, scope) in [
+        ("w://keep", GpuScope::All),
+        ("w://release", GpuScope::Gpu(1)),
+    ] {
+        let o = &seen[k];
+        assert!(o.ours && o.state == GroupState::Frozen, "{k}: {o:?}");
+        assert_eq!(
+            o.frozen_by,
+            Some(scope),
+            "the scope that froze it is recorded"
+        );
+    }
+    assert_eq!(enf.thaw("w://release", Instant::now()), Outcome::Ok);
     assert!(keep.is_frozen());
     assert!(!release.is_frozen());
     assert_eq!(enf.thaw_all(), 1);
     assert!(!keep.is_frozen());
+    assert!(enf.records().is_empty());
     std::fs::remove_dir_all(state).unwrap();
 }
 
@@ -115,16 +194,31 @@ fn a_group_removed_while_frozen_leaves_no_record() {
     let cg = TestCgroup::create(&unique("gone")).unwrap();
     let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
     assert_eq!(
-        enf.freeze("w://gone", cg.rel_path(), None, "t"),
+        {
+            let o = enf.freeze(
+                "w://gone",
+                cg.rel_path(),
+                GpuScope::All,
+                None,
+                "t",
+                Instant::now(),
+            );
+            settled(&mut enf, o)
+        },
         Outcome::Ok
     );
     let dir = cg.dir().to_path_buf();
     drop(p);
     drop(cg); // kills, thaws, removes the directory
     assert!(!dir.exists());
-    let (kept, _) = enf.reconcile_ledger(|_| true);
-    assert_eq!(kept, 0);
-    assert!(enf.ledger().get(&dir).is_none());
+    let seen = enf.observe([]);
+    assert_eq!(seen["w://gone"].state, GroupState::Gone);
+    assert!(!seen["w://gone"].ours);
+    assert!(
+        enf.record(&dir).is_none(),
+        "the record of a gone group is dropped"
+    );
+    assert!(enf.observe([]).is_empty());
     std::fs::remove_dir_all(state).unwrap();
 }
 
@@ -141,19 +235,19 @@ fn signals_reach_verified_processes_and_never_a_reused_pid() {
         pid: id.pid,
         start_ticks: id.start_ticks.wrapping_sub(1),
     };
-    let r = enf.signal("w://x", &[impostor], libc::SIGTERM);
+    let r = enf.signal("w://x", &[impostor.into()], libc::SIGTERM);
     assert_eq!(r, vec![(impostor, Outcome::Refused)]);
     assert!(
         procinfo::is_same_process(id),
         "the real process is untouched"
     );
-    let r = enf.signal("w://x", &[id], libc::SIGTERM);
+    let r = enf.signal("w://x", &[id.into()], libc::SIGTERM);
     assert_eq!(r, vec![(id, Outcome::Ok)]);
     assert!(wait_exit(id.pid), "SIGTERM delivered");
     drop(victim);
     // Gone: a no-op, not an error.
     assert_eq!(
-        enf.signal("w://x", &[id], libc::SIGTERM),
+        enf.signal("w://x", &[id.into()], libc::SIGTERM),
         vec![(id, Outcome::Noop)]
     );
     std::fs::remove_dir_all(state).unwrap();
@@ -169,17 +263,27 @@ fn dry_run_reports_and_touches_nothing() {
     let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
     let id = procinfo::snapshot(p.pid()).unwrap().identity;
     assert_eq!(
-        enf.freeze("w://dry", cg.rel_path(), None, "t"),
+        enf.freeze(
+            "w://dry",
+            cg.rel_path(),
+            GpuScope::All,
+            None,
+            "t",
+            Instant::now()
+        ),
         Outcome::DryRun
     );
     assert_eq!(
-        enf.signal("w://dry", &[id], libc::SIGKILL),
+        enf.signal("w://dry", &[id.into()], libc::SIGKILL),
         vec![(id, Outcome::DryRun)]
     );
-    assert_eq!(enf.kill("w://dry", cg.rel_path(), &[id]), Outcome::DryRun);
+    assert_eq!(
+        enf.kill("w://dry", cg.rel_path(), &[Target::from(id)]),
+        Outcome::DryRun
+    );
     assert!(!cg.is_frozen());
     assert!(procinfo::is_same_process(id));
-    assert_eq!(enf.ledger().records().count(), 0);
+    assert!(enf.records().is_empty());
     std::fs::remove_dir_all(state).unwrap();
 }
 
@@ -193,15 +297,34 @@ fn kill_uses_cgroup_kill_even_on_a_frozen_group_and_the_agents_own_groups_are_re
     let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
     let id = procinfo::snapshot(p.pid()).unwrap().identity;
     assert_eq!(
-        enf.freeze("w://kill", cg.rel_path(), None, "t"),
+        {
+            let o = enf.freeze(
+                "w://kill",
+                cg.rel_path(),
+                GpuScope::All,
+                None,
+                "t",
+                Instant::now(),
+            );
+            settled(&mut enf, o)
+        },
         Outcome::Ok
     );
-    assert_eq!(enf.kill("w://kill", cg.rel_path(), &[id]), Outcome::Ok);
+    assert_eq!(
+        enf.kill("w://kill", cg.rel_path(), &[Target::from(id)]),
+        Outcome::Ok
+    );
     assert!(wait_exit(id.pid), "killed while frozen");
-    assert!(enf.ledger().get(cg.dir()).is_none());
+    // The empty group is still the agent's freeze until it is thawed (the next step does that).
+    assert!(enf.record(cg.dir()).is_some());
+    assert_eq!(enf.thaw("w://kill", Instant::now()), Outcome::Ok);
+    assert!(enf.record(cg.dir()).is_none());
 
     let own = cgroupfs::cgroup_path_of_pid(std::process::id()).unwrap();
-    assert_eq!(enf.freeze("w://me", &own, None, "t"), Outcome::Refused);
+    assert_eq!(
+        enf.freeze("w://me", &own, GpuScope::All, None, "t", Instant::now()),
+        Outcome::Refused
+    );
     assert_eq!(enf.kill("w://me", "/", &[]), Outcome::Refused);
     if own != "/" {
         let parent = own
@@ -209,30 +332,18 @@ fn kill_uses_cgroup_kill_even_on_a_frozen_group_and_the_agents_own_groups_are_re
             .map(|(p, _)| if p.is_empty() { "/" } else { p })
             .unwrap();
         assert_eq!(
-            enf.freeze("w://parent", parent, None, "t"),
+            enf.freeze(
+                "w://parent",
+                parent,
+                GpuScope::All,
+                None,
+                "t",
+                Instant::now()
+            ),
             Outcome::Refused
         );
     }
     std::fs::remove_dir_all(state).unwrap();
-}
-
-/// A v1 freezer group for a test; thawed and removed on drop, so a failing test never leaves a
-/// process frozen (a v1-frozen task cannot even be killed).
-struct V1Group(std::path::PathBuf);
-
-impl Drop for V1Group {
-    fn drop(&mut self) {
-        let _ = std::fs::write(self.0.join("freezer.state"), "THAWED");
-        if let (Some(root), Ok(procs)) = (
-            self.0.parent(),
-            std::fs::read_to_string(self.0.join("cgroup.procs")),
-        ) {
-            for pid in procs.lines() {
-                let _ = std::fs::write(root.join("cgroup.procs"), pid);
-            }
-        }
-        let _ = std::fs::remove_dir(&self.0);
-    }
 }
 
 #[test]
@@ -240,27 +351,27 @@ fn a_group_frozen_by_the_v1_freezer_is_someone_elses_and_is_left_alone_at_once()
     if !require_root("v1_frozen_group") {
         return;
     }
-    let Some(v1) = gpushare_agent::enforce::freeze::v1_freezer_root() else {
-        gpushare_testkit::loud_skip("no v1 freezer mounted (pure cgroup v2 host)");
-        return;
-    };
     let (mut enf, state) = enforcer(false);
     let cg = TestCgroup::create(&unique("paused")).unwrap();
     let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
     // What `docker pause` does on a hybrid host: the v1 freezer.
-    let group = V1Group(v1.join(unique("gpushare-test-paused")));
-    std::fs::create_dir_all(&group.0).unwrap();
-    std::fs::write(group.0.join("cgroup.procs"), p.pid().to_string()).unwrap();
-    std::fs::write(group.0.join("freezer.state"), "FROZEN").unwrap();
-    let v1_state = || {
-        std::fs::read_to_string(group.0.join("freezer.state"))
-            .unwrap()
-            .trim()
-            .to_string()
+    let Some(group) = V1Group::create(&unique("gpushare-test-paused")) else {
+        gpushare_testkit::loud_skip("no v1 freezer mounted (pure cgroup v2 host)");
+        return;
     };
+    group.add(p.pid());
+    group.set("FROZEN");
+    let v1_state = || group.state();
     let t = Instant::now();
     assert_eq!(
-        enf.freeze("w://paused", cg.rel_path(), Some(p.pid()), "t"),
+        enf.freeze(
+            "w://paused",
+            cg.rel_path(),
+            GpuScope::All,
+            Some(p.pid()),
+            "t",
+            Instant::now()
+        ),
         Outcome::Noop
     );
     assert!(
@@ -268,10 +379,10 @@ fn a_group_frozen_by_the_v1_freezer_is_someone_elses_and_is_left_alone_at_once()
         "no wait for a v2 freeze that cannot complete"
     );
     assert!(
-        enf.ledger().get(cg.dir()).is_none(),
+        enf.record(cg.dir()).is_none(),
         "not recorded: not ours to thaw"
     );
-    assert_eq!(enf.thaw("w://paused", cg.rel_path()), Outcome::Noop);
+    assert_eq!(enf.thaw("w://paused", Instant::now()), Outcome::Noop);
     assert!(
         matches!(v1_state().as_str(), "FROZEN" | "FREEZING"),
         "left as it was: {}",

@@ -10,6 +10,7 @@ use gpushare_agent::{
     attribution::{CgroupResolver, ProcessIdentity, cgroupfs, procinfo, tracker::Tracker},
     ebpf::{KernelPrograms, LoadOptions},
     enforce::{Enforcer, Outcome},
+    policy::GpuScope,
 };
 use gpushare_testkit::{
     FakeDeviceNode, FakeGpuProcess, TestCgroup, nvml::Scenario, require_root, unique,
@@ -140,7 +141,7 @@ fn a_reused_pid_is_never_signalled() {
         now.start_ticks, sampled.start_ticks,
         "same pid, another process"
     );
-    let r = enf.signal("w://reuse", &[sampled], libc::SIGKILL);
+    let r = enf.signal("w://reuse", &[sampled.into()], libc::SIGKILL);
     assert_eq!(r, vec![(sampled, Outcome::Refused)]);
     assert!(
         procinfo::is_same_process(now),
@@ -163,7 +164,14 @@ fn an_unwritable_state_directory_refuses_freezes_rather_than_freezing_unrecorded
     let cg = TestCgroup::create(&unique("nostate")).unwrap();
     let _p = Reaped(cg.spawn(Command::new("sleep").arg("60")).unwrap());
     assert_eq!(
-        enf.freeze("w://nostate", cg.rel_path(), None, "t"),
+        enf.freeze(
+            "w://nostate",
+            cg.rel_path(),
+            GpuScope::All,
+            None,
+            "t",
+            Instant::now()
+        ),
         Outcome::Refused
     );
     assert!(!cg.is_frozen());

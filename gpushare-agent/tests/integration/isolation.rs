@@ -294,7 +294,13 @@ fn sigkill_while_frozen_then_restart_keeps_what_still_applies_and_thaws_what_doe
         a_cg.is_frozen(),
         "still liable: kept frozen across the restart"
     );
-    assert!(agent.log().contains("1 kept"), "{}", agent.log());
+    assert!(
+        agent
+            .log()
+            .contains("took over 1 freeze(s) recorded by an earlier run"),
+        "{}",
+        agent.log()
+    );
 
     // Crash again; meanwhile the workload went back under quota. The restarted agent thaws it.
     agent.sigkill();

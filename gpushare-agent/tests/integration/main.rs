@@ -4,9 +4,11 @@
 mod attribution;
 mod docker;
 mod enforce;
+mod enforce_loop;
 mod faults;
 mod isolation;
 mod launch;
+mod ledger;
 mod nvml;
 mod prometheus;
 mod util;

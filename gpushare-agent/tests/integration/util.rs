@@ -53,25 +53,57 @@ pub struct AgentProcess {
     pub listen: String,
     extra: Vec<String>,
     scenario: PathBuf,
+    interval: String,
     starts: u32,
+}
+
+/// A fresh private directory for an agent: `quotas.toml` written, `quotas.d/` created. Tests that
+/// need state from "an earlier run" (a ledger) write it under `state/` before starting.
+pub fn agent_dir(quotas: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(unique("gpushare-agent"));
+    std::fs::create_dir_all(dir.join("quotas.d")).unwrap();
+    std::fs::write(dir.join("quotas.toml"), quotas).unwrap();
+    dir
 }
 
 impl AgentProcess {
     /// Starts the agent with `quotas` as its main quota file and waits until it is ready.
     pub fn start(scenario: &Scenario, quotas: &str, extra: &[&str]) -> Self {
-        let dir = std::env::temp_dir().join(unique("gpushare-agent"));
-        std::fs::create_dir_all(dir.join("quotas.d")).unwrap();
-        std::fs::write(dir.join("quotas.toml"), quotas).unwrap();
-        let mut a = Self {
+        Self::start_in(agent_dir(quotas), scenario, extra, "200ms")
+    }
+
+    /// Starts the agent over a directory made by [`agent_dir`] (and possibly holding an earlier
+    /// run's state), sampling every `interval`, and waits until it is ready.
+    pub fn start_in(dir: PathBuf, scenario: &Scenario, extra: &[&str], interval: &str) -> Self {
+        let mut a = Self::unstarted(dir, scenario, extra, interval);
+        a.spawn();
+        a
+    }
+
+    /// The agent's command, not started: for tests of what happens when it cannot start.
+    pub fn command_in(dir: &Path, scenario: &Scenario, extra: &[&str]) -> Command {
+        let mut cmd = agent_command(
+            &workspace_bin("gpushare-agent"),
+            Some(&fake_nvml_lib()),
+            scenario.path(),
+            dir,
+            &format!("127.0.0.1:{}", free_port()),
+            "200ms",
+        );
+        cmd.args(extra).env("RUST_LOG", "info,gpushare_agent=debug");
+        cmd
+    }
+
+    fn unstarted(dir: PathBuf, scenario: &Scenario, extra: &[&str], interval: &str) -> Self {
+        Self {
             child: None,
             listen: format!("127.0.0.1:{}", free_port()),
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             scenario: scenario.path().to_path_buf(),
+            interval: interval.to_string(),
             starts: 0,
-        };
-        a.spawn();
-        a
+        }
     }
 
     fn spawn(&mut self) {
@@ -89,7 +121,7 @@ impl AgentProcess {
             &self.scenario,
             &self.dir,
             &self.listen,
-            "200ms",
+            &self.interval,
         );
         let child = cmd
             .args(&self.extra)
@@ -173,6 +205,13 @@ impl AgentProcess {
         }
     }
 
+    /// Waits until the agent publishes the result of a new step, and returns it: what a test does
+    /// right after has (nearly) a whole sample interval before the next step.
+    pub fn wait_next_step(&self) -> Snapshot {
+        let before = self.state().map(|s| s.taken_at_unix).unwrap_or(0.0);
+        self.wait_for(Duration::from_secs(10), |s| s.taken_at_unix > before)
+    }
+
     /// The agent's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
@@ -233,4 +272,109 @@ pub fn usr1_recorder(log: &Path) -> Command {
         ))
         .stdin(Stdio::null());
     c
+}
+
+/// A v1 freezer group for a test (what `docker pause` uses on a hybrid host); thawed and removed on
+/// drop, its processes moved back to the v1 root first, so a failing test never leaves a process
+/// frozen (a v1-frozen task cannot even be killed).
+pub struct V1Group(pub PathBuf);
+
+impl V1Group {
+    /// Creates `<v1 freezer root>/<name>`; `None` where no v1 freezer is mounted.
+    pub fn create(name: &str) -> Option<Self> {
+        let root = gpushare_agent::enforce::freeze::v1_freezer_root()?;
+        let g = Self(root.join(name));
+        std::fs::create_dir_all(&g.0).unwrap();
+        Some(g)
+    }
+
+    /// Moves `pid` into the group.
+    pub fn add(&self, pid: u32) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+
+    /// Writes `FROZEN` or `THAWED`.
+    pub fn set(&self, state: &str) {
+        std::fs::write(self.0.join("freezer.state"), state).unwrap();
+    }
+
+    /// `FROZEN`, `FREEZING` or `THAWED`.
+    pub fn state(&self) -> String {
+        std::fs::read_to_string(self.0.join("freezer.state"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+}
+
+impl Drop for V1Group {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("freezer.state"), "THAWED");
+        if let (Some(root), Ok(procs)) = (
+            self.0.parent(),
+            std::fs::read_to_string(self.0.join("cgroup.procs")),
+        ) {
+            for pid in procs.lines() {
+                let _ = std::fs::write(root.join("cgroup.procs"), pid);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A child process killed and reaped on drop.
+pub struct Reaped(pub Child);
+
+impl Reaped {
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `sleep 300` with no stdin.
+pub fn sleeper() -> Command {
+    let mut c = Command::new("sleep");
+    c.arg("300").stdin(Stdio::null());
+    c
+}
+
+/// A scenario with one GPU (`GPU-loop`, 80 GiB) listing `procs` as (pid, bytes).
+pub fn one_gpu(procs: &[(u32, u64)]) -> serde_json::Value {
+    let list: Vec<_> = procs
+        .iter()
+        .map(|(pid, b)| serde_json::json!({ "pid": pid, "used_memory": b }))
+        .collect();
+    serde_json::json!({ "devices": [{ "uuid": "GPU-loop", "name": "NVIDIA Fake", "memory_total": 80u64 << 30, "compute_processes": list }] })
+}
+
+/// A counter's value in Prometheus text, summed over the series whose labels contain `labels`
+/// (e.g. `action="freeze",result="ok"`); 0 when absent.
+pub fn counter_value(metrics: &str, name: &str, labels: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter(|l| l.contains(labels))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum()
+}
+
+/// Makes the next process spawned by `spawn` get `pid` (through `ns_last_pid`); kills and retries
+/// when another process took it first. Panics after 200 tries.
+pub fn spawn_with_pid(pid: u32, mut spawn: impl FnMut() -> Child) -> Reaped {
+    for _ in 0..200 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
+        let c = Reaped(spawn());
+        if c.pid() == pid {
+            return c;
+        }
+    }
+    panic!("could not make pid {pid} be reused in 200 tries");
 }

@@ -1,0 +1,235 @@
+//! From GPU tasks to the workloads the policy sees: each task's workload at its *root* cgroup, the
+//! names only the node's files can tell (Kubernetes, the container engine), and the workload's
+//! environment quota.
+//!
+//! Design note: containers, pods and units are rooted by the cgroup path parser
+//! ([`crate::attribution::parse_cgroup_path`]): the outermost component the host's runtime created.
+//! A plain cgroup has no such component; its root is the topmost ancestor (or itself) that a
+//! `cgroup` glob of the quota file names, so a process in a child group of a named cgroup belongs
+//! to (and is isolated with) the named one. An unnamed plain cgroup stays rooted at itself and is
+//! protected by the policy anyway.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use log::warn;
+
+use crate::{
+    attribution::{
+        GpuTaskEntry, ProcessIdentity, WorkloadId, WorkloadKind, docker, k8s_names,
+        workload::Runtime,
+    },
+    policy::AttributedProcess,
+    quota::{
+        EnvQuota, QuotaSet, Selector, WorkloadMeta,
+        env::{env_quota, parse_environ},
+    },
+};
+
+/// Human names of a workload the node can tell without an API server.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkloadNames {
+    /// Kubernetes namespace.
+    pub namespace: Option<String>,
+    /// Kubernetes pod name.
+    pub pod: Option<String>,
+    /// Container name (Kubernetes container, or the runtime's container name).
+    pub container: Option<String>,
+}
+
+/// Names per workload key, looked up on disk (`/var/log/pods`, `/var/log/containers`, the container
+/// engine's state) and cached; a miss is retried at most every 10 s.
+#[derive(Default)]
+pub struct NameCache(HashMap<String, (WorkloadNames, Instant)>);
+
+impl NameCache {
+    const RETRY: Duration = Duration::from_secs(10);
+
+    /// The names of `id`, from the cache or looked up.
+    pub fn get(&mut self, id: &WorkloadId) -> WorkloadNames {
+        let key = id.key();
+        if let Some((names, at)) = self.0.get(&key)
+            && (*names != WorkloadNames::default() || at.elapsed() < Self::RETRY)
+        {
+            return names.clone();
+        }
+        let names = lookup_names(id);
+        self.0.insert(key, (names.clone(), Instant::now()));
+        names
+    }
+
+    /// The cached names of a key, if looked up.
+    pub fn cached(&self, key: &str) -> Option<&WorkloadNames> {
+        self.0.get(key).map(|(n, _)| n)
+    }
+
+    fn retain(&mut self, live: &HashSet<String>) {
+        self.0.retain(|k, _| live.contains(k));
+    }
+}
+
+fn lookup_names(id: &WorkloadId) -> WorkloadNames {
+    use k8s_names::{
+        CONTAINER_LOG_ROOT, POD_LOG_ROOT, container_names_from_log_links, pod_names_from_log_dir,
+    };
+    let mut names = WorkloadNames::default();
+    if let Some(cid) = id.container_id()
+        && let Some(c) = container_names_from_log_links(Path::new(CONTAINER_LOG_ROOT), cid)
+    {
+        names.namespace = Some(c.namespace);
+        names.pod = Some(c.pod);
+        names.container = Some(c.container);
+        return names;
+    }
+    // A plain Docker container: its name from the engine's on-disk config (no API call). In a pod
+    // the engine's `k8s_...` name is not the pod spec's, so only plain containers are looked up.
+    if let WorkloadKind::Container {
+        runtime: Runtime::Docker,
+        container_id,
+        pod_uid: None,
+        ..
+    } = &id.kind
+    {
+        let root = docker::data_root_from(Path::new(docker::DAEMON_JSON));
+        names.container = docker::docker_container_name(&root, container_id);
+        return names;
+    }
+    if let Some(uid) = id.pod_uid()
+        && let Some(p) = pod_names_from_log_dir(Path::new(POD_LOG_ROOT), uid)
+    {
+        names.namespace = Some(p.namespace);
+        names.pod = Some(p.pod);
+    }
+    names
+}
+
+/// The root of a plain cgroup workload: the topmost of `path` and its ancestors that a `cgroup`
+/// glob of the quota set names; `path` itself when none does.
+pub fn cgroup_root(quotas: &QuotaSet, path: &str) -> String {
+    let globs: Vec<_> = quotas
+        .entries()
+        .iter()
+        .filter_map(|e| match &e.selector {
+            Selector::Cgroup(g) => Some(g),
+            _ => None,
+        })
+        .collect();
+    if globs.is_empty() {
+        return path.to_string();
+    }
+    let mut prefix = String::new();
+    for comp in path.split('/').filter(|c| !c.is_empty()) {
+        prefix.push('/');
+        prefix.push_str(comp);
+        if globs.iter().any(|g| g.is_match(&prefix)) {
+            return prefix;
+        }
+    }
+    path.to_string()
+}
+
+/// Builds the policy's view of the GPU tasks, step after step.
+#[derive(Default)]
+pub struct Workloads {
+    names: NameCache,
+    env_cache: HashMap<ProcessIdentity, Option<EnvQuota>>,
+    env_errors: u64,
+}
+
+impl Workloads {
+    /// The name cache (for readers of the snapshot).
+    pub fn names(&self) -> &NameCache {
+        &self.names
+    }
+
+    /// Environment quotas that could not be read.
+    pub fn env_errors(&self) -> u64 {
+        self.env_errors
+    }
+
+    /// One [`AttributedProcess`] per task with a known workload.
+    pub fn attribute<'a>(
+        &mut self,
+        tasks: impl Iterator<Item = &'a GpuTaskEntry>,
+        quotas: &QuotaSet,
+    ) -> Vec<AttributedProcess> {
+        let env_enabled = quotas.defaults().env_quotas;
+        let unit = quotas.defaults().gpushare_unit;
+        let mut out = Vec::new();
+        let mut live = HashSet::new();
+        for t in tasks {
+            let Some(w) = &t.workload else { continue };
+            live.insert(t.identity);
+            let id = match w.kind {
+                WorkloadKind::Cgroup => WorkloadId {
+                    cgroup_path: cgroup_root(quotas, &w.cgroup_path),
+                    kind: WorkloadKind::Cgroup,
+                },
+                _ => w.clone(),
+            };
+            let env = if env_enabled
+                && !matches!(id.kind, WorkloadKind::Host | WorkloadKind::Cgroup)
+            {
+                let errors = &mut self.env_errors;
+                self.env_cache
+                    .entry(t.identity)
+                    .or_insert_with(|| {
+                        let bytes =
+                            std::fs::read(format!("/proc/{}/environ", t.identity.pid)).ok()?;
+                        let vars = parse_environ(&bytes);
+                        match env_quota(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())), unit) {
+                            Ok(q) => q,
+                            Err(e) => {
+                                *errors += 1;
+                                warn!(
+                                    "pid {}: ignoring its environment quota: {e}",
+                                    t.identity.pid
+                                );
+                                None
+                            }
+                        }
+                    })
+                    .clone()
+            } else {
+                None
+            };
+            let names = self.names.get(&id);
+            out.push(AttributedProcess {
+                identity: t.identity,
+                workload: WorkloadMeta {
+                    id,
+                    container_name: names.container,
+                    pod_namespace: names.namespace,
+                    pod_name: names.pod,
+                },
+                env_quota: env,
+            });
+        }
+        self.env_cache.retain(|id, _| live.contains(id));
+        let live_keys = out.iter().map(|p| p.workload.key()).collect();
+        self.names.retain(&live_keys);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_cgroup_is_rooted_at_the_topmost_group_a_glob_names() {
+        let q = QuotaSet::parse(
+            "[[quota]]\ncgroup = \"/jobs/*\"\ngpu_memory = \"1GiB\"\n\n[[quota]]\ncgroup = \"/exact/a\"\ngpu_memory = \"1GiB\"\n",
+            "q.toml",
+        )
+        .unwrap();
+        assert_eq!(cgroup_root(&q, "/jobs/a/worker/x"), "/jobs/a");
+        assert_eq!(cgroup_root(&q, "/jobs/a"), "/jobs/a");
+        assert_eq!(cgroup_root(&q, "/exact/a/sub"), "/exact/a");
+        assert_eq!(cgroup_root(&q, "/other/a"), "/other/a");
+        assert_eq!(cgroup_root(&QuotaSet::empty(), "/jobs/a/b"), "/jobs/a/b");
+    }
+}

@@ -1,0 +1,324 @@
+//! The freeze ledger cannot strand a freeze: an unreadable or newer file, a GPU that stays
+//! degraded, a dry run, a second agent on the node, an agent that cannot start at all. Each test
+//! plays "an earlier run" by writing its ledger (in the format every version since the first
+//! reads) and freezing the group as that run would have.
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use gpushare_testkit::{TestCgroup, nvml::Scenario, require_root, unique, workspace_bin};
+use serde_json::json;
+
+use crate::util::{AgentProcess, Reaped, agent_dir, one_gpu, sleeper, workload};
+
+const GIB: u64 = 1 << 30;
+const WAIT: Duration = Duration::from_secs(15);
+const FREEZE: &str = "[defaults]\ngrace = \"0s\"\nladder = [ { action = \"freeze\" } ]\n";
+
+fn cgroup_quota(cg: &TestCgroup, size: &str, gpu: Option<u32>) -> String {
+    let gpu = gpu.map(|g| format!("gpu = {g}\n")).unwrap_or_default();
+    format!(
+        "\n[[quota]]\ncgroup = \"{}\"\n{gpu}gpu_memory = \"{size}\"\n",
+        cg.rel_path()
+    )
+}
+
+fn key(cg: &TestCgroup) -> String {
+    format!("cgroup://{}", cg.rel_path())
+}
+
+/// A record as the first ledger format wrote it.
+fn record(cg: &TestCgroup, reason: &str) -> serde_json::Value {
+    json!({
+        "workload": key(cg),
+        "cgroup_dir": cg.dir(),
+        "freezer": "v2",
+        "frozen_at_unix": 1_700_000_000u64,
+        "reason": reason,
+    })
+}
+
+/// What an earlier run left: `cg` frozen and `bytes` as its ledger.
+fn earlier_run(dir: &Path, frozen: &[&TestCgroup], bytes: &[u8]) {
+    std::fs::create_dir_all(dir.join("state")).unwrap();
+    std::fs::write(dir.join("state/freezes.json"), bytes).unwrap();
+    for cg in frozen {
+        std::fs::write(cg.dir().join("cgroup.freeze"), "1").unwrap();
+        assert!(cg.wait_frozen(true));
+    }
+}
+
+fn agent_bin() -> std::path::PathBuf {
+    workspace_bin("gpushare-agent")
+}
+
+/// Problem 5: one byte that is not UTF-8 (a reason copied from a process name, a disk error)
+/// must not stop the agent from starting, and the freezes the file lists are still reconciled.
+#[test]
+fn a_ledger_with_a_byte_that_is_not_utf8_still_starts_and_reconciles_its_freezes() {
+    if !require_root("a_ledger_with_a_byte_that_is_not_utf8") {
+        return;
+    }
+    let cg = TestCgroup::create(&unique("ledger-utf8")).unwrap();
+    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    let dir = agent_dir(&format!("{FREEZE}{}", cgroup_quota(&cg, "2GiB", None)));
+    let text = json!({ "version": 1, "freezes": [record(&cg, "REASON")] }).to_string();
+    let bytes = text.replace("REASON", "over quota \u{1}").into_bytes();
+    let bytes: Vec<u8> = bytes
+        .into_iter()
+        .map(|b| if b == 1 { 0xff } else { b })
+        .collect();
+    earlier_run(&dir, &[&cg], &bytes);
+    let sc = Scenario::create(&one_gpu(&[(p.pid(), GIB)])).unwrap();
+    let agent = AgentProcess::start_in(dir, &sc, &[], "200ms");
+    assert!(
+        cg.wait_frozen(false),
+        "within quota now: the earlier freeze must be thawed\n{}",
+        agent.log()
+    );
+}
+
+/// Problem 5: a ledger written by a newer version (fields this one does not know) is read, not
+/// moved aside as corrupt: its freezes are reconciled.
+#[test]
+fn a_ledger_from_a_newer_version_is_read_and_its_freezes_reconciled() {
+    if !require_root("a_ledger_from_a_newer_version") {
+        return;
+    }
+    let thaw = TestCgroup::create(&unique("ledger-new-thaw")).unwrap();
+    let keep = TestCgroup::create(&unique("ledger-new-keep")).unwrap();
+    let pt = Reaped(thaw.spawn(&mut sleeper()).unwrap());
+    let pk = Reaped(keep.spawn(&mut sleeper()).unwrap());
+    let dir = agent_dir(&format!(
+        "{FREEZE}{}{}",
+        cgroup_quota(&thaw, "2GiB", None),
+        cgroup_quota(&keep, "2GiB", None)
+    ));
+    let mut r1 = record(&thaw, "t");
+    r1["checkpointed_bytes"] = json!(123);
+    r1["future"] = json!({ "nested": [1, 2] });
+    let file = json!({
+        "version": 99,
+        "written_by": "gpushare 9.9.9",
+        "freezes": [r1, record(&keep, "k")],
+    });
+    earlier_run(&dir, &[&thaw, &keep], file.to_string().as_bytes());
+    let sc = Scenario::create(&one_gpu(&[(pt.pid(), GIB), (pk.pid(), 3 * GIB)])).unwrap();
+    let agent = AgentProcess::start_in(dir.clone(), &sc, &[], "200ms");
+    assert!(
+        thaw.wait_frozen(false),
+        "within quota: thawed\n{}",
+        agent.log()
+    );
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&keep), "all").is_some_and(|w| w.state == "frozen")
+    });
+    assert!(keep.is_frozen(), "still over quota: kept");
+    assert!(
+        !dir.join("state/freezes.json.corrupt").exists(),
+        "a newer ledger is not corrupt"
+    );
+}
+
+/// Problem 5: one GPU stays degraded. Reconciliation is per GPU: a freeze on the healthy GPU that
+/// no longer applies is thawed, one on the degraded GPU is kept (its usage cannot be known), and
+/// `release` knows it.
+#[test]
+fn reconciliation_is_per_gpu_and_release_knows_the_freezes_of_an_earlier_run() {
+    if !require_root("reconciliation_is_per_gpu") {
+        return;
+    }
+    let on0 = TestCgroup::create(&unique("ledger-gpu0")).unwrap();
+    let on1 = TestCgroup::create(&unique("ledger-gpu1")).unwrap();
+    let p0 = Reaped(on0.spawn(&mut sleeper()).unwrap());
+    let p1 = Reaped(on1.spawn(&mut sleeper()).unwrap());
+    let dir = agent_dir(&format!(
+        "{FREEZE}{}{}",
+        cgroup_quota(&on0, "2GiB", Some(0)),
+        cgroup_quota(&on1, "2GiB", Some(1))
+    ));
+    let file = json!({ "version": 1, "freezes": [record(&on0, "a"), record(&on1, "b")] });
+    earlier_run(&dir, &[&on0, &on1], file.to_string().as_bytes());
+    let sc = Scenario::create(&json!({ "devices": [
+        { "uuid": "GPU-l0", "name": "NVIDIA Fake", "memory_total": 80 * GIB,
+          "compute_processes": [ { "pid": p0.pid(), "used_memory": GIB } ] },
+        { "uuid": "GPU-l1", "name": "NVIDIA Fake", "memory_total": 80 * GIB, "lost": true,
+          "compute_processes": [ { "pid": p1.pid(), "used_memory": GIB } ] },
+    ]}))
+    .unwrap();
+    let agent = AgentProcess::start_in(dir, &sc, &[], "200ms");
+    assert!(
+        on0.wait_frozen(false),
+        "GPU 0 is healthy and the workload within quota: thawed although GPU 1 is degraded\n{}",
+        agent.log()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(on1.is_frozen(), "its GPU is degraded: kept");
+    let (code, body) = agent.post_local(
+        "/api/v1/release",
+        &json!({ "workload": key(&on1) }).to_string(),
+    );
+    assert_eq!(code, 200, "release of an earlier run's freeze: {body}");
+    assert!(on1.wait_frozen(false), "released: thawed\n{}", agent.log());
+}
+
+/// Problem 5: `--dry-run` never writes to a cgroup, also not to re-apply an earlier run's freeze.
+#[test]
+fn dry_run_does_not_reapply_an_earlier_runs_freeze() {
+    if !require_root("dry_run_does_not_reapply") {
+        return;
+    }
+    let cg = TestCgroup::create(&unique("ledger-dry")).unwrap();
+    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    let dir = agent_dir(&format!("{FREEZE}{}", cgroup_quota(&cg, "2GiB", None)));
+    // The earlier run recorded the freeze and died before applying it.
+    let file = json!({ "version": 1, "freezes": [record(&cg, "r")] });
+    earlier_run(&dir, &[], file.to_string().as_bytes());
+    let before = std::fs::read_to_string(cg.dir().join("cgroup.freeze")).unwrap();
+    let sc = Scenario::create(&one_gpu(&[(p.pid(), 3 * GIB)])).unwrap();
+    let agent = AgentProcess::start_in(dir, &sc, &["--dry-run"], "200ms");
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.used_bytes == 3 * GIB)
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!cg.is_frozen(), "a dry run froze a group\n{}", agent.log());
+    assert_eq!(
+        std::fs::read_to_string(cg.dir().join("cgroup.freeze")).unwrap(),
+        before
+    );
+    let xattr = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import os; print(os.listxattr({:?}))",
+            cg.dir().display()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&xattr.stdout).trim(),
+        "[]",
+        "a dry run marked the group"
+    );
+}
+
+/// Runs a command with a deadline; `None` when it had to be killed.
+fn run_with_deadline(cmd: &mut Command, limit: Duration) -> Option<std::process::Output> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return Some(child.wait_with_output().unwrap());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Problem 5: two agents on one node (a host unit and a DaemonSet pod) would overwrite each
+/// other's ledger. The second refuses to start and names the first one's pid; `thaw --all`
+/// refuses too while an agent runs.
+#[test]
+fn a_second_agent_on_the_same_state_directory_refuses_to_start() {
+    if !require_root("a_second_agent_refuses") {
+        return;
+    }
+    let sc = Scenario::create(&one_gpu(&[])).unwrap();
+    let first = AgentProcess::start(&sc, "", &[]);
+    let pid = first.pid().unwrap();
+    let out = run_with_deadline(
+        &mut AgentProcess::command_in(&first.dir, &sc, &[]),
+        Duration::from_secs(15),
+    )
+    .expect("the second agent kept running next to the first");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("pid {pid}")) && err.contains("agent.lock"),
+        "{err}"
+    );
+    let out = run_with_deadline(
+        Command::new(agent_bin())
+            .args(["thaw", "--all", "--state-dir"])
+            .arg(first.dir.join("state")),
+        Duration::from_secs(15),
+    )
+    .unwrap();
+    assert!(!out.status.success(), "thaw --all next to a running agent");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("pid {pid}")),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Problem 5: the agent was SIGKILLed and its ledger is garbage. A restarted agent rebuilds the
+/// list of its freezes from the marks on the cgroups, and `gpushare-agent thaw --all`, with no
+/// agent running, undoes every freeze it made and nothing else.
+#[test]
+fn freezes_survive_a_lost_ledger_and_thaw_all_undoes_them_without_an_agent() {
+    if !require_root("thaw_all_without_an_agent") {
+        return;
+    }
+    let a = TestCgroup::create(&unique("ledger-lost-a")).unwrap();
+    let b = TestCgroup::create(&unique("ledger-lost-b")).unwrap();
+    let theirs = TestCgroup::create(&unique("ledger-lost-theirs")).unwrap();
+    let pa = Reaped(a.spawn(&mut sleeper()).unwrap());
+    let pb = Reaped(b.spawn(&mut sleeper()).unwrap());
+    let _pt = Reaped(theirs.spawn(&mut sleeper()).unwrap());
+    let quotas = format!(
+        "{FREEZE}{}{}",
+        cgroup_quota(&a, "2GiB", None),
+        cgroup_quota(&b, "2GiB", None)
+    );
+    let sc = Scenario::create(&one_gpu(&[(pa.pid(), 3 * GIB), (pb.pid(), 3 * GIB)])).unwrap();
+    let mut agent = AgentProcess::start(&sc, &quotas, &[]);
+    assert!(a.wait_frozen(true) && b.wait_frozen(true));
+    std::fs::write(theirs.dir().join("cgroup.freeze"), "1").unwrap();
+    agent.sigkill();
+    std::fs::write(agent.ledger(), b"\x00garbage{{{").unwrap();
+    // A restart rebuilds the list from the cgroups: `a` is back within quota and thawed, `b` kept.
+    sc.write(&one_gpu(&[(pa.pid(), GIB), (pb.pid(), 3 * GIB)]))
+        .unwrap();
+    agent.restart();
+    assert!(
+        a.wait_frozen(false),
+        "the lost ledger's freeze of a was not found\n{}",
+        agent.log()
+    );
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&b), "all").is_some_and(|w| w.state == "frozen")
+    });
+    // The agent cannot run any more; the operator undoes what it froze.
+    agent.sigkill();
+    std::fs::write(agent.ledger(), b"garbage").unwrap();
+    let out = run_with_deadline(
+        Command::new(agent_bin())
+            .args(["thaw", "--all", "--state-dir"])
+            .arg(agent.dir.join("state")),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "thaw --all failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(b.wait_frozen(false), "thaw --all left b frozen");
+    assert!(
+        theirs.is_frozen(),
+        "thaw --all thawed a freeze the agent did not make"
+    );
+    std::fs::write(theirs.dir().join("cgroup.freeze"), "0").unwrap();
+}
