@@ -380,30 +380,10 @@ fn size_value(cx: &mut Cx, field: &str, v: &Spanned<Value>) -> Option<u64> {
     }
 }
 
-/// Like [`crate::cli::parse_duration`], but `0s` (any zero with a unit) is allowed.
-fn parse_duration_or_zero(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    if t.starts_with('-') {
-        return Err(format!("`{t}`: durations cannot be negative"));
-    }
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let zero = !num.is_empty()
-        && num.bytes().any(|b| b == b'0')
-        && num.bytes().all(|b| b == b'0' || b == b'.')
-        && num.matches('.').count() <= 1;
-    if zero && matches!(unit.trim(), "ms" | "s" | "m" | "min" | "h") {
-        return Ok(Duration::ZERO);
-    }
-    crate::cli::parse_duration(t)
-}
-
 fn duration_value(cx: &mut Cx, field: &str, v: &Spanned<Value>) -> Option<Duration> {
     let span = v.span();
     match v.get_ref() {
-        Value::String(s) => match parse_duration_or_zero(s) {
+        Value::String(s) => match super::duration::parse_duration(s) {
             Ok(d) => Some(d),
             Err(e) => {
                 cx.err(&span, format!("`{field}`: {e}"));
@@ -1274,15 +1254,6 @@ ladder = []
 
     #[test]
     fn units_and_durations_of_every_field() {
-        assert_eq!(parse_duration_or_zero("0s"), Ok(Duration::ZERO));
-        assert_eq!(parse_duration_or_zero("0.0ms"), Ok(Duration::ZERO));
-        assert!(parse_duration_or_zero("0").is_err());
-        assert!(
-            parse_duration_or_zero("-1s")
-                .unwrap_err()
-                .contains("negative")
-        );
-        assert_eq!(parse_duration_or_zero("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(percent("5"), Some(500));
         assert_eq!(percent("2.5"), Some(250));
         assert_eq!(percent("100"), Some(10_000));

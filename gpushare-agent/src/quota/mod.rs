@@ -16,6 +16,7 @@
 //! grace, ladder) with per-entry overrides already applied over `[defaults]` over the built-in
 //! defaults, so the policy never looks anything up.
 
+pub mod duration;
 pub mod env;
 pub mod file;
 pub mod select;
@@ -26,6 +27,7 @@ use std::{fmt, time::Duration};
 use crate::attribution::WorkloadKind;
 
 pub use self::{
+    duration::{fmt_duration, parse_duration, parse_nonzero_duration},
     env::{EnvQuota, EnvQuotaError, EnvSource, GpuShareUnit, env_quota, parse_environ},
     file::{LocatedError, QuotaFile, load_dir_set, parse_str},
     select::{PathGlob, PodRef, ProtectPattern, Selector, WorkloadMeta},
@@ -592,23 +594,6 @@ impl QuotaSet {
                 ladder: e.enforcement.ladder_text(),
             })
             .collect()
-    }
-}
-
-/// `0s`, `500ms`, `5s`, `1.5s`, `2m`, `90s`.
-pub fn fmt_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms == 0 {
-        "0s".to_string()
-    } else if ms < 1000 {
-        format!("{ms}ms")
-    } else if ms.is_multiple_of(60_000) {
-        format!("{}m", ms / 60_000)
-    } else if ms.is_multiple_of(1000) {
-        format!("{}s", ms / 1000)
-    } else {
-        let frac = format!("{:03}", ms % 1000);
-        format!("{}.{}s", ms / 1000, frac.trim_end_matches('0'))
     }
 }
 
