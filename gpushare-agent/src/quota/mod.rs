@@ -684,6 +684,43 @@ mode = "elastic"
     }
 
     #[test]
+    fn a_pod_cannot_pick_a_generous_entry_by_naming_its_container() {
+        // The pod is under a small pod_uid quota; a generous bare container_name entry exists for a
+        // single-tenant convenience. The pod's author chose the container name "main" to match it.
+        let set = QuotaSet::parse(
+            &format!(
+                "[[quota]]\ncontainer_name = \"main\"\ngpu_memory = \"40GiB\"\n\n[[quota]]\npod_uid = \"{UID}\"\ngpu_memory = \"1GiB\"\n\n[[quota]]\npod = \"ml/trainer-0\"\ngpu_memory = \"2GiB\"\n"
+            ),
+            "q.toml",
+        )
+        .unwrap();
+        let q = set.resolve(&container(), None).unwrap();
+        assert_eq!(
+            q.limits[0].bytes, GIB,
+            "pod_uid wins over pod name and container name"
+        );
+        // Without the pod_uid entry, the pod name entry wins; without both, the name applies.
+        let set = QuotaSet::parse(
+            "[[quota]]\ncontainer_name = \"main\"\ngpu_memory = \"40GiB\"\n\n[[quota]]\npod = \"ml/trainer-0\"\ngpu_memory = \"2GiB\"\n",
+            "q.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            set.resolve(&container(), None).unwrap().limits[0].bytes,
+            2 * GIB
+        );
+        let set = QuotaSet::parse(
+            "[[quota]]\ncontainer_name = \"main\"\ngpu_memory = \"40GiB\"\n",
+            "q.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            set.resolve(&container(), None).unwrap().limits[0].bytes,
+            40 * GIB
+        );
+    }
+
+    #[test]
     fn env_quota_applies_only_without_a_file_entry_and_not_to_plain_cgroups() {
         let env = EnvQuota {
             source: EnvSource::Hami,
