@@ -142,6 +142,9 @@ impl QuotaStore {
                     "quotas loaded from {} (+ drop-ins): {n} entries",
                     self.paths.main.display()
                 );
+                for w in self.current.warnings() {
+                    log::warn!("{w}");
+                }
                 true
             }
             Err(errors) => {

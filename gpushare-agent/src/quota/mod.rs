@@ -19,6 +19,7 @@
 pub mod duration;
 pub mod env;
 pub mod file;
+pub mod lint;
 pub mod select;
 pub mod size;
 

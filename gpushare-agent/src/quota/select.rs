@@ -17,7 +17,7 @@
 //!
 //! Cgroup globs match the cgroup path; `*` stays within one path component, `**` crosses them.
 //! `protect` patterns are globs over workload keys (`unit://sshd.service`, `docker://3f2a*`,
-//! `cgroup:///system.slice/*`, where `*` crosses `/`), matched against the workload's key, its
+//! `cgroup:///system.slice/*.service`, where `*` crosses `/`), matched against the workload's key, its
 //! `cgroup://<path>` form and, in a pod, `pod://<uid>`.
 
 use globset::{Glob, GlobBuilder, GlobMatcher};

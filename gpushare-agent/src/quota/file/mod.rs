@@ -15,7 +15,7 @@
 //! Format (see the tests and `tests/data/quotas/good/` for complete examples):
 //!
 //! ```toml
-//! protect = ["unit://sshd.service", "cgroup:///system.slice/*"]   # top level, any file
+//! protect = ["unit://sshd.service", "docker://3f2a9c8e7d6b*"]   # top level, any file
 //!
 //! [defaults]                # main file only; every key optional
 //! mode = "strict"           # or "elastic"

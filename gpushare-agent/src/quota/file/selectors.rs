@@ -202,7 +202,7 @@ pub(super) fn protect_pattern(cx: &mut Cx, v: &Spanned<String>) -> Option<Protec
         cx.err(
             &v.span(),
             format!(
-                "protect pattern \"{p}\" must start with one of {} (e.g. \"unit://sshd.service\", \"cgroup:///system.slice/*\")",
+                "protect pattern \"{p}\" must start with one of {} (e.g. \"unit://sshd.service\", \"cgroup:///batch.slice/*.service\")",
                 KEY_SCHEMES.join(", ")
             ),
         );
