@@ -306,17 +306,16 @@ impl Agent {
                         let bytes =
                             std::fs::read(format!("/proc/{}/environ", t.identity.pid)).ok()?;
                         let vars = parse_environ(&bytes);
-                        match env_quota(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())), unit) {
-                            Ok(q) => q,
-                            Err(e) => {
-                                *errors += 1;
-                                warn!(
-                                    "pid {}: ignoring its environment quota: {e}",
-                                    t.identity.pid
-                                );
-                                None
-                            }
+                        let r = env_quota(
+                            vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                            unit,
+                            &[],
+                        );
+                        for e in &r.problems {
+                            *errors += 1;
+                            warn!("pid {}: ignoring {e}", t.identity.pid);
                         }
+                        r.quota
                     })
                     .clone()
             } else {

@@ -29,7 +29,10 @@ use crate::attribution::WorkloadKind;
 
 pub use self::{
     duration::{fmt_duration, parse_duration, parse_nonzero_duration},
-    env::{EnvQuota, EnvQuotaError, EnvSource, GpuShareUnit, env_quota, parse_environ},
+    env::{
+        EnvQuota, EnvQuotaError, EnvQuotaReport, EnvSource, GpuInfo, GpuShareUnit, Trust,
+        UnitCheck, env_quota, parse_environ,
+    },
     file::{LocatedError, QuotaFile, load_dir_set, parse_str},
     select::{PathGlob, PodRef, ProtectPattern, Selector, WorkloadMeta},
     size::{ByteSize, SizeError, parse_size},
