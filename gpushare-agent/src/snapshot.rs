@@ -85,6 +85,10 @@ pub struct WorkloadView {
     pub quota_bytes: Option<u64>,
     /// Where the quota comes from (`file:line`, `env:ALIYUN_COM_GPU_MEM_CONTAINER`, ...).
     pub quota_source: String,
+    /// How far that source is trusted: `file`, `runtime_spec` or `init_environ` (empty without a
+    /// quota).
+    #[serde(default)]
+    pub quota_trust: String,
     /// Isolation state (`ok`, `over_quota`, `alerted`, `signalled`, `frozen`, `killed`, ...).
     pub state: String,
     /// Seconds in that state.
@@ -140,4 +144,11 @@ pub struct Counters {
     pub quota_config_valid: bool,
     /// When the quota configuration was last (re)loaded, seconds since the epoch.
     pub quota_config_last_reload_unix: f64,
+    /// Malformed environment-quota variables and unreadable runtime specs seen.
+    #[serde(default)]
+    pub env_quota_errors: u64,
+    /// Workloads whose `ALIYUN_COM_GPU_MEM_DEV` disagrees with `gpushare_memory_unit`, and what
+    /// it says.
+    #[serde(default)]
+    pub env_quota_unit_mismatch: BTreeMap<String, String>,
 }

@@ -131,6 +131,16 @@ pub fn render_status(snap: &Snapshot) -> String {
     if snap.workloads.is_empty() {
         let _ = writeln!(out, "(no workload on any GPU)");
     }
+    let mut noted = std::collections::BTreeSet::new();
+    for w in &snap.workloads {
+        if w.quota_trust == "init_environ" && noted.insert(&w.workload) {
+            let _ = writeln!(
+                out,
+                "  note: {}: environment quota read from its init process (no runtime spec found): lower trust",
+                w.workload
+            );
+        }
+    }
     out
 }
 

@@ -2,6 +2,7 @@
 //! sample NVML, attribute, read environment quotas, evaluate the pure policy, execute its actions,
 //! publish a snapshot. The async event loop ([`crate::run`]) only decides *when* to step.
 
+pub mod env_quotas;
 pub mod quota_store;
 
 use std::{
@@ -12,17 +13,14 @@ use std::{
 
 use log::{debug, info, warn};
 
-use self::quota_store::QuotaStore;
+use self::{env_quotas::EnvQuotaReader, quota_store::QuotaStore};
 use crate::{
     attribution::{Change, ProcessIdentity, WorkloadKind, tracker::Tracker},
     enforce::{Enforcer, Outcome as ExecOutcome},
     metrics::{Metrics, SharedSnapshot},
     nvml::{DriverStatus, NvmlSampler},
     policy::{self, Action, ActionKind, AttributedProcess, GpuScope, PolicyState, Status},
-    quota::{
-        EnvQuota, StepAction, WorkloadMeta,
-        env::{env_quota, parse_environ},
-    },
+    quota::{GpuInfo, QuotaSource, StepAction, WorkloadMeta},
     sample::GpuSample,
     snapshot::{Counters, GpuView, Health, ProcessView, QuotaView, Snapshot, WorkloadView},
 };
@@ -46,8 +44,8 @@ pub struct Agent {
     policy: PolicyState,
     opts: AgentOptions,
     started: Instant,
-    env_cache: HashMap<ProcessIdentity, Option<EnvQuota>>,
-    env_errors: u64,
+    env_quotas: EnvQuotaReader,
+    quota_trust: HashMap<String, &'static str>,
     enforcement_counts: BTreeMap<String, u64>,
     ioctl_seen: HashMap<ProcessIdentity, (String, u64)>,
     ioctl_totals: BTreeMap<String, u64>,
@@ -152,8 +150,11 @@ impl Agent {
             policy: PolicyState::default(),
             opts,
             started: Instant::now(),
-            env_cache: HashMap::new(),
-            env_errors: 0,
+            env_quotas: EnvQuotaReader::system(
+                crate::attribution::cgroupfs::find_cgroup2_mount()
+                    .unwrap_or_else(|_| "/sys/fs/cgroup".into()),
+            ),
+            quota_trust: HashMap::new(),
             enforcement_counts: BTreeMap::new(),
             ioctl_seen: HashMap::new(),
             ioctl_totals: BTreeMap::new(),
@@ -256,7 +257,7 @@ impl Agent {
         self.tracker
             .table_mut()
             .forget_dead_untraced(&sample.processes.iter().map(|p| p.pid).collect());
-        let processes = self.attributed_processes();
+        let processes = self.attributed_processes(&sample);
         let releases = std::mem::take(&mut self.pending_releases);
         let quotas = self.quotas.current();
         let input = policy::PolicyInput {
@@ -289,38 +290,32 @@ impl Agent {
         );
     }
 
-    fn attributed_processes(&mut self) -> Vec<AttributedProcess> {
+    fn attributed_processes(&mut self, sample: &GpuSample) -> Vec<AttributedProcess> {
         let env_enabled = self.quotas.current().defaults().env_quotas;
         let unit = self.quotas.current().defaults().gpushare_unit;
+        let gpus: Vec<GpuInfo> = sample
+            .devices
+            .iter()
+            .map(|d| GpuInfo {
+                index: d.index,
+                uuid: d.uuid.clone(),
+                memory_total: d.memory_total,
+            })
+            .collect();
         let mut out = Vec::new();
-        let mut live = std::collections::HashSet::new();
+        // One environment quota per workload per step, from what its runtime gave it.
+        let mut env_of = HashMap::new();
         for t in self.tracker.table().tasks() {
             let Some(w) = &t.workload else { continue };
-            live.insert(t.identity);
-            let env = if env_enabled && !matches!(w.kind, WorkloadKind::Host | WorkloadKind::Cgroup)
-            {
-                let errors = &mut self.env_errors;
-                self.env_cache
-                    .entry(t.identity)
-                    .or_insert_with(|| {
-                        let bytes =
-                            std::fs::read(format!("/proc/{}/environ", t.identity.pid)).ok()?;
-                        let vars = parse_environ(&bytes);
-                        let r = env_quota(
-                            vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-                            unit,
-                            &[],
-                        );
-                        for e in &r.problems {
-                            *errors += 1;
-                            warn!("pid {}: ignoring {e}", t.identity.pid);
-                        }
-                        r.quota
-                    })
-                    .clone()
-            } else {
-                None
-            };
+            let env = env_of
+                .entry(w.key())
+                .or_insert_with(|| {
+                    env_enabled
+                        .then(|| self.env_quotas.quota_for(w, unit, &gpus))
+                        .flatten()
+                        .map(|(q, _)| q)
+                })
+                .clone();
             let names = self.names.get(w);
             let workload = WorkloadMeta {
                 id: w.clone(),
@@ -334,9 +329,27 @@ impl Agent {
                 env_quota: env,
             });
         }
-        self.env_cache.retain(|id, _| live.contains(id));
         let live_keys = out.iter().map(|p| p.workload.key()).collect();
+        self.env_quotas.retain(&live_keys);
         self.names.retain(&live_keys);
+        // Where each workload's quota comes from, for the `quota_trust` label and `status`.
+        self.quota_trust.clear();
+        for p in &out {
+            let key = p.workload.key();
+            if self.quota_trust.contains_key(&key) {
+                continue;
+            }
+            let trust = match self
+                .quotas
+                .current()
+                .resolve(&p.workload, p.env_quota.as_ref())
+            {
+                Some(q) if matches!(q.source, QuotaSource::File { .. }) => "file",
+                Some(_) => self.env_quotas.trust_of(&key).map_or("", |t| t.as_str()),
+                None => "",
+            };
+            self.quota_trust.insert(key, trust);
+        }
         out
     }
 
@@ -571,6 +584,7 @@ impl Agent {
                 }
                 v.quota_bytes = Some(ss.limit);
                 v.quota_source = ws.quota.clone();
+                v.quota_trust = self.quota_trust.get(key).copied().unwrap_or("").to_string();
                 v.state = status_name(ss.status, ws.frozen.is_some()).to_string();
                 if v.cgroup_path.is_empty() {
                     v.cgroup_path = ws.cgroup_path.clone();
@@ -636,6 +650,9 @@ impl Agent {
                 degraded.push(format!("GPU {i}: {reason}"));
             }
         }
+        for (key, said) in self.env_quotas.unit_mismatches() {
+            degraded.push(format!("{key}: {said}"));
+        }
         if !self.quotas.valid() {
             degraded.push(format!(
                 "quota configuration invalid: {}",
@@ -693,6 +710,8 @@ impl Agent {
                     .collect(),
                 gpu_ioctls: self.ioctl_totals.clone(),
                 quota_config_valid: self.quotas.valid(),
+                env_quota_errors: self.env_quotas.problems_total(),
+                env_quota_unit_mismatch: self.env_quotas.unit_mismatches().into_iter().collect(),
                 quota_config_last_reload_unix: self.quotas.last_reload_unix(),
             },
             quotas: self

@@ -10,6 +10,7 @@ pub mod cgroupfs;
 pub mod docker;
 pub mod k8s_names;
 pub mod procinfo;
+pub mod runtime_spec;
 pub mod tracker;
 pub mod workload;
 

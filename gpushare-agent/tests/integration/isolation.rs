@@ -63,6 +63,34 @@ fn key(cg: &TestCgroup) -> String {
     format!("cgroup://{}", cg.rel_path())
 }
 
+/// A test group named like a containerd container's scope (`cri-containerd-<64 hex>.scope`), so
+/// the agent sees a container (`containerd://<id>`) with no runtime spec on disk.
+fn container_cgroup() -> TestCgroup {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let id = format!(
+        "{:016x}{:016x}{:016x}{:016x}",
+        u64::from(std::process::id()),
+        N.fetch_add(1, Ordering::Relaxed),
+        nanos,
+        0x6770_7573_6861_7265u64
+    );
+    TestCgroup::create(&format!("cri-containerd-{id}.scope")).unwrap()
+}
+
+fn container_key(cg: &TestCgroup) -> String {
+    let scope = cg.rel_path().rsplit('/').next().unwrap();
+    let id = scope
+        .strip_prefix("cri-containerd-")
+        .and_then(|s| s.strip_suffix(".scope"))
+        .unwrap();
+    format!("containerd://{id}")
+}
+
 fn cgroup_quota(cg: &TestCgroup, mem: &str) -> String {
     format!(
         "\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"{mem}\"\n",
@@ -195,10 +223,9 @@ fn quotas_from_the_environment_gpushare_and_hami() {
     if !require_root("quotas_from_the_environment") {
         return;
     }
-    // Env quotas apply to containers, pods and units: these groups are named like systemd scopes.
-    let cgs: Vec<TestCgroup> = (0..4)
-        .map(|i| TestCgroup::create(&format!("{}.scope", unique(&format!("env{i}")))).unwrap())
-        .collect();
+    // Env quotas apply to containers and pods: these groups are named like containerd's scopes.
+    // No runtime spec exists for them, so the quota comes from each container's first process.
+    let cgs: Vec<TestCgroup> = (0..4).map(|_| container_cgroup()).collect();
     let procs = [
         Proc::start(
             &cgs[0],
@@ -222,8 +249,7 @@ fn quotas_from_the_environment_gpushare_and_hami() {
     let sc = Scenario::create(&scenario(&list)).unwrap();
     let quotas = "[defaults]\ngrace = \"200ms\"\nladder = [ { action = \"freeze\" } ]\n";
     let agent = AgentProcess::start(&sc, quotas, &[]);
-    let unit_key =
-        |cg: &TestCgroup| format!("unit://{}", cg.rel_path().rsplit('/').next().unwrap());
+    let unit_key = container_key;
     let s = agent.wait_for(Duration::from_secs(10), |s| {
         [0, 2].iter().all(|&i| {
             s.workloads
@@ -238,6 +264,24 @@ fn quotas_from_the_environment_gpushare_and_hami() {
     assert!(
         cgs[2].wait_frozen(true),
         "HAMi env: 3 GiB over 2048m is isolated"
+    );
+    // No runtime spec exists for these: the quota is labelled lower trust, and `status` says so.
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("gpushare_workload_gpu_memory_quota_bytes{")
+                && l.contains(&unit_key(&cgs[1]))
+                && l.contains("quota_trust=\"init_environ\"")
+        ),
+        "{metrics}"
+    );
+    let shown = gpushare_agent::status::render_status(&s);
+    assert!(
+        shown.contains(&format!(
+            "{}: environment quota read from its init process",
+            unit_key(&cgs[1])
+        )),
+        "{shown}"
     );
     for i in [1, 3] {
         let w = s
@@ -401,4 +445,33 @@ fn an_operator_release_thaws_and_the_ladder_starts_again() {
     let (code, body) = agent.post_local("/api/v1/release", r#"{"workload":"docker://nope"}"#);
     assert_eq!(code, 404);
     assert!(body.contains("no workload under a quota matches"), "{body}");
+}
+
+#[test]
+fn an_env_limit_one_process_of_a_shared_unit_sets_does_not_freeze_the_unit() {
+    if !require_root("an_env_limit_of_a_shared_unit") {
+        return;
+    }
+    // A unit that runs many users' processes (cron.service, a notebook hub): one of them sets a
+    // tiny HAMi limit in its own environment. Env quotas are only for containers and pods.
+    let unit = TestCgroup::create(&format!("{}.service", unique("shared"))).unwrap();
+    let mut tiny = Proc::start(&unit, &[("CUDA_DEVICE_MEMORY_LIMIT", "1m")]);
+    let mut other = Proc::start(&unit, &[]);
+    let sc = Scenario::create(&scenario(&[(tiny.pid(), GIB), (other.pid(), GIB)])).unwrap();
+    let agent = AgentProcess::start(&sc, FAST, &[]);
+    let key = format!("unit://{}", unit.rel_path().rsplit('/').next().unwrap());
+    agent.wait_for(Duration::from_secs(10), |s| {
+        s.processes.iter().filter(|p| p.workload == key).count() == 2
+    });
+    // Well past the grace period and every step of the ladder.
+    std::thread::sleep(Duration::from_millis(2000));
+    let s = agent.state().unwrap();
+    let rows: Vec<_> = s.workloads.iter().filter(|w| w.workload == key).collect();
+    assert!(!rows.is_empty());
+    for w in &rows {
+        assert_eq!((w.quota_bytes, w.state.as_str()), (None, "ok"), "{w:?}");
+    }
+    assert!(!unit.is_frozen(), "the unit is not frozen");
+    assert_eq!((tiny.usr1s(), other.usr1s()), (0, 0), "nobody signalled");
+    assert!(tiny.alive() && other.alive());
 }
