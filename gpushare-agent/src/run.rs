@@ -59,7 +59,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         );
     }
     let paths = QuotaPaths::new(args.quotas.clone(), Some(args.runtime_quotas.clone()));
-    let quotas = QuotaStore::load(paths.clone());
+    let quotas = QuotaStore::load_with_state(paths.clone(), Some(args.state_dir.clone()));
     let enforcer = Enforcer::new(
         cgroupfs::find_cgroup2_mount()?,
         &args.state_dir,

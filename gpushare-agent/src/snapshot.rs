@@ -39,6 +39,10 @@ pub struct Health {
     pub degraded: Vec<String>,
     /// Whether enforcement only reports (`--dry-run`).
     pub dry_run: bool,
+    /// Whether no operator configuration is in force (invalid at start, none kept): alerts and
+    /// metrics only, no signal, freeze or kill.
+    #[serde(default)]
+    pub observe_only: bool,
 }
 
 /// One GPU.

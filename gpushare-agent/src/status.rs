@@ -42,6 +42,12 @@ pub fn render_status(snap: &Snapshot) -> String {
         h.nvml,
         if h.dry_run { "  DRY RUN" } else { "" }
     );
+    if h.observe_only {
+        let _ = writeln!(
+            out,
+            "  OBSERVE ONLY: alerts and metrics, no signal, freeze or kill"
+        );
+    }
     for d in &h.degraded {
         let _ = writeln!(out, "  degraded: {d}");
     }

@@ -268,6 +268,7 @@ impl Agent {
             releases: &releases,
             agent_pid: Some(std::process::id()),
             dry_run: self.opts.dry_run,
+            observe_only: self.quotas.observe_only(),
         };
         let mut outcome = policy::evaluate(&self.policy, &input);
         if !self.ledger_reconciled {
@@ -653,6 +654,19 @@ impl Agent {
         for (key, said) in self.env_quotas.unit_mismatches() {
             degraded.push(format!("{key}: {said}"));
         }
+        if self.quotas.observe_only() {
+            degraded.push(
+                "observe only: the quota configuration was invalid at start and no last good configuration is kept; \
+                 alerts and metrics, no signal, freeze or kill, until a valid configuration loads"
+                    .to_string(),
+            );
+        }
+        if let Some(kept) = self.quotas.kept_in_force() {
+            degraded.push(format!(
+                "the quota files were invalid at start: the last good configuration kept in {} is in force",
+                kept.display()
+            ));
+        }
         if !self.quotas.valid() {
             degraded.push(format!(
                 "quota configuration invalid: {}",
@@ -677,6 +691,7 @@ impl Agent {
                 },
                 degraded,
                 dry_run: self.opts.dry_run,
+                observe_only: self.quotas.observe_only(),
             },
             gpus: sample
                 .devices

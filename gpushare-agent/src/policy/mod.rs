@@ -88,6 +88,9 @@ pub struct PolicyInput<'a> {
     pub agent_pid: Option<u32>,
     /// Copied into every action: decide, report, touch nothing.
     pub dry_run: bool,
+    /// No operator configuration is in force (invalid at start, none kept): alert, take no
+    /// other ladder step (they fire once this ends, when due).
+    pub observe_only: bool,
 }
 
 /// What a liability's usage is measured over.
@@ -654,7 +657,9 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
             reason += &format!("; {}", quota.source);
             while !released && taken < ladder.len() {
                 let step = ladder[taken];
-                if elapsed < l.enforcement.grace.max(step.after) {
+                if elapsed < l.enforcement.grace.max(step.after)
+                    || (input.observe_only && step.action != StepAction::Alert)
+                {
                     break;
                 }
                 taken += 1;

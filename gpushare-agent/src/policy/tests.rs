@@ -91,6 +91,7 @@ struct Sim {
     releases: Vec<String>,
     agent_pid: Option<u32>,
     dry_run: bool,
+    observe_only: bool,
     last: Option<Outcome>,
 }
 
@@ -104,6 +105,7 @@ impl Sim {
             releases: Vec::new(),
             agent_pid: None,
             dry_run: false,
+            observe_only: false,
             last: None,
         }
     }
@@ -122,6 +124,7 @@ impl Sim {
                 releases: &releases,
                 agent_pid: self.agent_pid,
                 dry_run: self.dry_run,
+                observe_only: self.observe_only,
             },
         );
         self.state = out.state.clone();
@@ -684,6 +687,26 @@ fn dry_run_is_marked_on_every_action() {
 }
 
 #[test]
+fn observe_only_alerts_and_takes_no_other_step_until_it_ends() {
+    let a = docker('a');
+    let mut sim = Sim::new(&quota_for('a', "grace = \"0s\""), vec![attributed(10, &a)]);
+    sim.observe_only = true;
+    let mut actions = sim.at(0, &[(10, 0, Some(3 * GIB))]);
+    actions.extend(sim.at(60_000, &[(10, 0, Some(3 * GIB))]));
+    let kinds: Vec<ActionKind> = actions.iter().map(|a| a.kind).collect();
+    assert_eq!(kinds, vec![ActionKind::Alert], "no signal, no freeze");
+    assert_eq!(sim.status('a', GpuScope::All), Some(Status::Alerted));
+    // A valid configuration loads: the steps that are due fire.
+    sim.observe_only = false;
+    let kinds: Vec<ActionKind> = sim
+        .at(61_000, &[(10, 0, Some(3 * GIB))])
+        .iter()
+        .map(|a| a.kind)
+        .collect();
+    assert_eq!(kinds, vec![USR1, ActionKind::Freeze]);
+}
+
+#[test]
 fn state_serializes_to_json() {
     let a = docker('a');
     let mut sim = Sim::new(&quota_for('a', "gpu = 1"), vec![attributed(10, &a)]);
@@ -849,6 +872,7 @@ fn replay(w: &World) -> Replay {
                 releases: &releases,
                 agent_pid: w.agent,
                 dry_run: false,
+                observe_only: false,
             },
         );
         outcomes.push((state.clone(), out.clone()));
@@ -957,6 +981,7 @@ proptest! {
                     releases,
                     agent_pid: w.agent,
                     dry_run: false,
+                    observe_only: false,
                 });
                 prop_assert_eq!(&again, out);
             }

@@ -475,3 +475,88 @@ fn an_env_limit_one_process_of_a_shared_unit_sets_does_not_freeze_the_unit() {
     assert_eq!((tiny.usr1s(), other.usr1s()), (0, 0), "nobody signalled");
     assert!(tiny.alive() && other.alive());
 }
+
+#[test]
+fn an_invalid_file_at_start_observes_only_and_a_protected_workload_is_never_signalled() {
+    if !require_root("an_invalid_file_at_start") {
+        return;
+    }
+    // A container with a 1 GiB env quota, using 2 GiB, that the operator protected; the file also
+    // has an error. Starting with the built-in defaults would signal it (SIGUSR1 after 5 s).
+    let cg = container_cgroup();
+    let p = Proc::start(&cg, &[("ALIYUN_COM_GPU_MEM_CONTAINER", "1")]);
+    let sc = Scenario::create(&scenario(&[(p.pid(), 2 * GIB)])).unwrap();
+    let quotas = format!(
+        "protect = [\"{}\"]\n[defaults]\ngrace = \"200ms\"\n\n[[quota]]\nunit = \"x.service\"\ngpu_memory = 5\n",
+        container_key(&cg)
+    );
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    std::thread::sleep(Duration::from_millis(6500));
+    assert_eq!(
+        p.usr1s(),
+        0,
+        "signalled while the operator's file was invalid"
+    );
+    assert!(!cg.is_frozen());
+    let (_, body) = agent.get("/api/v1/state");
+    assert!(body.contains("observe only"), "the state says so: {body}");
+    assert!(agent.log().contains("observe only"), "{}", agent.log());
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        metrics.contains("gpushare_quota_config_valid 0"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("action=\"signal\""),
+        "no signal step ran: {metrics}"
+    );
+    // A valid file ends observe-only mode: its protect list is now in force.
+    agent.write_quotas(&format!(
+        "protect = [\"{}\"]\n[defaults]\ngrace = \"200ms\"\n",
+        container_key(&cg)
+    ));
+    agent.wait_for(Duration::from_secs(15), |s| s.counters.quota_config_valid);
+    let (_, body) = agent.get("/api/v1/state");
+    assert!(!body.contains("observe only"), "{body}");
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(p.usr1s(), 0, "protected");
+}
+
+#[test]
+fn an_invalid_file_at_start_uses_the_last_good_configuration_kept_in_the_state_directory() {
+    if !require_root("the_last_good_configuration_is_kept") {
+        return;
+    }
+    let protected = container_cgroup();
+    let p = Proc::start(&protected, &[("ALIYUN_COM_GPU_MEM_CONTAINER", "1")]);
+    let b_cg = TestCgroup::create(&unique("kept-b")).unwrap();
+    let b = Proc::start(&b_cg, &[]);
+    let sc = Scenario::create(&scenario(&[(p.pid(), 2 * GIB), (b.pid(), GIB)])).unwrap();
+    let good = format!(
+        "protect = [\"{}\"]\n[defaults]\ngrace = \"200ms\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
+        container_key(&protected),
+        cgroup_quota(&b_cg, "2GiB")
+    );
+    let mut agent = AgentProcess::start(&sc, &good, &[]);
+    agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&b_cg), "all").is_some_and(|w| w.state == "ok")
+    });
+    assert_eq!(agent.stop(), Some(0));
+    // The operator breaks the file while the agent is down; B grows past its quota.
+    agent.write_quotas(&good.replace("\"2GiB\"", "2048"));
+    sc.write(&scenario(&[(p.pid(), 2 * GIB), (b.pid(), 3 * GIB)]))
+        .unwrap();
+    agent.restart();
+    assert!(
+        agent.log().contains("last good configuration"),
+        "the log says which configuration is in force:\n{}",
+        agent.log()
+    );
+    // The kept configuration is enforced: B is frozen by its quota; the protected one is not.
+    agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&b_cg), "all").is_some_and(|w| w.state == "frozen")
+    });
+    assert!(b_cg.wait_frozen(true));
+    assert!(!protected.is_frozen());
+    assert_eq!(p.usr1s(), 0);
+}

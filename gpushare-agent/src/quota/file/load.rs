@@ -79,48 +79,97 @@ fn read_error(path: &Path, e: &std::io::Error) -> LocatedError {
     }
 }
 
+/// The text of every file of one configuration, as read: what was parsed is what can be kept.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConfigFiles {
+    /// The main file and its text; `None` when it does not exist (an empty configuration).
+    pub main: (PathBuf, Option<String>),
+    /// Per drop-in directory (in the order given), its `*.toml` files in name order.
+    pub dropins: Vec<(PathBuf, Vec<(PathBuf, String)>)>,
+}
+
+/// Reads the main file (missing = empty) and every `*.toml` in each drop-in directory (missing
+/// directories are skipped), sorted by file name within each directory. Files that cannot be
+/// read are errors.
+pub fn read_files(main: &Path, dropin_dirs: &[PathBuf]) -> (ConfigFiles, Vec<LocatedError>) {
+    let mut errors = Vec::new();
+    let main_text = match std::fs::read_to_string(main) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            errors.push(read_error(main, &e));
+            None
+        }
+    };
+    let mut dropins = Vec::new();
+    for dir in dropin_dirs {
+        let mut files = Vec::new();
+        match std::fs::read_dir(dir) {
+            Ok(listing) => {
+                let mut paths: Vec<PathBuf> = listing
+                    .filter_map(|entry| entry.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
+                    .collect();
+                paths.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+                for path in paths {
+                    match std::fs::read_to_string(&path) {
+                        Ok(text) => files.push((path, text)),
+                        Err(e) => errors.push(read_error(&path, &e)),
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => errors.push(read_error(dir, &e)),
+        }
+        dropins.push((dir.clone(), files));
+    }
+    (
+        ConfigFiles {
+            main: (main.to_path_buf(), main_text),
+            dropins,
+        },
+        errors,
+    )
+}
+
+/// Parses and combines the files of one configuration. Any error in any file fails the whole
+/// set; every error found is returned.
+pub fn build_files(files: &ConfigFiles) -> Result<QuotaSet, Vec<LocatedError>> {
+    let mut errors = Vec::new();
+    let (main_path, main_text) = &files.main;
+    let main_origin = main_path.display().to_string();
+    let main = match main_text {
+        Some(text) => parse_str(text, &main_origin)
+            .map_err(|e| errors.extend(e))
+            .ok(),
+        None => Some(QuotaFile::empty(&main_origin)),
+    };
+    let mut dropins = Vec::new();
+    for (path, text) in files.dropins.iter().flat_map(|(_, f)| f) {
+        dropins.extend(
+            parse_str(text, &path.display().to_string())
+                .map_err(|e| errors.extend(e))
+                .ok(),
+        );
+    }
+    match main {
+        Some(main) if errors.is_empty() => QuotaSet::build(main, dropins),
+        _ => Err(errors),
+    }
+}
+
 /// Loads the main file (missing = empty) and every `*.toml` in each drop-in directory (missing
 /// directories are skipped), sorted by file name within each directory. Any error in any file
 /// fails the whole load; every error found is returned.
 pub fn load_dir_set(main: &Path, dropin_dirs: &[PathBuf]) -> Result<QuotaSet, Vec<LocatedError>> {
-    let mut errors = Vec::new();
-    let parse = |path: &Path, errors: &mut Vec<LocatedError>| -> Option<QuotaFile> {
-        match std::fs::read_to_string(path) {
-            Ok(text) => parse_str(&text, &path.display().to_string())
-                .map_err(|e| errors.extend(e))
-                .ok(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && path == main => {
-                Some(QuotaFile::empty(&path.display().to_string()))
-            }
-            Err(e) => {
-                errors.push(read_error(path, &e));
-                None
-            }
+    let (files, mut errors) = read_files(main, dropin_dirs);
+    match build_files(&files) {
+        Ok(set) if errors.is_empty() => Ok(set),
+        Ok(_) => Err(errors),
+        Err(e) => {
+            errors.extend(e);
+            Err(errors)
         }
-    };
-    let main_file = parse(main, &mut errors);
-    let mut dropins = Vec::new();
-    for dir in dropin_dirs {
-        let listing = match std::fs::read_dir(dir) {
-            Ok(l) => l,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => {
-                errors.push(read_error(dir, &e));
-                continue;
-            }
-        };
-        let mut paths: Vec<PathBuf> = listing
-            .filter_map(|entry| entry.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
-            .collect();
-        paths.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
-        for path in paths {
-            dropins.extend(parse(&path, &mut errors));
-        }
-    }
-    match main_file {
-        Some(main) if errors.is_empty() => QuotaSet::build(main, dropins),
-        _ => Err(errors),
     }
 }
 

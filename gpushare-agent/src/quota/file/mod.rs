@@ -53,7 +53,7 @@ mod validate;
 
 use std::time::Duration;
 
-pub use self::load::load_dir_set;
+pub use self::load::{ConfigFiles, build_files, load_dir_set, read_files};
 use self::{
     explain::{explain_toml_message, location},
     selectors::{protect_pattern, selector},
