@@ -424,7 +424,9 @@ impl Agent {
             }
             ActionKind::Signal(sig) => {
                 info!("signalling {} with {}: {}", a.workload, sig.name, a.reason);
-                let r = self.enforcer.signal(&a.workload, &a.targets, sig.number);
+                let r = self
+                    .enforcer
+                    .signal_step(&a.workload, &a.targets, sig.number);
                 ("signal", summarize(&r))
             }
             ActionKind::Freeze => {
@@ -755,6 +757,8 @@ fn summarize(r: &[(ProcessIdentity, ExecOutcome)]) -> ExecOutcome {
         ExecOutcome::Ok
     } else if r.iter().any(|(_, o)| *o == ExecOutcome::DryRun) {
         ExecOutcome::DryRun
+    } else if r.iter().any(|(_, o)| *o == ExecOutcome::NotCaught) {
+        ExecOutcome::NotCaught
     } else if r.iter().any(|(_, o)| *o == ExecOutcome::Failed) {
         ExecOutcome::Failed
     } else if r.iter().any(|(_, o)| *o == ExecOutcome::Refused) {

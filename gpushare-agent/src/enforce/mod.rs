@@ -22,7 +22,7 @@ use log::{info, warn};
 use self::{
     freeze::Freezer,
     ledger::{FreezeLedger, FreezeRecord},
-    signal::{SignalOutcome, send_verified},
+    signal::{SignalOutcome, send_if_caught, send_verified},
 };
 use crate::attribution::{ProcessIdentity, cgroupfs};
 
@@ -42,6 +42,8 @@ pub enum Outcome {
     Refused,
     /// Tried and failed.
     Failed,
+    /// A signal step skipped the process: it does not catch the signal, which would end it.
+    NotCaught,
 }
 
 impl Outcome {
@@ -53,6 +55,7 @@ impl Outcome {
             Self::Noop => "noop",
             Self::Refused => "refused",
             Self::Failed => "failed",
+            Self::NotCaught => "not_caught",
         }
     }
 }
@@ -283,6 +286,28 @@ impl Enforcer {
         targets: &[ProcessIdentity],
         sig: i32,
     ) -> Vec<(ProcessIdentity, Outcome)> {
+        self.signal_targets(workload, targets, sig, false)
+    }
+
+    /// A ladder's `signal` step: sends `sig` only to the verified processes that catch it; the
+    /// others are skipped ([`Outcome::NotCaught`]), since the signal would end them and only a
+    /// `kill` step may.
+    pub fn signal_step(
+        &self,
+        workload: &str,
+        targets: &[ProcessIdentity],
+        sig: i32,
+    ) -> Vec<(ProcessIdentity, Outcome)> {
+        self.signal_targets(workload, targets, sig, true)
+    }
+
+    fn signal_targets(
+        &self,
+        workload: &str,
+        targets: &[ProcessIdentity],
+        sig: i32,
+        only_if_caught: bool,
+    ) -> Vec<(ProcessIdentity, Outcome)> {
         targets
             .iter()
             .map(|id| {
@@ -293,12 +318,28 @@ impl Enforcer {
                     );
                     return (*id, Outcome::DryRun);
                 }
-                let outcome = match send_verified(*id, sig) {
+                let sent = if only_if_caught {
+                    send_if_caught(*id, sig)
+                } else {
+                    send_verified(*id, sig)
+                };
+                let outcome = match sent {
                     Ok(SignalOutcome::Sent) => {
                         info!("sent signal {sig} to {} of {workload}", id.pid);
                         Outcome::Ok
                     }
                     Ok(SignalOutcome::Gone) => Outcome::Noop,
+                    Ok(SignalOutcome::NotCaught) => {
+                        let name = crate::quota::SIGNALS
+                            .iter()
+                            .find(|s| s.number == sig)
+                            .map_or(sig.to_string(), |s| s.name.to_string());
+                        info!(
+                            "not signalling {} of {workload}: it does not catch {name}, which would end it (only a kill step ends a process)",
+                            id.pid
+                        );
+                        Outcome::NotCaught
+                    }
                     Ok(SignalOutcome::Reused) => {
                         warn!(
                             "not signalling pid {}: it now belongs to another process",

@@ -560,3 +560,63 @@ fn an_invalid_file_at_start_uses_the_last_good_configuration_kept_in_the_state_d
     assert!(!protected.is_frozen());
     assert_eq!(p.usr1s(), 0);
 }
+
+#[test]
+fn a_signal_step_goes_only_to_processes_that_catch_the_signal() {
+    if !require_root("a_signal_step_goes_only_to_catchers") {
+        return;
+    }
+    // The default ladder (alert, SIGUSR1 after 5 s, freeze after 15 s) on two workloads over
+    // quota: one process has no handler (SIGUSR1 would kill it), the other catches SIGUSR1.
+    let plain_cg = TestCgroup::create(&unique("sig-plain")).unwrap();
+    let catcher_cg = TestCgroup::create(&unique("sig-catch")).unwrap();
+    let mut plain = plain_cg
+        .spawn(
+            std::process::Command::new("sleep")
+                .arg("1000")
+                .stdin(std::process::Stdio::null()),
+        )
+        .unwrap();
+    let mut catcher = Proc::start(&catcher_cg, &[]);
+    let sc = Scenario::create(&scenario(&[
+        (plain.id(), 3 * GIB),
+        (catcher.pid(), 3 * GIB),
+    ]))
+    .unwrap();
+    let quotas = format!(
+        "[defaults]\ngrace = \"200ms\"\n{}{}",
+        cgroup_quota(&plain_cg, "2GiB"),
+        cgroup_quota(&catcher_cg, "2GiB")
+    );
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(12);
+    while catcher.usr1s() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        catcher.usr1s() >= 1,
+        "the catcher got SIGUSR1\n{}",
+        agent.log()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let gone = plain.try_wait().unwrap();
+    let _ = plain.kill();
+    let _ = plain.wait();
+    assert_eq!(
+        gone, None,
+        "the process without a handler survived the signal step"
+    );
+    assert!(catcher.alive());
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        metrics.contains(
+            r#"gpushare_enforcement_actions_total{action="signal",result="not_caught"} 1"#
+        ),
+        "the skipped process is counted:\n{metrics}"
+    );
+    assert!(
+        agent.log().contains("does not catch SIGUSR1"),
+        "and logged:\n{}",
+        agent.log()
+    );
+}
