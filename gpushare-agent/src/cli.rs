@@ -91,7 +91,7 @@ pub struct RunArgs {
     /// The local API socket (release), root only.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
     pub socket: PathBuf,
-    /// Where the freeze ledger is kept.
+    /// Where the freeze ledger and the last good quota configuration are kept.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
     /// Decide and report, but freeze, signal and kill nothing.
