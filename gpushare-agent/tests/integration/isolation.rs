@@ -620,3 +620,33 @@ fn a_signal_step_goes_only_to_processes_that_catch_the_signal() {
         agent.log()
     );
 }
+
+#[test]
+fn a_reload_that_changes_the_gpushare_unit_reaches_running_containers() {
+    if !require_root("a_reload_that_changes_the_gpushare_unit") {
+        return;
+    }
+    // A container granted 2 (GiB, as configured) uses 1 GiB: within quota. The operator finds the
+    // device plugin runs with --memory-unit MiB and fixes the setting: the container, still running,
+    // is now over its 2 MiB quota.
+    let cg = container_cgroup();
+    let p = Proc::start(&cg, &[("ALIYUN_COM_GPU_MEM_CONTAINER", "2")]);
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB)])).unwrap();
+    let fast = "[defaults]\ngrace = \"200ms\"\nladder = [ { action = \"freeze\" } ]\n";
+    let agent = AgentProcess::start(&sc, fast, &[]);
+    let key = container_key(&cg);
+    let row = |s: &gpushare_agent::snapshot::Snapshot| {
+        s.workloads
+            .iter()
+            .find(|w| w.workload == key)
+            .map(|w| (w.quota_bytes, w.state.clone()))
+    };
+    agent.wait_for(Duration::from_secs(10), |s| {
+        row(s) == Some((Some(2 * GIB), "ok".to_string()))
+    });
+    agent.write_quotas(&format!("{fast}gpushare_memory_unit = \"MiB\"\n"));
+    agent.wait_for(Duration::from_secs(15), |s| {
+        row(s) == Some((Some(2 << 20), "frozen".to_string()))
+    });
+    assert!(cg.wait_frozen(true));
+}
