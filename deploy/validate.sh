@@ -215,6 +215,11 @@ else
     [[ "$q" == "$TMP"/* ]] && name="deploy/kubernetes/configmap.yaml (data.quotas.toml)"
     if [[ ! -f "$q" ]]; then fail "$name: missing"; continue; fi
     if out="$("$AGENT" check "$q" 2>&1)"; then
+      if grep -q '^warning: ' <<<"$out"; then
+        # A shipped example must not carry a configuration `check` warns about.
+        fail "$name: gpushare-agent check warns:"$'\n'"$(grep '^warning: ' <<<"$out")"
+        continue
+      fi
       pass "$name: gpushare-agent check: valid, $(grep -cvE '^(ORIGIN |OK: |note: |\(no quota)' <<<"$out") quota entries"
     else
       fail "$name: gpushare-agent check:"$'\n'"$out"

@@ -1,13 +1,24 @@
-//! A workload's environment (GPUShare's and HAMi's quota variables) must never make the agent panic.
+//! A container's environment (GPUShare's and HAMi's quota variables) must never make the agent panic,
+//! and no variable may remove or raise a limit another one sets.
 //!
-//! Input: the raw bytes of `/proc/<pid>/environ` (NUL-separated `NAME=value`), read with
-//! `parse_environ` and then `env_quota` under both GPUShare units.
+//! Input: the raw bytes of an environment block (NUL-separated `NAME=value`, as in
+//! `/proc/<pid>/environ`), read with `parse_environ` and then `env_quota` under both GPUShare units.
 #![no_main]
 
 use gpushare_agent::quota::{
-    EnvQuota, EnvQuotaError, EnvSource, GpuShareUnit, env_quota, parse_environ,
+    EnvQuota, EnvQuotaReport, EnvSource, GpuInfo, GpuShareUnit, env_quota, parse_environ,
 };
 use libfuzzer_sys::fuzz_target;
+
+fn gpus() -> Vec<GpuInfo> {
+    (0..2)
+        .map(|i| GpuInfo {
+            index: i,
+            uuid: format!("GPU-{i}"),
+            memory_total: 80 << 30,
+        })
+        .collect()
+}
 
 fuzz_target!(|data: &[u8]| {
     let env = parse_environ(data);
@@ -18,75 +29,68 @@ fuzz_target!(|data: &[u8]| {
         assert!(!value.contains('\0'), "{value:?}");
     }
     let pairs: Vec<(&str, &str)> = env.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+    let gpus = gpus();
 
-    let gib = env_quota(pairs.iter().copied(), GpuShareUnit::GiB);
-    let mib = env_quota(pairs.iter().copied(), GpuShareUnit::MiB);
-    check(&gib, GpuShareUnit::GiB);
-    check(&mib, GpuShareUnit::MiB);
+    let gib = env_quota(pairs.iter().copied(), GpuShareUnit::GiB, &gpus);
+    let mib = env_quota(pairs.iter().copied(), GpuShareUnit::MiB, &gpus);
+    check(&gib);
+    check(&mib);
 
-    // The first occurrence of a name wins (getenv(3)): repeating the environment changes nothing.
-    let doubled = env_quota(pairs.iter().chain(pairs.iter()).copied(), GpuShareUnit::GiB);
-    assert_eq!(doubled, gib);
+    // Every value counts and the smallest wins: repeating the environment changes no limit.
+    let doubled = env_quota(pairs.iter().chain(pairs.iter()).copied(), GpuShareUnit::GiB, &gpus);
+    assert_eq!(doubled.quota, gib.quota);
 
     // HAMi's values carry their own units: the GPUShare unit does not matter to them.
-    let hami = |r: &Result<Option<EnvQuota>, EnvQuotaError>| matches!(r, Ok(Some(q)) if q.source == EnvSource::Hami);
-    if hami(&gib) || hami(&mib) {
-        assert_eq!(gib, mib);
+    let hami = |r: &EnvQuotaReport| matches!(&r.quota, Some(q) if q.source == EnvSource::Hami);
+    if hami(&gib) && hami(&mib) {
+        assert_eq!(gib.quota, mib.quota);
     }
-    // A GPUShare quota in GiB is 1024 times the same number in MiB (which cannot overflow then).
-    if let Ok(Some(q)) = &gib
-        && q.source == EnvSource::GpuShare
-    {
-        let Ok(Some(m)) = &mib else {
-            panic!("GiB gave {q:?} but MiB gave {mib:?}");
-        };
-        let scale = |q: &EnvQuota| -> Vec<u64> {
-            q.per_gpu
-                .iter()
-                .map(|(_, b)| *b)
-                .chain(q.each_gpu)
-                .collect()
-        };
-        let mib_bytes: Vec<u64> = scale(m).iter().map(|b| b << 10).collect();
-        assert_eq!(scale(q), mib_bytes);
-        assert_eq!(
-            q.per_gpu.iter().map(|(d, _)| d).collect::<Vec<_>>(),
-            m.per_gpu.iter().map(|(d, _)| d).collect::<Vec<_>>()
-        );
+
+    // An extra variable never removes or raises a limit.
+    for extra in ["0", "junk", "1g"] {
+        let mut more = pairs.clone();
+        more.push(("CUDA_DEVICE_MEMORY_LIMIT", extra));
+        more.push(("ALIYUN_COM_GPU_MEM_CONTAINER", extra));
+        let with = env_quota(more.iter().copied(), GpuShareUnit::GiB, &gpus);
+        if let Some(q) = &gib.quota {
+            let Some(w) = &with.quota else {
+                panic!("{extra:?} removed {q:?}");
+            };
+            if let Some(b) = q.each_gpu {
+                assert!(w.each_gpu.is_some_and(|a| a <= b), "{q:?} -> {w:?}");
+            }
+            for (d, b) in &q.per_gpu {
+                let a = w.per_gpu.iter().find(|(e, _)| e == d).map(|(_, a)| *a);
+                assert!(a.is_some_and(|a| a <= *b), "{q:?} -> {w:?}");
+            }
+        }
     }
 });
 
-fn check(r: &Result<Option<EnvQuota>, EnvQuotaError>, unit: GpuShareUnit) {
-    match r {
-        Ok(None) => {}
-        Ok(Some(q)) => {
-            // Zero means "no limit": a quota has at least one limit, and none of them is zero.
-            assert!(!q.per_gpu.is_empty() || q.each_gpu.is_some(), "{q:?}");
-            assert!(q.per_gpu.iter().all(|(_, b)| *b > 0), "{q:?}");
-            assert!(q.each_gpu.is_none_or(|b| b > 0), "{q:?}");
-            // No device is limited twice.
-            for (i, (d, _)) in q.per_gpu.iter().enumerate() {
-                assert!(q.per_gpu[..i].iter().all(|(e, _)| e != d), "{q:?}");
-            }
-            if q.source == EnvSource::GpuShare {
-                // One limit, on one known device or on each device, in whole units.
-                assert_eq!(
-                    q.per_gpu.len() + usize::from(q.each_gpu.is_some()),
-                    1,
-                    "{q:?}"
-                );
-                let bytes = q.per_gpu.first().map(|(_, b)| *b).or(q.each_gpu).unwrap();
-                assert_eq!(bytes % unit.bytes(), 0, "{q:?}");
-            }
-            let _ = q.source.as_str();
-            for (d, _) in &q.per_gpu {
-                let _ = d.to_string();
-            }
-        }
-        Err(e) => {
-            assert!(e.value.chars().count() <= 64, "{e:?}");
-            let shown = e.to_string();
-            assert!(shown.starts_with(&format!("`{}=", e.var)), "{shown:?}");
-        }
+fn check(r: &EnvQuotaReport) {
+    if let Some(q) = &r.quota {
+        check_quota(q);
+    }
+    for e in &r.problems {
+        assert!(e.value.chars().count() <= 64, "{e:?}");
+        let shown = e.to_string();
+        assert!(shown.starts_with(&format!("`{}=", e.var)), "{shown:?}");
+    }
+    let _ = r.unit_check.describe();
+}
+
+fn check_quota(q: &EnvQuota) {
+    // Zero means "no limit": a quota has at least one limit, and none of them is zero.
+    assert!(!q.per_gpu.is_empty() || q.each_gpu.is_some(), "{q:?}");
+    assert!(q.per_gpu.iter().all(|(_, b)| *b > 0), "{q:?}");
+    assert!(q.each_gpu.is_none_or(|b| b > 0), "{q:?}");
+    // No device is limited twice, and the limit for every GPU caps each per-device one.
+    for (i, (d, b)) in q.per_gpu.iter().enumerate() {
+        assert!(q.per_gpu[..i].iter().all(|(e, _)| e != d), "{q:?}");
+        assert!(q.each_gpu.is_none_or(|e| *b <= e), "{q:?}");
+    }
+    let _ = q.source.as_str();
+    for (d, _) in &q.per_gpu {
+        let _ = d.to_string();
     }
 }

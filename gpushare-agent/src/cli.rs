@@ -108,7 +108,7 @@ pub struct RunArgs {
     /// The local API socket (release), root only.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
     pub socket: PathBuf,
-    /// Where the freeze ledger is kept.
+    /// Where the freeze ledger and the last good quota configuration are kept.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
     /// Decide and report, but freeze, signal and kill nothing.
@@ -122,27 +122,11 @@ pub struct RunArgs {
     pub compat: Option<String>,
 }
 
-/// Parses `250ms`, `1s`, `1.5s`, `2m`. A bare number is rejected as ambiguous.
+/// Parses a duration flag: `250ms`, `1s`, `1.5s`, `2m`; a bare number is rejected as ambiguous,
+/// and zero is refused. The one grammar for flags, quota files and `launch`:
+/// [`crate::quota::duration`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("`{s}` has no unit: write it as e.g. `500ms`, `1s` or `2m`"))?;
-    let (num, unit) = s.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}`: `{num}` is not a number"))?;
-    let secs = match unit.trim() {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" | "min" => value * 60.0,
-        "h" => value * 3600.0,
-        other => return Err(format!("`{s}`: unknown unit `{other}` (use ms, s, m or h)")),
-    };
-    if !secs.is_finite() || secs <= 0.0 || secs > 86_400.0 {
-        return Err(format!("`{s}` must be more than 0 and at most 24h"));
-    }
-    Ok(Duration::from_secs_f64(secs))
+    crate::quota::duration::parse_nonzero_duration(s)
 }
 
 #[cfg(test)]

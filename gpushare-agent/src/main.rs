@@ -44,6 +44,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         println!("note: {} does not exist (no file entries)", path.display());
                     }
                     print!("{}", render_quota_rows(&set.describe()));
+                    for w in set.warnings() {
+                        println!("warning: {w}");
+                    }
                     println!(
                         "OK: {} and {}/*.toml are valid",
                         path.display(),

@@ -189,9 +189,13 @@ impl Collector for SnapshotCollector {
             &mut e,
             "gpushare_workload_gpu_memory_quota_bytes",
             "GPU memory quota of a workload, bytes",
-            snap.workloads
-                .iter()
-                .filter_map(|w| w.quota_bytes.map(|q| (workload_labels(w), q as f64))),
+            snap.workloads.iter().filter_map(|w| {
+                w.quota_bytes.map(|q| {
+                    let mut l = workload_labels(w);
+                    l.push(("quota_trust", w.quota_trust.clone()));
+                    (l, q as f64)
+                })
+            }),
         )?;
         gauge(
             &mut e,
@@ -303,6 +307,20 @@ impl Collector for SnapshotCollector {
             c.nvml_errors
                 .iter()
                 .map(|(k, v)| (vec![("call", k.clone())], *v)),
+        )?;
+        counter(
+            &mut e,
+            "gpushare_env_quota_errors",
+            "Malformed environment-quota variables and unreadable runtime specs (each ignored)",
+            [(Labels::new(), c.env_quota_errors)],
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_env_quota_unit_mismatch",
+            "1 for a workload whose ALIYUN_COM_GPU_MEM_DEV says the device plugin's unit is not gpushare_memory_unit",
+            c.env_quota_unit_mismatch
+                .keys()
+                .map(|k| (vec![("workload", k.clone())], 1.0)),
         )?;
         gauge(
             &mut e,

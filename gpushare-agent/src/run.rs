@@ -75,7 +75,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         );
     }
     let paths = QuotaPaths::new(args.quotas.clone(), Some(args.runtime_quotas.clone()));
-    let quotas = QuotaStore::load(paths.clone());
+    let quotas = QuotaStore::load_with_state(paths.clone(), Some(args.state_dir.clone()));
     let snapshot: SharedSnapshot = Arc::default();
     let compat = if args.compat.as_deref() == Some("hami") {
         Compat::Hami

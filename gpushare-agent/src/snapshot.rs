@@ -55,6 +55,10 @@ pub struct Health {
     pub degraded: Vec<String>,
     /// Whether enforcement only reports (`--dry-run`).
     pub dry_run: bool,
+    /// Whether no operator configuration is in force (invalid at start, none kept): alerts and
+    /// metrics only, no signal, freeze or kill.
+    #[serde(default)]
+    pub observe_only: bool,
 }
 
 /// One GPU.
@@ -101,6 +105,10 @@ pub struct WorkloadView {
     pub quota_bytes: Option<u64>,
     /// Where the quota comes from (`file:line`, `env:ALIYUN_COM_GPU_MEM_CONTAINER`, ...).
     pub quota_source: String,
+    /// How far that source is trusted: `file`, `runtime_spec` or `init_environ` (empty without a
+    /// quota).
+    #[serde(default)]
+    pub quota_trust: String,
     /// Isolation state as the kernel has it (`ok`, `over_quota`, `alerted`, `signalled`,
     /// `freezing`, `frozen`, `killing`).
     pub state: String,
@@ -168,6 +176,13 @@ pub struct Counters {
     /// Attribution's identity checks, by kind (`exited`, `stale_identity`, `unverifiable`).
     #[serde(default)]
     pub identity: BTreeMap<String, u64>,
+    /// Malformed environment-quota variables and unreadable runtime specs seen.
+    #[serde(default)]
+    pub env_quota_errors: u64,
+    /// Workloads whose `ALIYUN_COM_GPU_MEM_DEV` disagrees with `gpushare_memory_unit`, and what
+    /// it says.
+    #[serde(default)]
+    pub env_quota_unit_mismatch: BTreeMap<String, String>,
 }
 
 /// What one step observed and decided, borrowed for [`Publisher::build`].
@@ -182,6 +197,8 @@ pub struct StepReport<'a> {
     pub policy: &'a PolicyState,
     /// Names of workloads.
     pub names: &'a NameCache,
+    /// How far each workload's quota source is trusted (`file`, `runtime_spec`, `init_environ`).
+    pub quota_trust: &'a HashMap<String, &'static str>,
     /// Health: readiness and degraded modes.
     pub health: Health,
     /// Monotonic totals kept by the agent (this builder adds the ioctl totals).
@@ -333,6 +350,7 @@ impl Publisher {
                     v.quota_bytes = Some(ss.limit);
                 }
                 v.quota_source = ws.quota.clone();
+                v.quota_trust = r.quota_trust.get(key).copied().unwrap_or("").to_string();
                 v.state = ws.reported_scope(scope, dry_run).to_string();
                 v.detail = detail(ws.retry.as_ref(), r.now);
                 if v.cgroup_path.is_empty() {

@@ -42,6 +42,12 @@ pub fn render_status(snap: &Snapshot) -> String {
         h.nvml,
         if h.dry_run { "  DRY RUN" } else { "" }
     );
+    if h.observe_only {
+        let _ = writeln!(
+            out,
+            "  OBSERVE ONLY: alerts and metrics, no signal, freeze or kill"
+        );
+    }
     for d in &h.degraded {
         let _ = writeln!(out, "  degraded: {d}");
     }
@@ -133,6 +139,16 @@ pub fn render_status(snap: &Snapshot) -> String {
     }
     if snap.workloads.is_empty() {
         let _ = writeln!(out, "(no workload on any GPU)");
+    }
+    let mut noted = std::collections::BTreeSet::new();
+    for w in &snap.workloads {
+        if w.quota_trust == "init_environ" && noted.insert(&w.workload) {
+            let _ = writeln!(
+                out,
+                "  note: {}: environment quota read from its init process (no runtime spec found): lower trust",
+                w.workload
+            );
+        }
     }
     out
 }

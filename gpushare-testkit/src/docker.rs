@@ -850,6 +850,24 @@ impl GpuContainer {
     /// Runs the fake GPU program attached (`docker run -i`): [`Self::command`] drives it through
     /// the CLI's stdin. `docker_args` go to `docker run` (e.g. `-e K=V`).
     pub fn attached(docker: &Docker, hint: &str, docker_args: &[&str]) -> Result<Self> {
+        Self::attached_cmd(
+            docker,
+            hint,
+            docker_args,
+            &[FAKE_GPU_PROC, "--device", CONTAINER_DEVICE],
+        )
+    }
+
+    /// Like [`Self::attached`], with `cmd` as the container's command: it must run the fake GPU
+    /// program on [`CONTAINER_DEVICE`] with its stdin and stdout, e.g. from a shell entrypoint
+    /// (`sh -c '... FAKE_GPU_PROC --device /dev/nvidia0; exit'`). Then [`Self::pid`] is the
+    /// container's main process, and [`Self::gpu_pid`] the fake GPU program.
+    pub fn attached_cmd(
+        docker: &Docker,
+        hint: &str,
+        docker_args: &[&str],
+        cmd: &[&str],
+    ) -> Result<Self> {
         let node = FakeDeviceNode::create_at(PathBuf::from(format!(
             "{DEVICE_NODE_PREFIX}{}",
             unique(hint)
@@ -862,7 +880,8 @@ impl GpuContainer {
             .args(["--network", "none", "--device"])
             .arg(format!("{}:{CONTAINER_DEVICE}", node.path().display()))
             .args(docker_args)
-            .args([docker.image(), FAKE_GPU_PROC, "--device", CONTAINER_DEVICE])
+            .arg(docker.image())
+            .args(cmd)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -959,6 +978,16 @@ impl GpuContainer {
     /// The host pid of the fake GPU program when it started.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The host pid of the container's process that holds its fake GPU open (the fake GPU
+    /// program, wherever in the container's process tree it runs), if one does.
+    pub fn gpu_pid(&self) -> Option<u32> {
+        let procs = fs::read_to_string(self.v2_dir()?.join("cgroup.procs")).ok()?;
+        procs
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .find(|&pid| holds_device(pid))
     }
 
     /// The host's device node mapped into the container.

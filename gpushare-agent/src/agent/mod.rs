@@ -13,6 +13,7 @@
 //!
 //! The async event loop ([`crate::run`]) only decides *when* to step.
 
+pub mod env_quotas;
 pub mod quota_store;
 pub mod workloads;
 
@@ -32,7 +33,7 @@ use crate::{
     metrics::{Metrics, SharedSnapshot},
     nvml::{DriverStatus, NvmlSampler},
     policy::{self, Action, ActionKind, AttributedProcess, ObservedGroup, PolicyState, Transition},
-    quota::Signal,
+    quota::{GpuInfo, Signal},
     sample::GpuSample,
     snapshot::{Counters, Health, Publisher, QuotaView, StepReport},
 };
@@ -96,7 +97,10 @@ impl Agent {
             policy: PolicyState::default(),
             opts,
             started: Instant::now(),
-            workloads: Workloads::default(),
+            workloads: Workloads::new(
+                crate::attribution::cgroupfs::find_cgroup2_mount()
+                    .unwrap_or_else(|_| "/sys/fs/cgroup".into()),
+            ),
             enforcement_counts: BTreeMap::new(),
             external_changes: BTreeMap::new(),
             metrics,
@@ -278,9 +282,18 @@ impl Agent {
             keep.push(p);
         }
         sample.processes = keep;
-        let processes = self
-            .workloads
-            .attribute(self.tracker.table().tasks(), self.quotas.current());
+        let gpus: Vec<GpuInfo> = sample
+            .devices
+            .iter()
+            .map(|d| GpuInfo {
+                index: d.index,
+                uuid: d.uuid.clone(),
+                memory_total: d.memory_total,
+            })
+            .collect();
+        let processes =
+            self.workloads
+                .attribute(self.tracker.table().tasks(), self.quotas.current(), &gpus);
         let wanted: Vec<(String, String)> = self
             .policy
             .workloads
@@ -311,6 +324,7 @@ impl Agent {
                 releases: &obs.releases,
                 agent_pid: Some(std::process::id()),
                 dry_run: self.opts.dry_run,
+                observe_only: self.quotas.observe_only(),
                 observed: &obs.groups,
             },
         )
@@ -372,7 +386,7 @@ impl Agent {
                 info!("signalling {} with {}: {}", a.workload, sig.name, a.reason);
                 let r = self
                     .enforcer
-                    .signal(&a.workload, &self.targets(a), sig.number);
+                    .signal_step(&a.workload, &self.targets(a), sig.number);
                 summarize(&r)
             }
             ActionKind::Freeze => {
@@ -447,6 +461,24 @@ impl Agent {
                 degraded.push(format!("GPU {i}: {reason}"));
             }
         }
+        for (key, said) in self.workloads.env_quotas().unit_mismatches() {
+            degraded.push(format!("{key}: {said}"));
+        }
+        if self.quotas.observe_only() {
+            degraded.push(
+                "observe only: the quota configuration was invalid at start and no last good \
+                 configuration is kept; alerts and metrics, no signal, freeze or kill, until a \
+                 valid configuration loads"
+                    .to_string(),
+            );
+        }
+        if let Some(kept) = self.quotas.kept_in_force() {
+            degraded.push(format!(
+                "the quota files were invalid at start: the last good configuration kept in {} is \
+                 in force",
+                kept.display()
+            ));
+        }
         if !self.quotas.valid() {
             degraded.push(format!(
                 "quota configuration invalid: {}",
@@ -466,6 +498,7 @@ impl Agent {
             },
             degraded,
             dry_run: self.opts.dry_run,
+            observe_only: self.quotas.observe_only(),
         }
     }
 
@@ -499,6 +532,13 @@ impl Agent {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect(),
+            env_quota_errors: self.workloads.env_quotas().problems_total(),
+            env_quota_unit_mismatch: self
+                .workloads
+                .env_quotas()
+                .unit_mismatches()
+                .into_iter()
+                .collect(),
         };
         let quotas = self
             .quotas
@@ -519,6 +559,7 @@ impl Agent {
             processes: &obs.processes,
             policy: &self.policy,
             names: self.workloads.names(),
+            quota_trust: self.workloads.quota_trust(),
             health: self.health(&obs.sample),
             counters,
             quotas,
@@ -535,6 +576,8 @@ fn summarize(r: &[(crate::attribution::ProcessIdentity, ExecOutcome)]) -> ExecOu
         ExecOutcome::Ok
     } else if r.iter().any(|(_, o)| *o == ExecOutcome::DryRun) {
         ExecOutcome::DryRun
+    } else if r.iter().any(|(_, o)| *o == ExecOutcome::NotCaught) {
+        ExecOutcome::NotCaught
     } else if r.iter().any(|(_, o)| *o == ExecOutcome::Failed) {
         ExecOutcome::Failed
     } else if r.iter().any(|(_, o)| *o == ExecOutcome::Refused) {

@@ -15,18 +15,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use log::warn;
-
+use super::env_quotas::EnvQuotaReader;
 use crate::{
-    attribution::{
-        GpuTaskEntry, ProcessIdentity, WorkloadId, WorkloadKind, docker, k8s_names,
-        workload::Runtime,
-    },
+    attribution::{GpuTaskEntry, WorkloadId, WorkloadKind, docker, k8s_names, workload::Runtime},
     policy::AttributedProcess,
-    quota::{
-        EnvQuota, QuotaSet, Selector, WorkloadMeta,
-        env::{env_quota, parse_environ},
-    },
+    quota::{GpuInfo, QuotaSet, QuotaSource, Selector, WorkloadMeta},
 };
 
 /// Human names of a workload the node can tell without an API server.
@@ -132,37 +125,52 @@ pub fn cgroup_root(quotas: &QuotaSet, path: &str) -> String {
 }
 
 /// Builds the policy's view of the GPU tasks, step after step.
-#[derive(Default)]
 pub struct Workloads {
     names: NameCache,
-    env_cache: HashMap<ProcessIdentity, Option<EnvQuota>>,
-    env_errors: u64,
+    env_quotas: EnvQuotaReader,
+    quota_trust: HashMap<String, &'static str>,
 }
 
 impl Workloads {
+    /// Over the cgroup v2 hierarchy at `v2_root` (where a container's init is looked for when its
+    /// runtime spec cannot be found).
+    pub fn new(v2_root: std::path::PathBuf) -> Self {
+        Self {
+            names: NameCache::default(),
+            env_quotas: EnvQuotaReader::system(v2_root),
+            quota_trust: HashMap::new(),
+        }
+    }
+
     /// The name cache (for readers of the snapshot).
     pub fn names(&self) -> &NameCache {
         &self.names
     }
 
-    /// Environment quotas that could not be read.
-    pub fn env_errors(&self) -> u64 {
-        self.env_errors
+    /// The environment-quota reader (its counters and unit checks, for reports).
+    pub fn env_quotas(&self) -> &EnvQuotaReader {
+        &self.env_quotas
     }
 
-    /// One [`AttributedProcess`] per task with a known workload.
+    /// How far each workload's quota source is trusted (`file`, `runtime_spec`, `init_environ`).
+    pub fn quota_trust(&self) -> &HashMap<String, &'static str> {
+        &self.quota_trust
+    }
+
+    /// One [`AttributedProcess`] per task with a known workload, each workload at its root, with
+    /// the environment quota its runtime gave it (one lookup per workload per step).
     pub fn attribute<'a>(
         &mut self,
         tasks: impl Iterator<Item = &'a GpuTaskEntry>,
         quotas: &QuotaSet,
+        gpus: &[GpuInfo],
     ) -> Vec<AttributedProcess> {
         let env_enabled = quotas.defaults().env_quotas;
         let unit = quotas.defaults().gpushare_unit;
         let mut out = Vec::new();
-        let mut live = HashSet::new();
+        let mut env_of = HashMap::new();
         for t in tasks {
             let Some(w) = &t.workload else { continue };
-            live.insert(t.identity);
             let id = match w.kind {
                 WorkloadKind::Cgroup => WorkloadId {
                     cgroup_path: cgroup_root(quotas, &w.cgroup_path),
@@ -170,32 +178,15 @@ impl Workloads {
                 },
                 _ => w.clone(),
             };
-            let env = if env_enabled
-                && !matches!(id.kind, WorkloadKind::Host | WorkloadKind::Cgroup)
-            {
-                let errors = &mut self.env_errors;
-                self.env_cache
-                    .entry(t.identity)
-                    .or_insert_with(|| {
-                        let bytes =
-                            std::fs::read(format!("/proc/{}/environ", t.identity.pid)).ok()?;
-                        let vars = parse_environ(&bytes);
-                        match env_quota(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())), unit) {
-                            Ok(q) => q,
-                            Err(e) => {
-                                *errors += 1;
-                                warn!(
-                                    "pid {}: ignoring its environment quota: {e}",
-                                    t.identity.pid
-                                );
-                                None
-                            }
-                        }
-                    })
-                    .clone()
-            } else {
-                None
-            };
+            let env = env_of
+                .entry(id.key())
+                .or_insert_with(|| {
+                    env_enabled
+                        .then(|| self.env_quotas.quota_for(&id, unit, gpus))
+                        .flatten()
+                        .map(|(q, _)| q)
+                })
+                .clone();
             let names = self.names.get(&id);
             out.push(AttributedProcess {
                 identity: t.identity,
@@ -208,9 +199,22 @@ impl Workloads {
                 env_quota: env,
             });
         }
-        self.env_cache.retain(|id, _| live.contains(id));
-        let live_keys = out.iter().map(|p| p.workload.key()).collect();
+        let live_keys: HashSet<String> = out.iter().map(|p| p.workload.key()).collect();
+        self.env_quotas.retain(&live_keys);
         self.names.retain(&live_keys);
+        self.quota_trust.clear();
+        for p in &out {
+            let key = p.workload.key();
+            if self.quota_trust.contains_key(&key) {
+                continue;
+            }
+            let trust = match quotas.resolve(&p.workload, p.env_quota.as_ref()) {
+                Some(q) if matches!(q.source, QuotaSource::File { .. }) => "file",
+                Some(_) => self.env_quotas.trust_of(&key).map_or("", |t| t.as_str()),
+                None => "",
+            };
+            self.quota_trust.insert(key, trust);
+        }
         out
     }
 }

@@ -22,7 +22,7 @@ pub const DEFAULT_DATA_ROOT: &str = "/var/lib/docker";
 /// The engine's configuration file, which may move the data root (`"data-root"`).
 pub const DAEMON_JSON: &str = "/etc/docker/daemon.json";
 /// Larger files are not read: a real `config.v2.json` is a few KiB (tens with many mounts).
-const MAX_CONFIG_BYTES: u64 = 4 << 20;
+pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
 
 /// Whether `id` is a full Docker container id: 64 lowercase hex digits (also keeps any path
 /// component such as `..` out of the file name).
@@ -66,6 +66,39 @@ struct ConfigV2 {
     id: Option<String>,
     #[serde(rename = "Name", default)]
     name: Option<String>,
+}
+
+/// What the environment is read from (apart from [`ConfigV2`], so an odd `Config` never costs a
+/// container its name).
+#[derive(serde::Deserialize)]
+struct ConfigV2Env {
+    #[serde(rename = "ID", default)]
+    id: Option<String>,
+    #[serde(rename = "Config", default)]
+    config: Option<ContainerConfig>,
+}
+
+/// The part of `config.v2.json`'s `"Config"` the agent reads.
+#[derive(serde::Deserialize)]
+struct ContainerConfig {
+    /// `NAME=value` strings: the image's `ENV` merged with `docker run -e` (and, under Kubernetes,
+    /// what the kubelet and device plugins set), as the engine gave them to the container.
+    #[serde(rename = "Env", default)]
+    env: Option<Vec<String>>,
+}
+
+/// The environment the engine gave container `id`, from the text of its `config.v2.json`
+/// (`Config.Env`), as `NAME=value` strings. An error says why the file cannot be used: not JSON,
+/// another container's file, no `Config.Env`.
+pub fn env_from_config(bytes: &[u8], id: &str) -> Result<Vec<String>, String> {
+    let cfg: ConfigV2Env =
+        serde_json::from_slice(bytes).map_err(|e| format!("not a Docker container config: {e}"))?;
+    if cfg.id.as_deref().is_some_and(|i| i != id) {
+        return Err("the file names another container".to_string());
+    }
+    cfg.config
+        .and_then(|c| c.env)
+        .ok_or_else(|| "no Config.Env in the file".to_string())
 }
 
 /// The name in the text of a `config.v2.json`, checked against the container id `id`.
@@ -309,6 +342,26 @@ mod tests {
         let f = fs::File::create(&dir).unwrap();
         f.set_len(MAX_CONFIG_BYTES + 1).unwrap();
         assert_eq!(docker_container_name(&root.0, ID), None);
+    }
+
+    #[test]
+    fn the_environment_the_engine_gave_the_container() {
+        assert_eq!(
+            env_from_config(config(ID, "/x").as_bytes(), ID),
+            Ok(vec!["PATH=/bin".to_string()])
+        );
+        for (what, text) in [
+            ("another container", config(OTHER, "/x")),
+            ("no Config", format!(r#"{{"ID":"{ID}"}}"#)),
+            ("no Env", format!(r#"{{"ID":"{ID}","Config":{{}}}}"#)),
+            (
+                "Env not a list",
+                format!(r#"{{"ID":"{ID}","Config":{{"Env":"A=1"}}}}"#),
+            ),
+            ("garbage", "\u{0}{".to_string()),
+        ] {
+            assert!(env_from_config(text.as_bytes(), ID).is_err(), "{what}");
+        }
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod docker;
 pub mod k8s_names;
 pub mod pidfd;
 pub mod procinfo;
+pub mod runtime_spec;
 pub mod tracker;
 pub mod workload;
 

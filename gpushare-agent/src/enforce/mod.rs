@@ -38,7 +38,7 @@ use self::{
     ledger::{FreezeLedger, FreezeRecord},
     lock::{LockError, StateLock},
     marks::Mark,
-    signal::{SignalOutcome, send_verified},
+    signal::{SignalOutcome, catches, send_if_caught, send_verified},
 };
 use crate::{
     attribution::{Pidfd, ProcessIdentity, cgroupfs, parse_cgroup_path},
@@ -64,6 +64,8 @@ pub enum Outcome {
     Refused,
     /// Tried and failed.
     Failed,
+    /// A signal step skipped the process: it does not catch the signal, which would end it.
+    NotCaught,
 }
 
 impl Outcome {
@@ -76,6 +78,7 @@ impl Outcome {
             Self::Noop => "noop",
             Self::Refused => "refused",
             Self::Failed => "failed",
+            Self::NotCaught => "not_caught",
         }
     }
 }
@@ -628,6 +631,27 @@ impl Enforcer {
         targets: &[Target],
         sig: i32,
     ) -> Vec<(ProcessIdentity, Outcome)> {
+        self.signal_targets(workload, targets, sig, false)
+    }
+
+    /// A ladder's `signal` step: sends `sig` only to the processes that catch it; the others are
+    /// skipped ([`Outcome::NotCaught`]), since the signal would end them and only a `kill` step may.
+    pub fn signal_step(
+        &self,
+        workload: &str,
+        targets: &[Target],
+        sig: i32,
+    ) -> Vec<(ProcessIdentity, Outcome)> {
+        self.signal_targets(workload, targets, sig, true)
+    }
+
+    fn signal_targets(
+        &self,
+        workload: &str,
+        targets: &[Target],
+        sig: i32,
+        only_if_caught: bool,
+    ) -> Vec<(ProcessIdentity, Outcome)> {
         targets
             .iter()
             .map(|t| {
@@ -640,12 +664,29 @@ impl Enforcer {
                     return (id, Outcome::DryRun);
                 }
                 let sent = match &t.pidfd {
-                    Some(fd) if fd.has_exited() => Ok(SignalOutcome::Gone),
-                    Some(fd) => match fd.send_signal(sig) {
-                        Ok(()) => Ok(SignalOutcome::Sent),
-                        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(SignalOutcome::Gone),
-                        Err(e) => Err(anyhow::anyhow!("pidfd_send_signal({}): {e}", id.pid)),
-                    },
+                    Some(fd) => {
+                        // /proc/<pid> read before the pidfd is found alive is about its process.
+                        let caught = if only_if_caught {
+                            catches(id.pid, sig)
+                        } else {
+                            Ok(true)
+                        };
+                        match (fd.has_exited(), caught) {
+                            (true, _) => Ok(SignalOutcome::Gone),
+                            (false, Ok(false)) => Ok(SignalOutcome::NotCaught),
+                            (false, Err(e)) => Err(e),
+                            (false, Ok(true)) => match fd.send_signal(sig) {
+                                Ok(()) => Ok(SignalOutcome::Sent),
+                                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                                    Ok(SignalOutcome::Gone)
+                                }
+                                Err(e) => {
+                                    Err(anyhow::anyhow!("pidfd_send_signal({}): {e}", id.pid))
+                                }
+                            },
+                        }
+                    }
+                    None if only_if_caught => send_if_caught(id, sig),
                     None => send_verified(id, sig),
                 };
                 let outcome = match sent {
@@ -654,6 +695,18 @@ impl Enforcer {
                         Outcome::Ok
                     }
                     Ok(SignalOutcome::Gone) => Outcome::Noop,
+                    Ok(SignalOutcome::NotCaught) => {
+                        let name = crate::quota::SIGNALS
+                            .iter()
+                            .find(|s| s.number == sig)
+                            .map_or(sig.to_string(), |s| s.name.to_string());
+                        info!(
+                            "not signalling {} of {workload}: it does not catch {name}, which \
+                             would end it (only a kill step ends a process)",
+                            id.pid
+                        );
+                        Outcome::NotCaught
+                    }
                     Ok(SignalOutcome::Reused) => {
                         warn!(
                             "not signalling pid {}: it now belongs to another process",

@@ -93,7 +93,7 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "STEPS", value_parser = parse_action)]
     pub action: Option<Ladder>,
     /// How long the service may stay over quota before the first step (default: the quota file's).
-    #[arg(long, value_name = "DURATION", value_parser = spec::parse_duration_or_zero)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::quota::parse_duration)]
     pub grace: Option<Duration>,
     /// Choose the GPU with the most free memory (balance) instead of the tightest fit.
     #[arg(long)]

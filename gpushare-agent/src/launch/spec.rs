@@ -8,7 +8,7 @@
 
 use std::{ffi::OsStr, time::Duration};
 
-use crate::quota::{ByteSize, LadderStep, Signal, StepAction, fmt_duration};
+use crate::quota::{ByteSize, LadderStep, Signal, StepAction, fmt_duration, parse_duration};
 
 /// The cgroup every launched service lives under, below the v2 root.
 pub const PARENT_SLICE: &str = "gpushare.slice";
@@ -97,21 +97,6 @@ pub fn file_name(name: &str) -> String {
     format!("{FILE_PREFIX}{name}.toml")
 }
 
-/// Like [`crate::cli::parse_duration`], but `0s` is allowed.
-pub fn parse_duration_or_zero(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let num = t.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    if !num.is_empty()
-        && num != t
-        && num.bytes().all(|b| b == b'0' || b == b'.')
-        && num.bytes().any(|b| b == b'0')
-    {
-        return crate::cli::parse_duration(&format!("1{}", &t[num.len()..]))
-            .map(|_| Duration::ZERO);
-    }
-    crate::cli::parse_duration(t)
-}
-
 /// Parses `--action`: `none` (observe only), or comma-separated steps `ACTION[:SIGNAL][@AFTER]`
 /// with ACTION one of `alert`, `signal`, `freeze`, `kill`; SIGNAL only for `signal` (default
 /// SIGUSR1) and `kill` (default SIGKILL); AFTER a duration such as `2s` (defaults: alert 0s,
@@ -154,7 +139,7 @@ pub fn parse_actions(s: &str) -> Result<Vec<LadderStep>, String> {
         };
         let after = match after {
             None => *default_after,
-            Some(a) => parse_duration_or_zero(a).map_err(|e| format!("{raw:?}: {e}"))?,
+            Some(a) => parse_duration(a).map_err(|e| format!("{raw:?}: {e}"))?,
         };
         let action = match name {
             "alert" => StepAction::Alert,
@@ -370,14 +355,16 @@ mod tests {
 
     #[test]
     fn zero_durations_need_a_unit_too() {
-        assert_eq!(parse_duration_or_zero("0s"), Ok(Duration::ZERO));
-        assert_eq!(parse_duration_or_zero("0.0ms"), Ok(Duration::ZERO));
-        assert_eq!(
-            parse_duration_or_zero("1.5s"),
-            Ok(Duration::from_millis(1500))
+        // The one duration grammar ([`crate::quota::duration`]), zero allowed.
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("0").is_err());
+        assert!(parse_duration("0parsecs").is_err());
+        assert!(
+            parse_actions("signal@5")
+                .unwrap_err()
+                .contains("has no unit")
         );
-        assert!(parse_duration_or_zero("0").is_err());
-        assert!(parse_duration_or_zero("0parsecs").is_err());
     }
 
     #[test]

@@ -146,6 +146,10 @@ pub struct PolicyInput<'a> {
     pub agent_pid: Option<u32>,
     /// Copied into every action: decide, report, touch nothing.
     pub dry_run: bool,
+    /// No operator configuration is in force (invalid at start, none kept): alert, take no
+    /// other ladder step and freeze nothing (they fire once this ends, when due); thaws still
+    /// happen.
+    pub observe_only: bool,
     /// The root groups of workloads the agent froze or wants frozen, by workload key, as the
     /// kernel reported them at the start of this step.
     pub observed: &'a BTreeMap<String, ObservedGroup>,
@@ -763,7 +767,9 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
             reason += &format!("; {}", quota.source);
             while !released && taken < ladder.len() {
                 let step = ladder[taken];
-                if elapsed < l.enforcement.grace.max(step.after) {
+                if elapsed < l.enforcement.grace.max(step.after)
+                    || (input.observe_only && step.action != StepAction::Alert)
+                {
                     break;
                 }
                 taken += 1;
@@ -864,7 +870,7 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
             let complied = l.is_some_and(|l| !l.unknown && !l.liable) || l.is_none();
             if released || complied {
                 ws.killing = None;
-            } else if let Some(l) = l.filter(|l| !l.unknown) {
+            } else if let Some(l) = l.filter(|l| !l.unknown && !input.observe_only) {
                 let since = k.sigkill_at.unwrap_or(k.since);
                 if input.now.saturating_sub(since) >= KILL_GRACE {
                     ws.killing = Some(Killing {
@@ -1126,8 +1132,8 @@ fn reconcile(
     let due = retry.is_none_or(|r| now >= r.next_at);
     let (kind, usage, limit) = match transition {
         Transition::Freeze => {
-            let Some(ul) = freeze_on else {
-                // Unknown data: neither a first freeze nor a retry.
+            let Some(ul) = freeze_on.filter(|_| !cx.input.observe_only) else {
+                // Unknown data (or observe only): neither a first freeze nor a retry.
                 return Some(ws);
             };
             (ActionKind::Freeze, ul.map(|u| u.0), ul.map(|u| u.1))

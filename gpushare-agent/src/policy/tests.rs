@@ -115,6 +115,7 @@ struct Sim {
     releases: Vec<String>,
     agent_pid: Option<u32>,
     dry_run: bool,
+    observe_only: bool,
     last: Option<Outcome>,
     /// The groups the agent froze, as the kernel reports them at the next step.
     kernel: BTreeMap<String, ObservedGroup>,
@@ -132,6 +133,7 @@ impl Sim {
             releases: Vec::new(),
             agent_pid: None,
             dry_run: false,
+            observe_only: false,
             last: None,
             kernel: BTreeMap::new(),
             kernel_applies: true,
@@ -152,6 +154,7 @@ impl Sim {
                 releases: &releases,
                 agent_pid: self.agent_pid,
                 dry_run: self.dry_run,
+                observe_only: self.observe_only,
                 observed: &self.kernel,
             },
         );
@@ -728,6 +731,42 @@ fn dry_run_is_marked_on_every_action() {
 }
 
 #[test]
+fn observe_only_alerts_and_takes_no_other_step_until_it_ends() {
+    let a = docker('a');
+    let mut sim = Sim::new(&quota_for('a', "grace = \"0s\""), vec![attributed(10, &a)]);
+    sim.observe_only = true;
+    let mut actions = sim.at(0, &[(10, 0, Some(3 * GIB))]);
+    actions.extend(sim.at(60_000, &[(10, 0, Some(3 * GIB))]));
+    let kinds: Vec<ActionKind> = actions.iter().map(|a| a.kind).collect();
+    assert_eq!(kinds, vec![ActionKind::Alert], "no signal, no freeze");
+    assert_eq!(sim.status('a', GpuScope::All), Some(Status::Alerted));
+    // A valid configuration loads: the steps that are due fire.
+    sim.observe_only = false;
+    let kinds: Vec<ActionKind> = sim
+        .at(61_000, &[(10, 0, Some(3 * GIB))])
+        .iter()
+        .map(|a| a.kind)
+        .collect();
+    assert_eq!(kinds, vec![USR1, ActionKind::Freeze]);
+}
+
+#[test]
+fn observe_only_freezes_nothing_again_but_still_thaws() {
+    let a = docker('a');
+    let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+    sim.observe_only = true;
+    // An earlier run's freeze, thawed by someone: not frozen again while observing only.
+    sim.kernel
+        .insert(key('a'), observed(GroupState::Thawed, true, 'a'));
+    assert!(sim.at(0, &[(10, 0, Some(3 * GIB))]).is_empty());
+    // Within quota: the freeze the agent owns is undone.
+    sim.kernel
+        .insert(key('a'), observed(GroupState::Frozen, true, 'a'));
+    let thaw = sim.at(1000, &[(10, 0, Some(GIB))]);
+    assert_eq!(thaw[0].kind, ActionKind::Thaw);
+}
+
+#[test]
 fn state_serializes_to_json() {
     let a = docker('a');
     let mut sim = Sim::new(&quota_for('a', "gpu = 1"), vec![attributed(10, &a)]);
@@ -1151,6 +1190,7 @@ fn replay(w: &World) -> Replay {
                 releases: &releases,
                 agent_pid: w.agent,
                 dry_run: false,
+                observe_only: false,
                 observed: &kernel,
             },
         );
@@ -1330,6 +1370,7 @@ proptest! {
                     releases,
                     agent_pid: w.agent,
                     dry_run: false,
+                    observe_only: false,
                     observed,
                 });
                 prop_assert_eq!(&again, out);

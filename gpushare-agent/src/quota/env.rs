@@ -1,22 +1,43 @@
-//! Quotas a workload carries in its environment, as GPUShare's and HAMi's device plugins set them.
+//! Quotas a container carries in its environment, as GPUShare's and HAMi's device plugins set them.
 //!
-//! Design note: pure functions over `(name, value)` pairs; the caller reads `/proc/<pid>/environ`
-//! (see [`parse_environ`]) and counts errors. The first occurrence of a name wins, as with
-//! `getenv(3)`.
+//! Design note: pure functions over `(name, value)` pairs. Where the pairs come from (the
+//! container's runtime spec, else its init process) is [`crate::attribution::runtime_spec`]'s job
+//! and how far they are trusted is reported beside the quota ([`Trust`]); this module only turns
+//! the variables into limits.
 //!
 //! - GPUShare: `ALIYUN_COM_GPU_MEM_CONTAINER` (an integer in the plugin's `--memory-unit`, GiB unless
-//!   configured as MiB) on the host GPU `ALIYUN_COM_GPU_MEM_IDX`; an index of `-1` or no index means
-//!   the device is unknown, so the limit applies to each GPU the workload uses.
+//!   configured as MiB) on the host GPU `ALIYUN_COM_GPU_MEM_IDX`; an index of `-1`, no index, or an
+//!   index that cannot be read means the device is unknown, so the limit applies to each GPU the
+//!   workload uses. `ALIYUN_COM_GPU_MEM_DEV` is the device's size in the same unit: it is checked
+//!   against the GPU's real memory ([`UnitCheck`]).
 //! - HAMi: `CUDA_DEVICE_MEMORY_LIMIT_<i>` for CUDA device `<i>` inside the container, and
-//!   `CUDA_DEVICE_MEMORY_LIMIT` for every other device. Values are `<n>` bytes or `<n>k|m|g` (powers of
+//!   `CUDA_DEVICE_MEMORY_LIMIT` for every device. Values are `<n>` bytes or `<n>k|m|g` (powers of
 //!   1024, either case). CUDA index `<i>` is mapped to a host device through `CUDA_VISIBLE_DEVICES`
 //!   (container-local indices or UUIDs) and then `NVIDIA_VISIBLE_DEVICES` (host indices or UUIDs, as
 //!   the NVIDIA container runtime reads it); where neither holds a list, the index is the host index.
-//! - A value of 0 means "no limit" in both plugins (GPUShare shows unset requests as 0), so it yields
-//!   no quota rather than a quota of zero bytes.
-//! - When both plugins' variables are present, HAMi's win: they name devices explicitly.
+//!
+//! **No escape.** Every variable can only add a limit or lower one; none can remove or raise a limit
+//! another variable sets:
+//! - a value of 0 means "no limit" in both plugins (GPUShare shows unset requests as 0), so it adds
+//!   nothing, and removes nothing either;
+//! - a malformed value (or a HAMi index that cannot be mapped to a host device) is reported in
+//!   [`EnvQuotaReport::problems`] and ignored, except that an indexed HAMi limit whose device cannot
+//!   be told applies to every GPU (bounded is better than unbounded);
+//! - when a name appears more than once, or both plugins' variables are present, every valid value
+//!   counts and, per device, the smallest limit applies. A limit for every GPU also caps each
+//!   per-device limit.
+//!
+//! **Units.** GPUShare's values carry no unit. `ALIYUN_COM_GPU_MEM_DEV`, written by the same plugin
+//! in the same unit, tells which one it is: when the device size read in the configured
+//! `gpushare_memory_unit` is not the GPU's real size but is in the other unit, the plugin's own
+//! unit is evidently the other one, and that is the unit applied (a 1024x error either way would
+//! leave the container unbounded or freeze it for using 1/1024 of its grant); the mismatch is
+//! reported ([`UnitCheck::Mismatch`]) so the operator can fix the setting. Without a usable device
+//! size the configured unit applies.
 //!
 //! Every limit is per GPU: an env quota never sums usage across GPUs.
+
+use std::collections::BTreeMap;
 
 use super::DeviceRef;
 
@@ -38,6 +59,21 @@ impl GpuShareUnit {
             Self::MiB => 1 << 20,
         }
     }
+
+    /// `GiB` or `MiB`, as written in a quota file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::GiB => "GiB",
+            Self::MiB => "MiB",
+        }
+    }
+
+    fn other(self) -> Self {
+        match self {
+            Self::GiB => Self::MiB,
+            Self::MiB => Self::GiB,
+        }
+    }
 }
 
 /// Which convention an env quota came from.
@@ -48,6 +84,8 @@ pub enum EnvSource {
     GpuShare,
     /// HAMi (also Volcano vGPU, KAI).
     Hami,
+    /// Both plugins' variables set limits; the smaller applies per device.
+    Both,
 }
 
 impl EnvSource {
@@ -56,22 +94,45 @@ impl EnvSource {
         match self {
             Self::GpuShare => "gpushare env",
             Self::Hami => "hami env",
+            Self::Both => "gpushare and hami env (the smaller applies)",
         }
     }
 }
 
-/// Per-GPU limits read from a process's environment.
+/// How far the environment an env quota was read from can be trusted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trust {
+    /// The container's runtime spec (Docker's `config.v2.json`, the OCI bundle's `config.json`):
+    /// what the runtime was told to give the container, which nothing inside it can change.
+    RuntimeSpec,
+    /// No spec was found: the environment of the container's first process (its init), as the
+    /// runtime started it. Lower trust: a process can rewrite its own environment block.
+    InitEnviron,
+}
+
+impl Trust {
+    /// Label value: `runtime_spec` or `init_environ`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RuntimeSpec => "runtime_spec",
+            Self::InitEnviron => "init_environ",
+        }
+    }
+}
+
+/// Per-GPU limits read from a container's environment.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct EnvQuota {
     /// Where they came from.
     pub source: EnvSource,
-    /// Limits for named host devices, bytes, in CUDA index order.
+    /// Limits for named host devices, bytes, in device order, each device once.
     pub per_gpu: Vec<(DeviceRef, u64)>,
     /// The limit for each other GPU the workload uses, bytes.
     pub each_gpu: Option<u64>,
 }
 
-/// A malformed quota variable. Callers count these; the process simply has no env quota.
+/// A malformed quota variable. Callers count and log these; the variable is ignored.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("`{var}={value}`: {reason}")]
 pub struct EnvQuotaError {
@@ -91,6 +152,102 @@ fn error(var: &str, value: &str, reason: impl Into<String>) -> EnvQuotaError {
     }
 }
 
+/// One GPU as the env quota sees it: its NVML index, UUID and memory size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuInfo {
+    /// NVML (host) index.
+    pub index: u32,
+    /// `GPU-...` UUID.
+    pub uuid: String,
+    /// Total memory, bytes.
+    pub memory_total: u64,
+}
+
+/// What `ALIYUN_COM_GPU_MEM_DEV` says about the GPUShare unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnitCheck {
+    /// No GPUShare request, or no device size given: nothing to check.
+    NotApplicable,
+    /// The device size is given, but the GPU's size is not known (no sample yet, device not found).
+    Unknown,
+    /// The device size matches the GPU in the configured unit.
+    Agrees,
+    /// The device size matches the GPU only in the other unit: the plugin runs with `plugin`, the
+    /// configuration says `configured`. The plugin's unit was applied.
+    Mismatch {
+        /// `gpushare_memory_unit`.
+        configured: GpuShareUnit,
+        /// The unit the device size shows the plugin uses (applied).
+        plugin: GpuShareUnit,
+        /// `ALIYUN_COM_GPU_MEM_DEV`.
+        dev: u64,
+        /// The GPU's memory, bytes.
+        gpu_bytes: u64,
+    },
+    /// The device size matches the GPU in neither unit (another GPU, a MIG slice, a stale value):
+    /// the configured unit was applied.
+    Unexplained {
+        /// `ALIYUN_COM_GPU_MEM_DEV`.
+        dev: u64,
+        /// The GPU's memory, bytes.
+        gpu_bytes: u64,
+    },
+}
+
+impl UnitCheck {
+    /// Whether the operator should hear about it.
+    pub fn disagrees(&self) -> bool {
+        matches!(self, Self::Mismatch { .. } | Self::Unexplained { .. })
+    }
+
+    /// In words, for logs and `status`; `None` when there is nothing to say.
+    pub fn describe(&self) -> Option<String> {
+        match *self {
+            Self::Mismatch {
+                configured,
+                plugin,
+                dev,
+                gpu_bytes,
+            } => Some(format!(
+                "ALIYUN_COM_GPU_MEM_DEV={dev} is the GPU's size ({}) in {}, not in the configured gpushare_memory_unit = \"{}\": \
+                 the device plugin's --memory-unit is {}, so its values are read in {} (set gpushare_memory_unit = \"{}\")",
+                super::ByteSize(gpu_bytes).approx(),
+                plugin.as_str(),
+                configured.as_str(),
+                plugin.as_str(),
+                plugin.as_str(),
+                plugin.as_str()
+            )),
+            Self::Unexplained { dev, gpu_bytes } => Some(format!(
+                "ALIYUN_COM_GPU_MEM_DEV={dev} matches the GPU's size ({}) in neither GiB nor MiB: the configured gpushare_memory_unit is applied",
+                super::ByteSize(gpu_bytes).approx()
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// The result of reading one environment: the quota (if any), every variable that was ignored and
+/// why, and the unit cross-check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvQuotaReport {
+    /// The quota, `None` when no variable sets a limit.
+    pub quota: Option<EnvQuota>,
+    /// Malformed variables, ignored.
+    pub problems: Vec<EnvQuotaError>,
+    /// What `ALIYUN_COM_GPU_MEM_DEV` said.
+    pub unit_check: UnitCheck,
+}
+
+/// Whether `name` is one of the variables [`env_quota`] reads (the rest of an environment can be
+/// dropped before caching it).
+pub fn is_quota_var(name: &str) -> bool {
+    name.starts_with("ALIYUN_COM_GPU_MEM_")
+        || name.starts_with("CUDA_DEVICE_MEMORY_LIMIT")
+        || name == "CUDA_VISIBLE_DEVICES"
+        || name == "NVIDIA_VISIBLE_DEVICES"
+}
+
 /// Splits the bytes of `/proc/<pid>/environ` (NUL-separated `NAME=value`) into pairs. Entries
 /// without `=` are skipped; invalid UTF-8 is replaced.
 pub fn parse_environ(bytes: &[u8]) -> Vec<(String, String)> {
@@ -108,117 +265,276 @@ pub fn parse_environ(bytes: &[u8]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Reads the env quota, if any, from a process's environment. `Ok(None)`: no quota variables (or
-/// only zero ones). See the module note for the conventions.
-pub fn env_quota<'a, I>(
-    environ: I,
-    gpushare_unit: GpuShareUnit,
-) -> Result<Option<EnvQuota>, EnvQuotaError>
+/// A device size agrees with a GPU when it is within a quarter of the GPU's memory (plugins round
+/// down to whole units and some subtract reserved memory; GiB and MiB are 1024x apart, so this
+/// never matches both).
+fn size_agrees(dev: u64, unit: GpuShareUnit, gpu_bytes: u64) -> bool {
+    let claimed = dev as u128 * unit.bytes() as u128;
+    let real = gpu_bytes as u128;
+    real > 0 && claimed * 4 >= real * 3 && claimed * 4 <= real * 5
+}
+
+/// Collected limits: per device (the smallest wins) and for every GPU (the smallest wins).
+#[derive(Default)]
+struct Limits {
+    per_gpu: BTreeMap<DeviceRef, u64>,
+    each_gpu: Option<u64>,
+}
+
+impl Limits {
+    fn device(&mut self, d: DeviceRef, bytes: u64) {
+        let e = self.per_gpu.entry(d).or_insert(bytes);
+        *e = (*e).min(bytes);
+    }
+
+    fn each(&mut self, bytes: u64) {
+        self.each_gpu = Some(self.each_gpu.map_or(bytes, |b| b.min(bytes)));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.per_gpu.is_empty() && self.each_gpu.is_none()
+    }
+}
+
+/// Reads the env quota, if any, from a container's environment. `gpus` are the node's GPUs (for
+/// UUID-to-index mapping and the unit cross-check; may be empty). See the module note for the
+/// rules.
+pub fn env_quota<'a, I>(environ: I, gpushare_unit: GpuShareUnit, gpus: &[GpuInfo]) -> EnvQuotaReport
 where
     I: IntoIterator<Item = (&'a str, &'a str)>,
 {
-    let mut gpushare_mem = None;
-    let mut gpushare_idx = None;
-    let mut hami_all = None;
+    let mut problems = Vec::new();
+    let mut gs_mem: Vec<(&str, &str)> = Vec::new();
+    let mut gs_idx: Vec<&str> = Vec::new();
+    let mut gs_dev: Vec<&str> = Vec::new();
+    let mut hami_all: Vec<&str> = Vec::new();
     let mut hami_indexed: Vec<(u32, &str, &str)> = Vec::new();
     let mut cuda_visible = None;
     let mut nvidia_visible = None;
-    let mut seen = std::collections::BTreeSet::new();
     for (name, value) in environ {
-        if !seen.insert(name) {
-            continue; // getenv(3) returns the first occurrence.
-        }
         match name {
-            "ALIYUN_COM_GPU_MEM_CONTAINER" => gpushare_mem = Some(value),
-            "ALIYUN_COM_GPU_MEM_IDX" => gpushare_idx = Some(value),
-            "CUDA_DEVICE_MEMORY_LIMIT" => hami_all = Some(value),
-            "CUDA_VISIBLE_DEVICES" => cuda_visible = Some(value),
-            "NVIDIA_VISIBLE_DEVICES" => nvidia_visible = Some(value),
+            "ALIYUN_COM_GPU_MEM_CONTAINER" => gs_mem.push((name, value)),
+            "ALIYUN_COM_GPU_MEM_IDX" => gs_idx.push(value),
+            "ALIYUN_COM_GPU_MEM_DEV" => gs_dev.push(value),
+            "CUDA_DEVICE_MEMORY_LIMIT" => hami_all.push(value),
+            // Device lists are read as getenv(3) does: the first occurrence.
+            "CUDA_VISIBLE_DEVICES" => {
+                cuda_visible.get_or_insert(value);
+            }
+            "NVIDIA_VISIBLE_DEVICES" => {
+                nvidia_visible.get_or_insert(value);
+            }
             _ => {
                 if let Some(index) = name.strip_prefix("CUDA_DEVICE_MEMORY_LIMIT_") {
-                    let i = index
+                    match index
                         .parse::<u32>()
                         .ok()
                         .filter(|_| index.bytes().all(|b| b.is_ascii_digit()))
-                        .ok_or_else(|| error(name, value, "the suffix must be a CUDA index"))?;
-                    hami_indexed.push((i, name, value));
+                    {
+                        Some(i) => hami_indexed.push((i, name, value)),
+                        None => {
+                            problems.push(error(name, value, "the suffix must be a CUDA index"))
+                        }
+                    }
                 }
             }
         }
     }
+    let normalize = |d: DeviceRef| -> DeviceRef {
+        match &d {
+            DeviceRef::Uuid(u) => gpus
+                .iter()
+                .find(|g| g.uuid == *u)
+                .map_or(d, |g| DeviceRef::Index(g.index)),
+            DeviceRef::Index(_) => d,
+        }
+    };
 
-    if hami_all.is_some() || !hami_indexed.is_empty() {
-        let each_gpu = match hami_all {
-            Some(v) => parse_hami_limit("CUDA_DEVICE_MEMORY_LIMIT", v)?,
-            None => None,
-        };
-        hami_indexed.sort();
-        let mut per_gpu = Vec::new();
-        for (cuda_index, name, value) in hami_indexed {
-            let Some(bytes) = parse_hami_limit(name, value)? else {
+    // HAMi.
+    let mut hami = Limits::default();
+    for v in hami_all {
+        match parse_hami_limit("CUDA_DEVICE_MEMORY_LIMIT", v) {
+            Ok(Some(b)) => hami.each(b),
+            Ok(None) => {}
+            Err(e) => problems.push(e),
+        }
+    }
+    hami_indexed.sort();
+    for (cuda_index, name, value) in hami_indexed {
+        let bytes = match parse_hami_limit(name, value) {
+            Ok(Some(b)) => b,
+            Ok(None) => continue,
+            Err(e) => {
+                problems.push(e);
                 continue;
-            };
-            let device = map_cuda_index(cuda_index, cuda_visible, nvidia_visible)
-                .map_err(|reason| error(name, value, reason))?;
-            if per_gpu.iter().any(|(d, _)| *d == device) {
-                return Err(error(
+            }
+        };
+        match map_cuda_index(cuda_index, cuda_visible, nvidia_visible) {
+            Ok(device) => hami.device(normalize(device), bytes),
+            Err(reason) => {
+                problems.push(error(
                     name,
                     value,
-                    format!("names device {device} a second time"),
+                    format!("{reason}; the limit applies to every GPU"),
                 ));
+                hami.each(bytes);
             }
-            per_gpu.push((device, bytes));
         }
-        if each_gpu.is_some() || !per_gpu.is_empty() {
-            return Ok(Some(EnvQuota {
-                source: EnvSource::Hami,
-                per_gpu,
-                each_gpu,
-            }));
-        }
-        return Ok(None);
     }
 
-    let Some(mem) = gpushare_mem else {
-        return Ok(None);
-    };
+    // GPUShare.
     const MEM: &str = "ALIYUN_COM_GPU_MEM_CONTAINER";
-    let amount: u64 = mem.trim().parse().map_err(|_| {
-        error(
-            MEM,
-            mem,
-            "expected a whole number of the plugin's memory unit",
-        )
-    })?;
-    let bytes = amount
-        .checked_mul(gpushare_unit.bytes())
-        .ok_or_else(|| error(MEM, mem, "too large"))?;
-    if bytes == 0 {
-        return Ok(None);
-    }
     const IDX: &str = "ALIYUN_COM_GPU_MEM_IDX";
-    let index = match gpushare_idx.map(str::trim) {
-        None | Some("") | Some("-1") => None,
-        Some(idx) => Some(idx.parse::<u32>().map_err(|_| {
-            error(
-                IDX,
-                idx,
-                "expected a GPU index (or -1 when the device is unknown)",
-            )
-        })?),
+    const DEV: &str = "ALIYUN_COM_GPU_MEM_DEV";
+    let mut amounts: Vec<u64> = Vec::new();
+    for (name, v) in gs_mem {
+        match v.trim().parse::<u64>() {
+            Ok(0) => {}
+            Ok(n) => amounts.push(n),
+            Err(_) => problems.push(error(
+                name,
+                v,
+                "expected a whole number of the plugin's memory unit",
+            )),
+        }
+    }
+    let mut indices: Vec<u32> = Vec::new();
+    let mut index_unknown = gs_idx.is_empty();
+    for v in gs_idx {
+        match v.trim() {
+            "" | "-1" => index_unknown = true,
+            t => match t.parse::<u32>() {
+                Ok(i) => indices.push(i),
+                Err(_) => {
+                    index_unknown = true;
+                    problems.push(error(
+                        IDX,
+                        v,
+                        "expected a GPU index (or -1 when the device is unknown); the limit applies to every GPU",
+                    ));
+                }
+            },
+        }
+    }
+    indices.sort();
+    indices.dedup();
+    // One known device, or else each GPU: a limit on every GPU covers whichever was meant.
+    let device = match indices.as_slice() {
+        [i] if !index_unknown => Some(*i),
+        _ => None,
     };
-    Ok(Some(match index {
-        Some(i) => EnvQuota {
-            source: EnvSource::GpuShare,
-            per_gpu: vec![(DeviceRef::Index(i), bytes)],
-            each_gpu: None,
-        },
-        None => EnvQuota {
-            source: EnvSource::GpuShare,
-            per_gpu: Vec::new(),
-            each_gpu: Some(bytes),
-        },
-    }))
+    let mut devs: Vec<u64> = Vec::new();
+    for v in gs_dev {
+        match v.trim().parse::<u64>() {
+            Ok(n) if n > 0 => devs.push(n),
+            Ok(_) => {}
+            Err(_) => problems.push(error(DEV, v, "expected the device's size, a whole number")),
+        }
+    }
+    devs.sort();
+    devs.dedup();
+    let (unit, unit_check) = if amounts.is_empty() {
+        (gpushare_unit, UnitCheck::NotApplicable)
+    } else {
+        check_unit(&devs, device, gpushare_unit, gpus)
+    };
+    let mut gpushare = Limits::default();
+    if let Some(amount) = amounts.iter().min() {
+        match amount.checked_mul(unit.bytes()) {
+            Some(bytes) => match device {
+                Some(i) => gpushare.device(DeviceRef::Index(i), bytes),
+                None => gpushare.each(bytes),
+            },
+            None => problems.push(error(MEM, &amount.to_string(), "too large")),
+        }
+    }
+
+    let source = match (gpushare.is_empty(), hami.is_empty()) {
+        (true, true) => {
+            return EnvQuotaReport {
+                quota: None,
+                problems,
+                unit_check,
+            };
+        }
+        (false, true) => EnvSource::GpuShare,
+        (true, false) => EnvSource::Hami,
+        (false, false) => EnvSource::Both,
+    };
+    let mut all = hami;
+    for (d, b) in gpushare.per_gpu {
+        all.device(d, b);
+    }
+    if let Some(b) = gpushare.each_gpu {
+        all.each(b);
+    }
+    let each_gpu = all.each_gpu;
+    let per_gpu = all
+        .per_gpu
+        .into_iter()
+        .map(|(d, b)| (d, each_gpu.map_or(b, |e| b.min(e))))
+        .collect();
+    EnvQuotaReport {
+        quota: Some(EnvQuota {
+            source,
+            per_gpu,
+            each_gpu,
+        }),
+        problems,
+        unit_check,
+    }
+}
+
+/// The unit GPUShare's values are read in, and what the device size said about it.
+fn check_unit(
+    devs: &[u64],
+    device: Option<u32>,
+    configured: GpuShareUnit,
+    gpus: &[GpuInfo],
+) -> (GpuShareUnit, UnitCheck) {
+    let [dev] = devs else {
+        // None, or several different values: nothing to go by.
+        return (configured, UnitCheck::NotApplicable);
+    };
+    let candidates: Vec<&GpuInfo> = match device {
+        Some(i) => gpus.iter().filter(|g| g.index == i).collect(),
+        None => gpus.iter().collect(),
+    };
+    if candidates.is_empty() {
+        return (configured, UnitCheck::Unknown);
+    }
+    let agrees = |unit| {
+        candidates
+            .iter()
+            .any(|g| size_agrees(*dev, unit, g.memory_total))
+    };
+    let gpu_bytes = candidates[0].memory_total;
+    if agrees(configured) {
+        (configured, UnitCheck::Agrees)
+    } else if agrees(configured.other()) {
+        let plugin = configured.other();
+        let gpu_bytes = candidates
+            .iter()
+            .find(|g| size_agrees(*dev, plugin, g.memory_total))
+            .map_or(gpu_bytes, |g| g.memory_total);
+        (
+            plugin,
+            UnitCheck::Mismatch {
+                configured,
+                plugin,
+                dev: *dev,
+                gpu_bytes,
+            },
+        )
+    } else {
+        (
+            configured,
+            UnitCheck::Unexplained {
+                dev: *dev,
+                gpu_bytes,
+            },
+        )
+    }
 }
 
 /// HAMi's limit syntax: bytes, or a number with a `k`/`m`/`g` suffix (powers of 1024). 0 = none.
@@ -305,18 +621,36 @@ fn map_cuda_index(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use proptest::prelude::*;
 
-    fn quota(
-        pairs: &[(&str, &str)],
-        unit: GpuShareUnit,
-    ) -> Result<Option<EnvQuota>, EnvQuotaError> {
-        env_quota(pairs.iter().copied(), unit)
-    }
+    use super::*;
 
     const GIB: u64 = 1 << 30;
     const MIB: u64 = 1 << 20;
+
+    fn gpus() -> Vec<GpuInfo> {
+        (0..2)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("GPU-{i}{i}{i}"),
+                memory_total: 80 * GIB,
+            })
+            .collect()
+    }
+
+    fn report(pairs: &[(&str, &str)], unit: GpuShareUnit) -> EnvQuotaReport {
+        env_quota(pairs.iter().copied(), unit, &gpus())
+    }
+
+    fn quota(pairs: &[(&str, &str)], unit: GpuShareUnit) -> Option<EnvQuota> {
+        report(pairs, unit).quota
+    }
+
+    /// `(per_gpu, each_gpu)`.
+    fn limits(pairs: &[(&str, &str)]) -> (Vec<(DeviceRef, u64)>, Option<u64>) {
+        let q = quota(pairs, GpuShareUnit::GiB).expect("a quota");
+        (q.per_gpu, q.each_gpu)
+    }
 
     #[test]
     fn gpushare_request_on_a_known_or_unknown_device() {
@@ -324,138 +658,170 @@ mod tests {
             &[
                 ("ALIYUN_COM_GPU_MEM_CONTAINER", "3"),
                 ("ALIYUN_COM_GPU_MEM_IDX", "1"),
-                ("ALIYUN_COM_GPU_MEM_DEV", "16"),
+                ("ALIYUN_COM_GPU_MEM_DEV", "80"),
             ],
             GpuShareUnit::GiB,
         )
-        .unwrap()
         .unwrap();
         assert_eq!(q.source, EnvSource::GpuShare);
         assert_eq!(q.per_gpu, vec![(DeviceRef::Index(1), 3 * GIB)]);
         assert_eq!(q.each_gpu, None);
 
-        for idx in [None, Some("-1")] {
+        for idx in [None, Some("-1"), Some("x")] {
             let mut env = vec![("ALIYUN_COM_GPU_MEM_CONTAINER", "2048")];
             env.extend(idx.map(|i| ("ALIYUN_COM_GPU_MEM_IDX", i)));
-            let q = quota(&env, GpuShareUnit::MiB).unwrap().unwrap();
+            let r = report(&env, GpuShareUnit::MiB);
+            let q = r.quota.unwrap();
             assert_eq!(q.per_gpu, vec![]);
-            assert_eq!(q.each_gpu, Some(2048 * MIB));
+            assert_eq!(q.each_gpu, Some(2048 * MIB), "{idx:?}");
+            // A malformed index is reported, and the limit applies to every GPU.
+            assert_eq!(r.problems.len(), usize::from(idx == Some("x")));
         }
         // 0 is "unset", not "nothing allowed".
         assert_eq!(
             quota(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "0")], GpuShareUnit::GiB),
-            Ok(None)
+            None
         );
-        assert!(
-            quota(
-                &[("ALIYUN_COM_GPU_MEM_CONTAINER", "1.5")],
-                GpuShareUnit::GiB
-            )
-            .is_err()
-        );
-        let e = quota(
-            &[
-                ("ALIYUN_COM_GPU_MEM_CONTAINER", "1"),
-                ("ALIYUN_COM_GPU_MEM_IDX", "x"),
-            ],
+        let r = report(
+            &[("ALIYUN_COM_GPU_MEM_CONTAINER", "1.5")],
             GpuShareUnit::GiB,
-        )
-        .unwrap_err();
-        assert_eq!(e.var, "ALIYUN_COM_GPU_MEM_IDX");
-        assert!(
-            quota(
-                &[("ALIYUN_COM_GPU_MEM_CONTAINER", "99999999999999999")],
-                GpuShareUnit::GiB
-            )
-            .is_err()
         );
+        assert_eq!((r.quota, r.problems.len()), (None, 1));
+        let r = report(
+            &[("ALIYUN_COM_GPU_MEM_CONTAINER", "99999999999999999")],
+            GpuShareUnit::GiB,
+        );
+        assert_eq!(r.quota, None);
+        assert_eq!(r.problems[0].reason, "too large");
     }
 
     #[test]
     fn hami_limits_map_cuda_indices_to_host_devices() {
         // No visible-devices list: identity.
-        let q = quota(
-            &[
-                ("CUDA_DEVICE_MEMORY_LIMIT_1", "2048m"),
-                ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
-            ],
-            GpuShareUnit::GiB,
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(q.source, EnvSource::Hami);
+        let (per, each) = limits(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "2048m"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
+        ]);
         assert_eq!(
-            q.per_gpu,
+            per,
             vec![(DeviceRef::Index(0), GIB), (DeviceRef::Index(1), 2 * GIB)]
         );
-        // HAMi puts UUIDs in NVIDIA_VISIBLE_DEVICES.
-        let q = quota(
-            &[
-                ("NVIDIA_VISIBLE_DEVICES", "GPU-aaa,GPU-bbb"),
-                ("CUDA_DEVICE_MEMORY_LIMIT_1", "512M"),
-            ],
-            GpuShareUnit::GiB,
-        )
-        .unwrap()
-        .unwrap();
+        assert_eq!(each, None);
+        // HAMi puts UUIDs in NVIDIA_VISIBLE_DEVICES: known UUIDs become indices, others stay.
+        let (per, _) = limits(&[
+            ("NVIDIA_VISIBLE_DEVICES", "GPU-000,GPU-bbb"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "256M"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "512M"),
+        ]);
         assert_eq!(
-            q.per_gpu,
-            vec![(DeviceRef::Uuid("GPU-bbb".into()), 512 * MIB)]
+            per,
+            vec![
+                (DeviceRef::Index(0), 256 * MIB),
+                (DeviceRef::Uuid("GPU-bbb".into()), 512 * MIB)
+            ]
         );
         // Host indices, then a container-local CUDA_VISIBLE_DEVICES on top.
-        let q = quota(
-            &[
-                ("NVIDIA_VISIBLE_DEVICES", "2,3"),
-                ("CUDA_VISIBLE_DEVICES", "1"),
-                ("CUDA_DEVICE_MEMORY_LIMIT_0", "1024k"),
-            ],
-            GpuShareUnit::GiB,
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(q.per_gpu, vec![(DeviceRef::Index(3), MIB)]);
+        let (per, _) = limits(&[
+            ("NVIDIA_VISIBLE_DEVICES", "2,3"),
+            ("CUDA_VISIBLE_DEVICES", "1"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "1024k"),
+        ]);
+        assert_eq!(per, vec![(DeviceRef::Index(3), MIB)]);
         // Fallback for all, a bare number is bytes, "all" is identity.
-        let q = quota(
-            &[
+        assert_eq!(
+            limits(&[
                 ("NVIDIA_VISIBLE_DEVICES", "all"),
                 ("CUDA_DEVICE_MEMORY_LIMIT", "1000"),
-            ],
-            GpuShareUnit::GiB,
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!((q.per_gpu.clone(), q.each_gpu), (vec![], Some(1000)));
-        // HAMi wins over GPUShare.
-        let q = quota(
-            &[
-                ("ALIYUN_COM_GPU_MEM_CONTAINER", "3"),
-                ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
-            ],
-            GpuShareUnit::GiB,
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(q.source, EnvSource::Hami);
-        // The first occurrence wins.
-        let q = quota(
-            &[
-                ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
-                ("CUDA_DEVICE_MEMORY_LIMIT", "2g"),
-            ],
-            GpuShareUnit::GiB,
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(q.each_gpu, Some(GIB));
+            ]),
+            (vec![], Some(1000))
+        );
         assert_eq!(
             quota(&[("CUDA_DEVICE_MEMORY_LIMIT", "0")], GpuShareUnit::GiB),
-            Ok(None)
+            None
         );
-        assert_eq!(quota(&[("PATH", "/bin")], GpuShareUnit::GiB), Ok(None));
+        assert_eq!(quota(&[("PATH", "/bin")], GpuShareUnit::GiB), None);
     }
 
     #[test]
-    fn malformed_hami_values_are_errors() {
+    fn no_variable_removes_or_raises_a_limit_another_sets() {
+        let gs = ("ALIYUN_COM_GPU_MEM_CONTAINER", "1");
+        // The two tricks of issue 12: a zero or malformed HAMi variable next to GPUShare's.
+        for extra in [
+            ("CUDA_DEVICE_MEMORY_LIMIT", "0"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "lots"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "0"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_x", "1g"),
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "0"),
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "100"),
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "abc"),
+            ("ALIYUN_COM_GPU_MEM_IDX", "junk"),
+            ("NVIDIA_VISIBLE_DEVICES", "junk"),
+        ] {
+            for env in [vec![gs, extra], vec![extra, gs]] {
+                assert_eq!(limits(&env), (vec![], Some(GIB)), "{env:?}");
+            }
+        }
+        // Both families: the smaller applies, per device, whichever it comes from.
+        let q = quota(&[gs, ("CUDA_DEVICE_MEMORY_LIMIT", "4g")], GpuShareUnit::GiB).unwrap();
+        assert_eq!((q.source, q.each_gpu), (EnvSource::Both, Some(GIB)));
+        assert_eq!(
+            limits(&[
+                ("ALIYUN_COM_GPU_MEM_CONTAINER", "8"),
+                ("ALIYUN_COM_GPU_MEM_IDX", "0"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "2g"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_1", "16g"),
+            ]),
+            (
+                vec![
+                    (DeviceRef::Index(0), 2 * GIB),
+                    (DeviceRef::Index(1), 16 * GIB)
+                ],
+                None
+            )
+        );
+        // A limit for every GPU caps the per-device ones.
+        assert_eq!(
+            limits(&[
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "8g"),
+                ("CUDA_DEVICE_MEMORY_LIMIT", "2g"),
+            ]),
+            (vec![(DeviceRef::Index(0), 2 * GIB)], Some(2 * GIB))
+        );
+        // The same device by UUID and by index is one device.
+        assert_eq!(
+            limits(&[
+                ("ALIYUN_COM_GPU_MEM_CONTAINER", "1"),
+                ("ALIYUN_COM_GPU_MEM_IDX", "1"),
+                ("NVIDIA_VISIBLE_DEVICES", "GPU-111"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "4g"),
+            ]),
+            (vec![(DeviceRef::Index(1), GIB)], None)
+        );
+        // Repeated names: every value counts, the smallest wins.
+        assert_eq!(
+            limits(&[
+                ("CUDA_DEVICE_MEMORY_LIMIT", "2g"),
+                ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ]),
+            (vec![], Some(GIB))
+        );
+        // An indexed limit whose device cannot be told bounds every GPU.
+        let r = report(
+            &[
+                ("CUDA_VISIBLE_DEVICES", "0"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_1", "3g"),
+            ],
+            GpuShareUnit::GiB,
+        );
+        assert_eq!(r.quota.as_ref().unwrap().each_gpu, Some(3 * GIB));
+        assert!(
+            r.problems[0].reason.contains("applies to every GPU"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn malformed_values_are_reported_and_ignored() {
         for env in [
             vec![("CUDA_DEVICE_MEMORY_LIMIT", "4gb")],
             vec![("CUDA_DEVICE_MEMORY_LIMIT", "m")],
@@ -463,22 +829,112 @@ mod tests {
             vec![("CUDA_DEVICE_MEMORY_LIMIT", "99999999999999999999g")],
             vec![("CUDA_DEVICE_MEMORY_LIMIT_x", "1g")],
             vec![("CUDA_DEVICE_MEMORY_LIMIT_+1", "1g")],
+            vec![("ALIYUN_COM_GPU_MEM_CONTAINER", "x")],
             vec![
-                ("CUDA_VISIBLE_DEVICES", "0"),
-                ("CUDA_DEVICE_MEMORY_LIMIT_1", "1g"),
-            ],
-            vec![
-                ("NVIDIA_VISIBLE_DEVICES", "gpu0"),
-                ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
-            ],
-            vec![
-                ("CUDA_VISIBLE_DEVICES", "0,0"),
-                ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
-                ("CUDA_DEVICE_MEMORY_LIMIT_1", "1g"),
+                ("ALIYUN_COM_GPU_MEM_CONTAINER", "1"),
+                ("ALIYUN_COM_GPU_MEM_DEV", "x"),
             ],
         ] {
-            assert!(quota(&env, GpuShareUnit::GiB).is_err(), "{env:?}");
+            let r = report(&env, GpuShareUnit::GiB);
+            assert_eq!(r.problems.len(), 1, "{env:?}: {r:?}");
+            let shown = r.problems[0].to_string();
+            assert!(
+                shown.starts_with(&format!("`{}=", r.problems[0].var)),
+                "{shown}"
+            );
         }
+    }
+
+    #[test]
+    fn the_device_size_tells_which_unit_the_plugin_uses() {
+        let mib_plugin = [
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "4096"),
+            ("ALIYUN_COM_GPU_MEM_IDX", "0"),
+            ("ALIYUN_COM_GPU_MEM_DEV", "81920"),
+        ];
+        // Configured right: agrees.
+        let r = report(&mib_plugin, GpuShareUnit::MiB);
+        assert_eq!(r.unit_check, UnitCheck::Agrees);
+        assert_eq!(
+            r.quota.unwrap().per_gpu,
+            vec![(DeviceRef::Index(0), 4 * GIB)]
+        );
+        // Configured GiB: 4096 GiB would never bind; the device size shows MiB, which applies.
+        let r = report(&mib_plugin, GpuShareUnit::GiB);
+        assert!(r.unit_check.disagrees());
+        assert!(matches!(
+            r.unit_check,
+            UnitCheck::Mismatch {
+                configured: GpuShareUnit::GiB,
+                plugin: GpuShareUnit::MiB,
+                dev: 81920,
+                ..
+            }
+        ));
+        assert_eq!(
+            r.quota.unwrap().per_gpu,
+            vec![(DeviceRef::Index(0), 4 * GIB)]
+        );
+        let said = r.unit_check.describe().unwrap();
+        assert!(said.contains("gpushare_memory_unit = \"MiB\""), "{said}");
+        // The other way round: a GiB plugin, MiB configured (1 GiB, not 1 MiB).
+        let r = report(
+            &[
+                ("ALIYUN_COM_GPU_MEM_CONTAINER", "1"),
+                ("ALIYUN_COM_GPU_MEM_DEV", "79"),
+            ],
+            GpuShareUnit::MiB,
+        );
+        assert!(r.unit_check.disagrees());
+        assert_eq!(r.quota.unwrap().each_gpu, Some(GIB));
+        // A size that fits neither unit: the configured unit, reported.
+        let r = report(
+            &[
+                ("ALIYUN_COM_GPU_MEM_CONTAINER", "2"),
+                ("ALIYUN_COM_GPU_MEM_DEV", "5"),
+            ],
+            GpuShareUnit::GiB,
+        );
+        assert!(matches!(
+            r.unit_check,
+            UnitCheck::Unexplained { dev: 5, .. }
+        ));
+        assert_eq!(r.quota.unwrap().each_gpu, Some(2 * GIB));
+        // No device size, or no GPU known: the configured unit, nothing to say.
+        let r = report(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "2")], GpuShareUnit::MiB);
+        assert_eq!(
+            (r.unit_check, r.quota.unwrap().each_gpu),
+            (UnitCheck::NotApplicable, Some(2 * MIB))
+        );
+        let r = env_quota(mib_plugin, GpuShareUnit::GiB, &[]);
+        assert_eq!(r.unit_check, UnitCheck::Unknown);
+        assert_eq!(r.quota.unwrap().per_gpu[0].1, 4096 * GIB);
+        // HAMi alone: nothing to check.
+        assert_eq!(
+            report(
+                &[
+                    ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+                    ("ALIYUN_COM_GPU_MEM_DEV", "5")
+                ],
+                GpuShareUnit::GiB
+            )
+            .unit_check,
+            UnitCheck::NotApplicable
+        );
+    }
+
+    #[test]
+    fn the_unit_is_applied_when_the_quota_is_computed() {
+        // The same variables under two units: a reload that changes the unit changes the quota.
+        let env = [("ALIYUN_COM_GPU_MEM_CONTAINER", "2")];
+        assert_eq!(
+            quota(&env, GpuShareUnit::GiB).unwrap().each_gpu,
+            Some(2 * GIB)
+        );
+        assert_eq!(
+            quota(&env, GpuShareUnit::MiB).unwrap().each_gpu,
+            Some(2 * MIB)
+        );
     }
 
     #[test]
@@ -495,16 +951,20 @@ mod tests {
             ]
         );
         assert!(parse_environ(b"").is_empty());
+        assert!(is_quota_var("ALIYUN_COM_GPU_MEM_DEV"));
+        assert!(is_quota_var("CUDA_DEVICE_MEMORY_LIMIT_3"));
+        assert!(!is_quota_var("PATH"));
     }
 
     proptest! {
         #[test]
-        fn never_panics(
+        fn never_panics_and_extra_variables_only_lower_limits(
             entries in proptest::collection::vec(
                 (
                     prop_oneof![
                         Just("ALIYUN_COM_GPU_MEM_CONTAINER".to_string()),
                         Just("ALIYUN_COM_GPU_MEM_IDX".to_string()),
+                        Just("ALIYUN_COM_GPU_MEM_DEV".to_string()),
                         Just("CUDA_DEVICE_MEMORY_LIMIT".to_string()),
                         Just("CUDA_VISIBLE_DEVICES".to_string()),
                         Just("NVIDIA_VISIBLE_DEVICES".to_string()),
@@ -515,10 +975,29 @@ mod tests {
                 ),
                 0..6,
             ),
+            extra_value in "0|[0-9]{1,4}[kmg]?|junk",
             mib in any::<bool>(),
         ) {
             let unit = if mib { GpuShareUnit::MiB } else { GpuShareUnit::GiB };
-            let _ = env_quota(entries.iter().map(|(k, v)| (k.as_str(), v.as_str())), unit);
+            let pairs: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let base = env_quota(pairs.iter().copied(), unit, &gpus());
+            if let Some(q) = &base.quota {
+                prop_assert!(!q.per_gpu.is_empty() || q.each_gpu.is_some());
+                prop_assert!(q.per_gpu.iter().all(|(_, b)| *b > 0));
+                prop_assert!(q.each_gpu.is_none_or(|b| b > 0));
+            }
+            // An added CUDA_DEVICE_MEMORY_LIMIT never removes or raises the limit for every GPU.
+            let mut more = pairs.clone();
+            more.push(("CUDA_DEVICE_MEMORY_LIMIT", extra_value.as_str()));
+            let with = env_quota(more.iter().copied(), unit, &gpus());
+            if let Some(b) = base.quota.as_ref().and_then(|q| q.each_gpu) {
+                let after = with.quota.as_ref().and_then(|q| q.each_gpu);
+                prop_assert!(after.is_some_and(|a| a <= b), "{base:?} -> {with:?}");
+            }
+            for (d, b) in base.quota.iter().flat_map(|q| q.per_gpu.iter()) {
+                let after = with.quota.as_ref().and_then(|q| q.per_gpu.iter().find(|(e, _)| e == d)).map(|(_, a)| *a);
+                prop_assert!(after.is_some_and(|a| a <= *b), "{base:?} -> {with:?}");
+            }
         }
 
         #[test]

@@ -6,18 +6,22 @@
 //! 1. Operator files (`/etc/gpushare/quotas.toml` plus `quotas.d/*.toml`), parsed strictly into a
 //!    [`QuotaSet`] by [`file`](mod@file). A file that fails to parse or validate makes the whole
 //!    load fail with located errors; the caller keeps the last good set in force.
-//! 2. The workload's own environment ([`env`](mod@env)): GPUShare's and HAMi's device-plugin
-//!    variables, used only when no file entry matches the workload, and only for containers, pods
-//!    and systemd units (a plain cgroup outside those is enforced only when a file entry names it).
+//! 2. The environment the container's runtime was given ([`env`](mod@env)): GPUShare's and HAMi's
+//!    device-plugin variables, read from the runtime spec (else the container's init) by
+//!    `agent::env_quotas`, used only when no file entry matches the workload, and only for
+//!    containers and pods (a systemd unit or a plain cgroup is enforced only when a file entry
+//!    names it).
 //!
-//! [`QuotaSet::resolve`] picks, for one workload, the most specific matching file entry (see
-//! [`select`]) together with every other entry that has the very same selector (one per GPU scope),
+//! [`QuotaSet::resolve`] picks, for one workload, the matching file entry whose selector is the
+//! hardest to forge (see [`select`]) together with every other entry that has the very same selector (one per GPU scope),
 //! else the env quota, else nothing. Each [`Limit`] carries its full [`Enforcement`] (mode, tolerance,
 //! grace, ladder) with per-entry overrides already applied over `[defaults]` over the built-in
 //! defaults, so the policy never looks anything up.
 
+pub mod duration;
 pub mod env;
 pub mod file;
+pub mod lint;
 pub mod select;
 pub mod size;
 
@@ -26,7 +30,11 @@ use std::{fmt, time::Duration};
 use crate::attribution::WorkloadKind;
 
 pub use self::{
-    env::{EnvQuota, EnvQuotaError, EnvSource, GpuShareUnit, env_quota, parse_environ},
+    duration::{fmt_duration, parse_duration, parse_nonzero_duration},
+    env::{
+        EnvQuota, EnvQuotaError, EnvQuotaReport, EnvSource, GpuInfo, GpuShareUnit, Trust,
+        UnitCheck, env_quota, parse_environ,
+    },
     file::{LocatedError, QuotaFile, load_dir_set, parse_str},
     select::{PathGlob, PodRef, ProtectPattern, Selector, WorkloadMeta},
     size::{ByteSize, SizeError, parse_size},
@@ -514,9 +522,9 @@ impl QuotaSet {
         self.entries.iter().any(|e| e.selector.matches(w))
     }
 
-    /// The quota for a workload: the most specific matching file entry with every entry that shares
-    /// its selector; else (for containers, pods and units, when env quotas are enabled) the env quota
-    /// of one of its processes; else `None`. Ties in specificity go to the earlier entry.
+    /// The quota for a workload: the matching file entry whose selector ranks highest (see
+    /// [`select`]) with every entry that shares its selector; else (for containers and pods, when env
+    /// quotas are enabled) its env quota; else `None`. Ties go to the earlier entry.
     pub fn resolve(&self, w: &WorkloadMeta, env: Option<&EnvQuota>) -> Option<ResolvedQuota> {
         let mut best: Option<&QuotaEntry> = None;
         for e in self.entries.iter().filter(|e| e.selector.matches(w)) {
@@ -547,8 +555,13 @@ impl QuotaSet {
                 limits,
             });
         }
+        // Only containers and pods: a unit or a plain cgroup may run many users' processes, and
+        // one of them must not set the quota of all (see `agent::env_quotas`).
         if !self.defaults.env_quotas
-            || matches!(w.id.kind, WorkloadKind::Cgroup | WorkloadKind::Host)
+            || !matches!(
+                w.id.kind,
+                WorkloadKind::Container { .. } | WorkloadKind::Pod { .. }
+            )
         {
             return None;
         }
@@ -592,23 +605,6 @@ impl QuotaSet {
                 ladder: e.enforcement.ladder_text(),
             })
             .collect()
-    }
-}
-
-/// `0s`, `500ms`, `5s`, `1.5s`, `2m`, `90s`.
-pub fn fmt_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms == 0 {
-        "0s".to_string()
-    } else if ms < 1000 {
-        format!("{ms}ms")
-    } else if ms.is_multiple_of(60_000) {
-        format!("{}m", ms / 60_000)
-    } else if ms.is_multiple_of(1000) {
-        format!("{}s", ms / 1000)
-    } else {
-        let frac = format!("{:03}", ms % 1000);
-        format!("{}.{}s", ms / 1000, frac.trim_end_matches('0'))
     }
 }
 
@@ -699,7 +695,44 @@ mode = "elastic"
     }
 
     #[test]
-    fn env_quota_applies_only_without_a_file_entry_and_not_to_plain_cgroups() {
+    fn a_pod_cannot_pick_a_generous_entry_by_naming_its_container() {
+        // The pod is under a small pod_uid quota; a generous bare container_name entry exists for a
+        // single-tenant convenience. The pod's author chose the container name "main" to match it.
+        let set = QuotaSet::parse(
+            &format!(
+                "[[quota]]\ncontainer_name = \"main\"\ngpu_memory = \"40GiB\"\n\n[[quota]]\npod_uid = \"{UID}\"\ngpu_memory = \"1GiB\"\n\n[[quota]]\npod = \"ml/trainer-0\"\ngpu_memory = \"2GiB\"\n"
+            ),
+            "q.toml",
+        )
+        .unwrap();
+        let q = set.resolve(&container(), None).unwrap();
+        assert_eq!(
+            q.limits[0].bytes, GIB,
+            "pod_uid wins over pod name and container name"
+        );
+        // Without the pod_uid entry, the pod name entry wins; without both, the name applies.
+        let set = QuotaSet::parse(
+            "[[quota]]\ncontainer_name = \"main\"\ngpu_memory = \"40GiB\"\n\n[[quota]]\npod = \"ml/trainer-0\"\ngpu_memory = \"2GiB\"\n",
+            "q.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            set.resolve(&container(), None).unwrap().limits[0].bytes,
+            2 * GIB
+        );
+        let set = QuotaSet::parse(
+            "[[quota]]\ncontainer_name = \"main\"\ngpu_memory = \"40GiB\"\n",
+            "q.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            set.resolve(&container(), None).unwrap().limits[0].bytes,
+            40 * GIB
+        );
+    }
+
+    #[test]
+    fn env_quota_applies_only_without_a_file_entry_and_only_to_containers_and_pods() {
         let env = EnvQuota {
             source: EnvSource::Hami,
             per_gpu: vec![(DeviceRef::Index(1), GIB)],
@@ -713,6 +746,11 @@ mode = "elastic"
         assert_eq!(q.limits[0].enforcement, Enforcement::default());
         let plain = WorkloadMeta::new(parse_cgroup_path("/custom/job"));
         assert_eq!(empty.resolve(&plain, Some(&env)), None);
+        // Nor to systemd units: a shared unit's users must not set each other's quota.
+        let unit = WorkloadMeta::new(parse_cgroup_path("/system.slice/cron.service"));
+        assert_eq!(empty.resolve(&unit, Some(&env)), None);
+        let pod = WorkloadMeta::new(parse_cgroup_path(&format!("/kubepods/burstable/pod{UID}")));
+        assert!(empty.resolve(&pod, Some(&env)).is_some());
         let host = WorkloadMeta::new(parse_cgroup_path("/"));
         assert_eq!(empty.resolve(&host, Some(&env)), None);
         assert_eq!(empty.resolve(&container(), None), None);

@@ -2,15 +2,22 @@
 //!
 //! Design note: a [`Selector`] is matched against a [`WorkloadMeta`]: the cgroup-derived
 //! [`WorkloadId`] plus the names only Kubernetes or the runtime know (container name, pod namespace and
-//! name), which may be unknown. A selector that needs an unknown name does not match. Each selector
-//! has a specificity; when several entries match one workload, the most specific wins:
-//! container id (longer prefix first) > pod + container name > container name > pod UID > pod
-//! namespace/name > systemd unit > cgroup glob. `pod + container name` ranks above a bare container
-//! name because it matches a subset of what the bare name matches.
+//! name), which may be unknown. A selector that needs an unknown name does not match.
+//!
+//! **Precedence by trust.** When several entries match one workload, the one whose selector is the
+//! hardest to forge from inside the workload wins: container id (chosen by the runtime; longer prefix
+//! first) > pod UID + container name > pod namespace/name + container name > pod UID > pod
+//! namespace/name > bare container name > systemd unit > cgroup glob. A pod's UID is chosen by the
+//! API server and its namespace by whoever may create pods there, but a container's name is chosen
+//! by the pod's author: a bare `container_name` entry matches that name in every namespace, so it
+//! must never outrank an entry that names the pod (else a pod under a small `pod_uid` quota could
+//! name its container after a generous entry). A bare `container_name` is a convenience for
+//! single-tenant nodes (Docker names are unique per host); `check` warns when such an entry
+//! coexists with pod entries.
 //!
 //! Cgroup globs match the cgroup path; `*` stays within one path component, `**` crosses them.
 //! `protect` patterns are globs over workload keys (`unit://sshd.service`, `docker://3f2a*`,
-//! `cgroup:///system.slice/*`, where `*` crosses `/`), matched against the workload's key, its
+//! `cgroup:///system.slice/*.service`, where `*` crosses `/`), matched against the workload's key, its
 //! `cgroup://<path>` form and, in a pod, `pod://<uid>`.
 
 use globset::{Glob, GlobBuilder, GlobMatcher};
@@ -201,14 +208,21 @@ impl Selector {
         }
     }
 
-    /// Higher is more specific: `(tier, detail)`; see the module note.
+    /// Higher wins: `(tier, detail)`; see the module note.
     pub fn specificity(&self) -> (u8, usize) {
         match self {
-            Self::ContainerId(prefix) => (7, prefix.len()),
-            Self::PodContainer { .. } => (6, 0),
-            Self::ContainerName(_) => (5, 0),
-            Self::PodUid(_) => (4, 0),
-            Self::PodName { .. } => (3, 0),
+            Self::ContainerId(prefix) => (8, prefix.len()),
+            Self::PodContainer {
+                pod: PodRef::Uid(_),
+                ..
+            } => (7, 0),
+            Self::PodContainer {
+                pod: PodRef::Name { .. },
+                ..
+            } => (6, 0),
+            Self::PodUid(_) => (5, 0),
+            Self::PodName { .. } => (4, 0),
+            Self::ContainerName(_) => (3, 0),
             Self::Unit(_) => (2, 0),
             // An exact path (e.g. a `launch`ed service's own quota) beats any glob; among globs, the
             // longer literal prefix is the more specific.
@@ -354,7 +368,10 @@ mod tests {
     }
 
     #[test]
-    fn specificity_orders_selectors() {
+    fn precedence_follows_how_hard_a_selector_is_to_forge() {
+        // Container id (the runtime's), then pod UID + container name, then pod namespace/name +
+        // container name, then the rest; a bare container name (which a pod's author chooses)
+        // below every pod selector.
         let ordered = [
             Selector::ContainerId(ID.into()),
             Selector::ContainerId(ID[..12].into()),
@@ -362,12 +379,19 @@ mod tests {
                 pod: PodRef::Uid(UID.into()),
                 container_name: "main".into(),
             },
-            Selector::ContainerName("main".into()),
+            Selector::PodContainer {
+                pod: PodRef::Name {
+                    namespace: "a".into(),
+                    name: "b".into(),
+                },
+                container_name: "main".into(),
+            },
             Selector::PodUid(UID.into()),
             Selector::PodName {
                 namespace: "a".into(),
                 name: "b".into(),
             },
+            Selector::ContainerName("main".into()),
             Selector::Unit("x.service".into()),
             Selector::Cgroup(PathGlob::cgroup("/**").unwrap()),
         ];

@@ -303,3 +303,176 @@ fn docker_a_container_restarted_by_its_policy_keeps_its_identity_and_its_quota()
     );
     assert!(r.wait_v2_frozen(true, Duration::from_secs(5)));
 }
+
+/// `sh -c SCRIPT` in the test image: the entrypoint shell runs the fake GPU program as its child
+/// (`; exit` keeps the shell from exec'ing it), with whatever environment the script gives it.
+fn shell_entrypoint(script: &str) -> Vec<String> {
+    vec!["/bin/sh".into(), "-c".into(), format!("{script}; exit")]
+}
+
+const WORKER: &str = "/usr/local/bin/gpushare-fake-gpu-proc --device /dev/nvidia0";
+
+#[test]
+fn docker_env_quota_is_what_the_container_was_given_not_what_its_entrypoint_gives_its_worker() {
+    let Some(dk) = require_docker("docker_env_quota_from_the_spec") else {
+        return;
+    };
+    // Both started by GPUShare's device plugin with a 1 GiB request. The first entrypoint starts
+    // its worker with the request rewritten to 100 GiB; the second adds a zero HAMi limit, which
+    // used to shadow GPUShare's variables and remove the quota.
+    let given = ["-e", "ALIYUN_COM_GPU_MEM_CONTAINER=1"];
+    let tricks = [
+        format!("ALIYUN_COM_GPU_MEM_CONTAINER=100 {WORKER}"),
+        format!("CUDA_DEVICE_MEMORY_LIMIT=0 {WORKER}"),
+    ];
+    let containers: Vec<GpuContainer> = tricks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let cmd = shell_entrypoint(t);
+            let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+            GpuContainer::attached_cmd(dk, &format!("trick{i}"), &given, &cmd).unwrap()
+        })
+        .collect();
+    let workers: Vec<u32> = containers
+        .iter()
+        .map(|c| c.gpu_pid().expect("the worker holds the GPU"))
+        .collect();
+    for (c, w) in containers.iter().zip(&workers) {
+        assert_ne!(*w, c.pid(), "the worker is the entrypoint's child");
+        let environ = std::fs::read(format!("/proc/{w}/environ")).unwrap();
+        let environ = String::from_utf8_lossy(&environ);
+        assert!(
+            environ.contains("ALIYUN_COM_GPU_MEM_CONTAINER=100")
+                || environ.contains("CUDA_DEVICE_MEMORY_LIMIT=0"),
+            "the trick is in the worker's environment: {environ}"
+        );
+    }
+    let sc = Scenario::create(&scenario(&[(workers[0], 2 * GIB), (workers[1], 2 * GIB)])).unwrap();
+    let agent = AgentProcess::start(&sc, FAST, &[]);
+    let s = agent.wait_for(WAIT, |s| {
+        containers.iter().all(|c| state_of(s, c) == "frozen")
+    });
+    for c in &containers {
+        assert!(
+            c.wait_v2_frozen(true, Duration::from_secs(5)),
+            "{}",
+            c.name()
+        );
+        let w = row(&s, c).unwrap();
+        assert_eq!(w.quota_bytes, Some(GIB), "the 1 GiB it was given: {w:?}");
+        assert!(w.quota_source.contains("gpushare env"), "{w:?}");
+    }
+    let metrics = agent.get("/metrics").1;
+    for c in &containers {
+        assert!(
+            metrics.lines().any(
+                |l| l.starts_with("gpushare_workload_gpu_memory_quota_bytes{")
+                    && l.contains(c.id())
+                    && l.contains("quota_trust=\"runtime_spec\"")
+            ),
+            "the quota is labelled as read from the runtime spec:\n{metrics}"
+        );
+    }
+}
+
+#[test]
+fn docker_env_quota_held_only_by_the_runtime_spec_is_enforced() {
+    let Some(dk) = require_docker("docker_env_quota_only_in_the_spec") else {
+        return;
+    };
+    // The entrypoint drops the variable before exec'ing the worker: no process of the container
+    // has it in its environment; only the container's spec (config.v2.json, the bundle) does.
+    let cmd = [
+        "/bin/sh".to_string(),
+        "-c".into(),
+        format!("unset ALIYUN_COM_GPU_MEM_CONTAINER; exec {WORKER}"),
+    ];
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    let c = GpuContainer::attached_cmd(
+        dk,
+        "spec-only",
+        &["-e", "ALIYUN_COM_GPU_MEM_CONTAINER=1"],
+        &cmd,
+    )
+    .unwrap();
+    let environ = std::fs::read(format!("/proc/{}/environ", c.pid())).unwrap();
+    assert!(!String::from_utf8_lossy(&environ).contains("ALIYUN_COM_GPU_MEM"));
+    let sc = Scenario::create(&scenario(&[(c.pid(), 2 * GIB)])).unwrap();
+    let agent = AgentProcess::start(&sc, FAST, &[]);
+    let s = agent.wait_for(WAIT, |s| state_of(s, &c) == "frozen");
+    assert!(c.wait_v2_frozen(true, Duration::from_secs(5)));
+    assert_eq!(row(&s, &c).unwrap().quota_bytes, Some(GIB));
+}
+
+#[test]
+fn docker_runtime_spec_from_the_engine_its_containerd_bundle_or_else_the_init() {
+    use gpushare_agent::{
+        agent::env_quotas::EnvQuotaReader,
+        attribution::{
+            cgroupfs, parse_cgroup_path,
+            runtime_spec::{SpecKind, SpecRoots, find_init, find_spec},
+            workload::Runtime,
+        },
+        quota::{GpuInfo, GpuShareUnit, Trust},
+    };
+    let Some(dk) = require_docker("docker_runtime_spec_sources") else {
+        return;
+    };
+    // Given 1 GiB; the entrypoint gives its worker 100.
+    let cmd = shell_entrypoint(&format!("ALIYUN_COM_GPU_MEM_CONTAINER=100 {WORKER}"));
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    let c = GpuContainer::attached_cmd(
+        dk,
+        "sources",
+        &["-e", "ALIYUN_COM_GPU_MEM_CONTAINER=1"],
+        &cmd,
+    )
+    .unwrap();
+    let w = parse_cgroup_path(&c.v2_rel_path().unwrap());
+    assert_eq!(w.container_id(), Some(c.id()));
+    let v2 = cgroupfs::find_cgroup2_mount().unwrap();
+    let gpus = [GpuInfo {
+        index: 0,
+        uuid: GPU.into(),
+        memory_total: 80 * GIB,
+    }];
+    let quota = |roots: SpecRoots| {
+        let (q, trust) = EnvQuotaReader::new(roots, v2.clone())
+            .quota_for(&w, GpuShareUnit::GiB, &gpus)
+            .expect("an env quota");
+        (q.each_gpu, trust)
+    };
+    // The engine's config.v2.json.
+    let system = SpecRoots::system();
+    assert_eq!(
+        find_spec(&system, Runtime::Docker, c.id()).map(|(k, _)| k),
+        Some(SpecKind::DockerConfig)
+    );
+    assert_eq!(quota(system.clone()), (Some(GIB), Trust::RuntimeSpec));
+    // Without Docker's data root: the OCI bundle of the engine's containerd (namespace moby).
+    let no_docker = SpecRoots {
+        docker_data_root: "/nonexistent-docker-root".into(),
+        ..system.clone()
+    };
+    let (kind, path) = find_spec(&no_docker, Runtime::Docker, c.id())
+        .expect("Docker's containerd keeps an OCI bundle for the container");
+    assert_eq!(kind, SpecKind::OciBundle);
+    assert!(
+        path.to_string_lossy().contains("/moby/"),
+        "{}",
+        path.display()
+    );
+    assert_eq!(quota(no_docker), (Some(GIB), Trust::RuntimeSpec));
+    // No spec at all: the container's init (the entrypoint shell, its pid namespace's 1), never the
+    // worker that was given 100.
+    let nothing = SpecRoots {
+        docker_data_root: "/nonexistent-docker-root".into(),
+        containerd_task_roots: Vec::new(),
+        crio_container_roots: Vec::new(),
+    };
+    let init = find_init(c.v2_dir().unwrap()).unwrap();
+    assert_eq!(init.pid, c.pid());
+    assert_ne!(Some(init.pid), c.gpu_pid());
+    assert_eq!(quota(nothing), (Some(GIB), Trust::InitEnviron));
+}

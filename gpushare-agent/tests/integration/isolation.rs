@@ -63,6 +63,34 @@ fn key(cg: &TestCgroup) -> String {
     format!("cgroup://{}", cg.rel_path())
 }
 
+/// A test group named like a containerd container's scope (`cri-containerd-<64 hex>.scope`), so
+/// the agent sees a container (`containerd://<id>`) with no runtime spec on disk.
+fn container_cgroup() -> TestCgroup {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let id = format!(
+        "{:016x}{:016x}{:016x}{:016x}",
+        u64::from(std::process::id()),
+        N.fetch_add(1, Ordering::Relaxed),
+        nanos,
+        0x6770_7573_6861_7265u64
+    );
+    TestCgroup::create(&format!("cri-containerd-{id}.scope")).unwrap()
+}
+
+fn container_key(cg: &TestCgroup) -> String {
+    let scope = cg.rel_path().rsplit('/').next().unwrap();
+    let id = scope
+        .strip_prefix("cri-containerd-")
+        .and_then(|s| s.strip_suffix(".scope"))
+        .unwrap();
+    format!("containerd://{id}")
+}
+
 fn cgroup_quota(cg: &TestCgroup, mem: &str) -> String {
     format!(
         "\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"{mem}\"\n",
@@ -195,10 +223,9 @@ fn quotas_from_the_environment_gpushare_and_hami() {
     if !require_root("quotas_from_the_environment") {
         return;
     }
-    // Env quotas apply to containers, pods and units: these groups are named like systemd scopes.
-    let cgs: Vec<TestCgroup> = (0..4)
-        .map(|i| TestCgroup::create(&format!("{}.scope", unique(&format!("env{i}")))).unwrap())
-        .collect();
+    // Env quotas apply to containers and pods: these groups are named like containerd's scopes.
+    // No runtime spec exists for them, so the quota comes from each container's first process.
+    let cgs: Vec<TestCgroup> = (0..4).map(|_| container_cgroup()).collect();
     let procs = [
         Proc::start(
             &cgs[0],
@@ -222,8 +249,7 @@ fn quotas_from_the_environment_gpushare_and_hami() {
     let sc = Scenario::create(&scenario(&list)).unwrap();
     let quotas = "[defaults]\ngrace = \"200ms\"\nladder = [ { action = \"freeze\" } ]\n";
     let agent = AgentProcess::start(&sc, quotas, &[]);
-    let unit_key =
-        |cg: &TestCgroup| format!("unit://{}", cg.rel_path().rsplit('/').next().unwrap());
+    let unit_key = container_key;
     let s = agent.wait_for(Duration::from_secs(10), |s| {
         [0, 2].iter().all(|&i| {
             s.workloads
@@ -238,6 +264,24 @@ fn quotas_from_the_environment_gpushare_and_hami() {
     assert!(
         cgs[2].wait_frozen(true),
         "HAMi env: 3 GiB over 2048m is isolated"
+    );
+    // No runtime spec exists for these: the quota is labelled lower trust, and `status` says so.
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("gpushare_workload_gpu_memory_quota_bytes{")
+                && l.contains(&unit_key(&cgs[1]))
+                && l.contains("quota_trust=\"init_environ\"")
+        ),
+        "{metrics}"
+    );
+    let shown = gpushare_agent::status::render_status(&s);
+    assert!(
+        shown.contains(&format!(
+            "{}: environment quota read from its init process",
+            unit_key(&cgs[1])
+        )),
+        "{shown}"
     );
     for i in [1, 3] {
         let w = s
@@ -407,4 +451,208 @@ fn an_operator_release_thaws_and_the_ladder_starts_again() {
     let (code, body) = agent.post_local("/api/v1/release", r#"{"workload":"docker://nope"}"#);
     assert_eq!(code, 404);
     assert!(body.contains("no workload under a quota matches"), "{body}");
+}
+
+#[test]
+fn an_env_limit_one_process_of_a_shared_unit_sets_does_not_freeze_the_unit() {
+    if !require_root("an_env_limit_of_a_shared_unit") {
+        return;
+    }
+    // A unit that runs many users' processes (cron.service, a notebook hub): one of them sets a
+    // tiny HAMi limit in its own environment. Env quotas are only for containers and pods.
+    let unit = TestCgroup::create(&format!("{}.service", unique("shared"))).unwrap();
+    let mut tiny = Proc::start(&unit, &[("CUDA_DEVICE_MEMORY_LIMIT", "1m")]);
+    let mut other = Proc::start(&unit, &[]);
+    let sc = Scenario::create(&scenario(&[(tiny.pid(), GIB), (other.pid(), GIB)])).unwrap();
+    let agent = AgentProcess::start(&sc, FAST, &[]);
+    let key = format!("unit://{}", unit.rel_path().rsplit('/').next().unwrap());
+    agent.wait_for(Duration::from_secs(10), |s| {
+        s.processes.iter().filter(|p| p.workload == key).count() == 2
+    });
+    // Well past the grace period and every step of the ladder.
+    std::thread::sleep(Duration::from_millis(2000));
+    let s = agent.state().unwrap();
+    let rows: Vec<_> = s.workloads.iter().filter(|w| w.workload == key).collect();
+    assert!(!rows.is_empty());
+    for w in &rows {
+        assert_eq!((w.quota_bytes, w.state.as_str()), (None, "ok"), "{w:?}");
+    }
+    assert!(!unit.is_frozen(), "the unit is not frozen");
+    assert_eq!((tiny.usr1s(), other.usr1s()), (0, 0), "nobody signalled");
+    assert!(tiny.alive() && other.alive());
+}
+
+#[test]
+fn an_invalid_file_at_start_observes_only_and_a_protected_workload_is_never_signalled() {
+    if !require_root("an_invalid_file_at_start") {
+        return;
+    }
+    // A container with a 1 GiB env quota, using 2 GiB, that the operator protected; the file also
+    // has an error. Starting with the built-in defaults would signal it (SIGUSR1 after 5 s).
+    let cg = container_cgroup();
+    let p = Proc::start(&cg, &[("ALIYUN_COM_GPU_MEM_CONTAINER", "1")]);
+    let sc = Scenario::create(&scenario(&[(p.pid(), 2 * GIB)])).unwrap();
+    let quotas = format!(
+        "protect = [\"{}\"]\n[defaults]\ngrace = \"200ms\"\n\n[[quota]]\nunit = \"x.service\"\ngpu_memory = 5\n",
+        container_key(&cg)
+    );
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    std::thread::sleep(Duration::from_millis(6500));
+    assert_eq!(
+        p.usr1s(),
+        0,
+        "signalled while the operator's file was invalid"
+    );
+    assert!(!cg.is_frozen());
+    let (_, body) = agent.get("/api/v1/state");
+    assert!(body.contains("observe only"), "the state says so: {body}");
+    assert!(agent.log().contains("observe only"), "{}", agent.log());
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        metrics.contains("gpushare_quota_config_valid 0"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("action=\"signal\""),
+        "no signal step ran: {metrics}"
+    );
+    // A valid file ends observe-only mode: its protect list is now in force.
+    agent.write_quotas(&format!(
+        "protect = [\"{}\"]\n[defaults]\ngrace = \"200ms\"\n",
+        container_key(&cg)
+    ));
+    agent.wait_for(Duration::from_secs(15), |s| s.counters.quota_config_valid);
+    let (_, body) = agent.get("/api/v1/state");
+    assert!(!body.contains("observe only"), "{body}");
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(p.usr1s(), 0, "protected");
+}
+
+#[test]
+fn an_invalid_file_at_start_uses_the_last_good_configuration_kept_in_the_state_directory() {
+    if !require_root("the_last_good_configuration_is_kept") {
+        return;
+    }
+    let protected = container_cgroup();
+    let p = Proc::start(&protected, &[("ALIYUN_COM_GPU_MEM_CONTAINER", "1")]);
+    let b_cg = TestCgroup::create(&unique("kept-b")).unwrap();
+    let b = Proc::start(&b_cg, &[]);
+    let sc = Scenario::create(&scenario(&[(p.pid(), 2 * GIB), (b.pid(), GIB)])).unwrap();
+    let good = format!(
+        "protect = [\"{}\"]\n[defaults]\ngrace = \"200ms\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
+        container_key(&protected),
+        cgroup_quota(&b_cg, "2GiB")
+    );
+    let mut agent = AgentProcess::start(&sc, &good, &[]);
+    agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&b_cg), "all").is_some_and(|w| w.state == "ok")
+    });
+    assert_eq!(agent.stop(), Some(0));
+    // The operator breaks the file while the agent is down; B grows past its quota.
+    agent.write_quotas(&good.replace("\"2GiB\"", "2048"));
+    sc.write(&scenario(&[(p.pid(), 2 * GIB), (b.pid(), 3 * GIB)]))
+        .unwrap();
+    agent.restart();
+    assert!(
+        agent.log().contains("last good configuration"),
+        "the log says which configuration is in force:\n{}",
+        agent.log()
+    );
+    // The kept configuration is enforced: B is frozen by its quota; the protected one is not.
+    agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&b_cg), "all").is_some_and(|w| w.state == "frozen")
+    });
+    assert!(b_cg.wait_frozen(true));
+    assert!(!protected.is_frozen());
+    assert_eq!(p.usr1s(), 0);
+}
+
+#[test]
+fn a_signal_step_goes_only_to_processes_that_catch_the_signal() {
+    if !require_root("a_signal_step_goes_only_to_catchers") {
+        return;
+    }
+    // The default ladder (alert, SIGUSR1 after 5 s, freeze after 15 s) on two workloads over
+    // quota: one process has no handler (SIGUSR1 would kill it), the other catches SIGUSR1.
+    let plain_cg = TestCgroup::create(&unique("sig-plain")).unwrap();
+    let catcher_cg = TestCgroup::create(&unique("sig-catch")).unwrap();
+    let mut plain = plain_cg
+        .spawn(
+            std::process::Command::new("sleep")
+                .arg("1000")
+                .stdin(std::process::Stdio::null()),
+        )
+        .unwrap();
+    let mut catcher = Proc::start(&catcher_cg, &[]);
+    let sc = Scenario::create(&scenario(&[
+        (plain.id(), 3 * GIB),
+        (catcher.pid(), 3 * GIB),
+    ]))
+    .unwrap();
+    let quotas = format!(
+        "[defaults]\ngrace = \"200ms\"\n{}{}",
+        cgroup_quota(&plain_cg, "2GiB"),
+        cgroup_quota(&catcher_cg, "2GiB")
+    );
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(12);
+    while catcher.usr1s() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        catcher.usr1s() >= 1,
+        "the catcher got SIGUSR1\n{}",
+        agent.log()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let gone = plain.try_wait().unwrap();
+    let _ = plain.kill();
+    let _ = plain.wait();
+    assert_eq!(
+        gone, None,
+        "the process without a handler survived the signal step"
+    );
+    assert!(catcher.alive());
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        metrics.contains(
+            r#"gpushare_enforcement_actions_total{action="signal",result="not_caught"} 1"#
+        ),
+        "the skipped process is counted:\n{metrics}"
+    );
+    assert!(
+        agent.log().contains("does not catch SIGUSR1"),
+        "and logged:\n{}",
+        agent.log()
+    );
+}
+
+#[test]
+fn a_reload_that_changes_the_gpushare_unit_reaches_running_containers() {
+    if !require_root("a_reload_that_changes_the_gpushare_unit") {
+        return;
+    }
+    // A container granted 2 (GiB, as configured) uses 1 GiB: within quota. The operator finds the
+    // device plugin runs with --memory-unit MiB and fixes the setting: the container, still running,
+    // is now over its 2 MiB quota.
+    let cg = container_cgroup();
+    let p = Proc::start(&cg, &[("ALIYUN_COM_GPU_MEM_CONTAINER", "2")]);
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB)])).unwrap();
+    let fast = "[defaults]\ngrace = \"200ms\"\nladder = [ { action = \"freeze\" } ]\n";
+    let agent = AgentProcess::start(&sc, fast, &[]);
+    let key = container_key(&cg);
+    let row = |s: &gpushare_agent::snapshot::Snapshot| {
+        s.workloads
+            .iter()
+            .find(|w| w.workload == key)
+            .map(|w| (w.quota_bytes, w.state.clone()))
+    };
+    agent.wait_for(Duration::from_secs(10), |s| {
+        row(s) == Some((Some(2 * GIB), "ok".to_string()))
+    });
+    agent.write_quotas(&format!("{fast}gpushare_memory_unit = \"MiB\"\n"));
+    agent.wait_for(Duration::from_secs(15), |s| {
+        row(s) == Some((Some(2 << 20), "frozen".to_string()))
+    });
+    assert!(cg.wait_frozen(true));
 }

@@ -1,0 +1,392 @@
+//! Environment quotas per workload: the agent asks once per workload per step
+//! ([`EnvQuotaReader::quota_for`]) and gets the quota its runtime gave it, with how far that can be
+//! trusted.
+//!
+//! Design note: what is cached is the raw quota variables per workload, keyed by where they were
+//! read (the spec file's inode, size and mtime, or the init process's pid and start time), so a
+//! recreated container or a restarted init is read afresh and an unchanged one costs one `stat`
+//! per step. The quota itself is recomputed from the variables at every call (cheap), so a reload
+//! that changes `gpushare_memory_unit`, or GPUs that appear, apply at once. An init's environment
+//! is read once per init: what it writes into its environment block later is never seen.
+//!
+//! Only containers and pods have environment quotas. A systemd unit or a plain cgroup may run many
+//! users' processes (`cron.service`, a notebook hub): honouring a variable one of them sets would
+//! let any user have the whole unit signalled and frozen (a confused deputy). Those are enforced
+//! only by file entries.
+//!
+//! Where the variables come from and which process is a container's init:
+//! [`crate::attribution::runtime_spec`]. Malformed variables and unreadable spec files are counted
+//! ([`EnvQuotaReader::problems_total`]) and logged when they change, never fatal.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use log::{info, warn};
+
+use crate::{
+    attribution::{
+        WorkloadId, WorkloadKind, procinfo,
+        runtime_spec::{self, EnvOrigin, FileStamp, SpecRoots},
+    },
+    quota::{EnvQuota, GpuInfo, GpuShareUnit, Trust, UnitCheck, env_quota},
+};
+
+/// How often a workload without a spec is looked up again (a spec that appears later, e.g. the
+/// runtime's state directory mounted late, is found within this).
+const RETRY: Duration = Duration::from_secs(10);
+
+struct Entry {
+    origin: Option<EnvOrigin>,
+    stamp: Option<FileStamp>,
+    vars: Vec<(String, String)>,
+    looked_up: Instant,
+    /// Last problems and unit check logged, so each is logged (and counted) once per change.
+    logged_problems: String,
+    logged_unit: String,
+    unit_check: UnitCheck,
+    trust: Option<Trust>,
+}
+
+fn entry_origin(o: &Option<EnvOrigin>) -> String {
+    o.as_ref().map_or("?".into(), EnvOrigin::describe)
+}
+
+/// Reads and caches workloads' environment quotas (see the module note).
+pub struct EnvQuotaReader {
+    roots: SpecRoots,
+    v2_root: PathBuf,
+    entries: HashMap<String, Entry>,
+    problems_total: u64,
+}
+
+impl EnvQuotaReader {
+    /// A reader over the spec locations `roots` and the cgroup v2 hierarchy at `v2_root`.
+    pub fn new(roots: SpecRoots, v2_root: PathBuf) -> Self {
+        Self {
+            roots,
+            v2_root,
+            entries: HashMap::new(),
+            problems_total: 0,
+        }
+    }
+
+    /// A reader over the system's spec locations ([`SpecRoots::system`]).
+    pub fn system(v2_root: PathBuf) -> Self {
+        Self::new(SpecRoots::system(), v2_root)
+    }
+
+    /// The env quota of `workload` and how far it is trusted; `None` for workloads that are not
+    /// containers or pods, and where no variable sets a limit. `gpus` are the node's GPUs (for
+    /// device mapping and the unit cross-check).
+    pub fn quota_for(
+        &mut self,
+        workload: &WorkloadId,
+        unit: GpuShareUnit,
+        gpus: &[GpuInfo],
+    ) -> Option<(EnvQuota, Trust)> {
+        let key = workload.key();
+        if !matches!(
+            workload.kind,
+            WorkloadKind::Container { .. } | WorkloadKind::Pod { .. }
+        ) {
+            self.entries.remove(&key);
+            return None;
+        }
+        let fresh = self
+            .entries
+            .get(&key)
+            .is_some_and(|e| self.still_valid(workload, e));
+        if !fresh {
+            let entry = self.lookup(workload);
+            if let Some(o) = &entry.origin {
+                info!(
+                    "{key}: environment quota variables read from {} ({} variable(s), trust {})",
+                    o.describe(),
+                    entry.vars.len(),
+                    o.trust().as_str()
+                );
+            }
+            self.entries.insert(key.clone(), entry);
+        }
+        let entry = self.entries.get_mut(&key)?;
+        let trust = entry.origin.as_ref().map(EnvOrigin::trust);
+        let report = env_quota(
+            entry.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            unit,
+            gpus,
+        );
+        let from = || entry_origin(&entry.origin);
+        let problems: Vec<String> = report
+            .problems
+            .iter()
+            .map(|p| format!("ignoring {p}"))
+            .collect();
+        let problems = problems.join("; ");
+        if problems != entry.logged_problems {
+            if !problems.is_empty() {
+                warn!("{key}: environment quota from {}: {problems}", from());
+            }
+            self.problems_total += report.problems.len() as u64;
+            entry.logged_problems = problems;
+        }
+        let unit_said = report.unit_check.describe().unwrap_or_default();
+        if unit_said != entry.logged_unit {
+            if !unit_said.is_empty() {
+                warn!("{key}: environment quota from {}: {unit_said}", from());
+            }
+            entry.logged_unit = unit_said;
+        }
+        entry.unit_check = report.unit_check;
+        entry.trust = trust.filter(|_| report.quota.is_some());
+        report.quota.zip(trust)
+    }
+
+    /// Whether a cached entry still describes the workload: its spec file is unchanged, or its
+    /// init still runs (and, for a container, a spec search is not due).
+    fn still_valid(&self, w: &WorkloadId, e: &Entry) -> bool {
+        match &e.origin {
+            Some(EnvOrigin::Spec { path, .. }) => FileStamp::of(path) == e.stamp,
+            Some(EnvOrigin::Init(id)) => {
+                procinfo::is_same_process(*id)
+                    && (e.looked_up.elapsed() < RETRY
+                        || !matches!(w.kind, WorkloadKind::Container { .. })
+                        || self.spec_path(w).is_none())
+            }
+            None => e.looked_up.elapsed() < RETRY,
+        }
+    }
+
+    fn spec_path(&self, w: &WorkloadId) -> Option<(runtime_spec::SpecKind, PathBuf)> {
+        match &w.kind {
+            WorkloadKind::Container {
+                runtime,
+                container_id,
+                ..
+            } => runtime_spec::find_spec(&self.roots, *runtime, container_id),
+            _ => None,
+        }
+    }
+
+    fn lookup(&mut self, w: &WorkloadId) -> Entry {
+        let mut entry = Entry {
+            origin: None,
+            stamp: None,
+            vars: Vec::new(),
+            looked_up: Instant::now(),
+            logged_problems: String::new(),
+            logged_unit: String::new(),
+            unit_check: UnitCheck::NotApplicable,
+            trust: None,
+        };
+        if let (Some((kind, path)), Some(id)) = (self.spec_path(w), w.container_id()) {
+            let stamp = FileStamp::of(&path);
+            match runtime_spec::read_spec(kind, &path, id) {
+                Ok(vars) => {
+                    entry.origin = Some(EnvOrigin::Spec { kind, path });
+                    entry.stamp = stamp;
+                    entry.vars = vars;
+                    return entry;
+                }
+                Err(e) => {
+                    self.problems_total += 1;
+                    warn!(
+                        "{}: cannot read its runtime spec ({e}); falling back to its init process's environment",
+                        w.key()
+                    );
+                }
+            }
+        }
+        let dir = self.v2_root.join(w.cgroup_path.trim_start_matches('/'));
+        if let Some(init) = runtime_spec::find_init(&dir)
+            && let Some(vars) = runtime_spec::read_init_environ(init)
+        {
+            entry.origin = Some(EnvOrigin::Init(init));
+            entry.vars = vars;
+        }
+        entry
+    }
+
+    /// Forgets workloads not in `live` (workload keys).
+    pub fn retain(&mut self, live: &HashSet<String>) {
+        self.entries.retain(|k, _| live.contains(k));
+    }
+
+    /// Malformed variables and unreadable spec files seen so far.
+    pub fn problems_total(&self) -> u64 {
+        self.problems_total
+    }
+
+    /// Workloads whose `ALIYUN_COM_GPU_MEM_DEV` disagrees with the configured unit, with what it
+    /// says, as of their last [`Self::quota_for`].
+    pub fn unit_mismatches(&self) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.unit_check.disagrees())
+            .filter_map(|(k, e)| Some((k.clone(), e.unit_check.describe()?)))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Where the quota of `key` came from, as of its last [`Self::quota_for`], when it has one.
+    pub fn trust_of(&self, key: &str) -> Option<Trust> {
+        self.entries.get(key).and_then(|e| e.trust)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+    use crate::{
+        attribution::parse_cgroup_path,
+        quota::{DeviceRef, EnvSource},
+    };
+
+    const ID: &str = "3f2a9c8e7d6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f";
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+
+    struct Fixture {
+        dir: PathBuf,
+        reader: EnvQuotaReader,
+    }
+
+    impl Fixture {
+        fn new(tag: &str) -> Self {
+            let dir = std::env::temp_dir()
+                .join(format!("gpushare-env-quotas-{tag}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir_all(&dir).unwrap();
+            let roots = SpecRoots {
+                docker_data_root: dir.join("docker"),
+                containerd_task_roots: vec![dir.join("containerd")],
+                crio_container_roots: vec![dir.join("crio")],
+            };
+            // No cgroup tree here: only specs can be found.
+            let reader = EnvQuotaReader::new(roots, dir.join("no-cgroups"));
+            Self { dir, reader }
+        }
+
+        /// Writes container ID's Docker config with `env`, atomically as the engine does.
+        fn docker_env(&self, env: &[&str]) {
+            let d = self.dir.join("docker/containers").join(ID);
+            fs::create_dir_all(&d).unwrap();
+            let text = serde_json::json!({ "ID": ID, "Name": "/x", "Config": { "Env": env } });
+            fs::write(d.join("tmp"), text.to_string()).unwrap();
+            fs::rename(d.join("tmp"), d.join("config.v2.json")).unwrap();
+        }
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn gpus() -> Vec<GpuInfo> {
+        vec![GpuInfo {
+            index: 0,
+            uuid: "GPU-0".into(),
+            memory_total: 80 * GIB,
+        }]
+    }
+
+    fn docker() -> WorkloadId {
+        parse_cgroup_path(&format!("/docker/{ID}"))
+    }
+
+    #[test]
+    fn the_quota_comes_from_the_spec_and_follows_it() {
+        let mut f = Fixture::new("spec");
+        f.docker_env(&["PATH=/bin", "ALIYUN_COM_GPU_MEM_CONTAINER=1"]);
+        let (q, trust) = f
+            .reader
+            .quota_for(&docker(), GpuShareUnit::GiB, &gpus())
+            .unwrap();
+        assert_eq!(
+            (q.source, q.each_gpu, trust),
+            (EnvSource::GpuShare, Some(GIB), Trust::RuntimeSpec)
+        );
+        assert_eq!(f.reader.trust_of(&docker().key()), Some(Trust::RuntimeSpec));
+        // The unit is applied at each call: a reload to MiB reaches the running container at once.
+        let (q, _) = f
+            .reader
+            .quota_for(&docker(), GpuShareUnit::MiB, &gpus())
+            .unwrap();
+        assert_eq!(q.each_gpu, Some(MIB));
+        // The engine rewrites the file (a recreated container): read again.
+        f.docker_env(&["ALIYUN_COM_GPU_MEM_CONTAINER=3", "ALIYUN_COM_GPU_MEM_IDX=0"]);
+        let (q, _) = f
+            .reader
+            .quota_for(&docker(), GpuShareUnit::GiB, &gpus())
+            .unwrap();
+        assert_eq!(q.per_gpu, vec![(DeviceRef::Index(0), 3 * GIB)]);
+        // Gone: no quota (no cgroup to fall back on here).
+        fs::remove_dir_all(f.dir.join("docker")).unwrap();
+        assert_eq!(
+            f.reader.quota_for(&docker(), GpuShareUnit::GiB, &gpus()),
+            None
+        );
+    }
+
+    #[test]
+    fn problems_are_counted_once_and_mismatches_reported() {
+        let mut f = Fixture::new("problems");
+        f.docker_env(&[
+            "ALIYUN_COM_GPU_MEM_CONTAINER=4096",
+            "ALIYUN_COM_GPU_MEM_DEV=81920",
+            "CUDA_DEVICE_MEMORY_LIMIT=lots",
+        ]);
+        for _ in 0..3 {
+            let (q, _) = f
+                .reader
+                .quota_for(&docker(), GpuShareUnit::GiB, &gpus())
+                .unwrap();
+            assert_eq!(q.each_gpu, Some(4 * GIB), "MiB, as the device size shows");
+        }
+        assert_eq!(
+            f.reader.problems_total(),
+            1,
+            "counted once, not at every step"
+        );
+        let m = f.reader.unit_mismatches();
+        assert_eq!(m.len(), 1);
+        assert!(m[0].1.contains("MiB"), "{m:?}");
+        // Configured right: no mismatch.
+        f.reader.quota_for(&docker(), GpuShareUnit::MiB, &gpus());
+        assert!(f.reader.unit_mismatches().is_empty());
+        // A corrupt spec is counted too.
+        let p = f
+            .dir
+            .join("docker/containers")
+            .join(ID)
+            .join("config.v2.json");
+        fs::write(&p, "{").unwrap();
+        assert_eq!(
+            f.reader.quota_for(&docker(), GpuShareUnit::GiB, &gpus()),
+            None
+        );
+        assert_eq!(f.reader.problems_total(), 2);
+        f.reader.retain(&HashSet::new());
+        assert!(f.reader.unit_mismatches().is_empty());
+    }
+
+    #[test]
+    fn units_and_plain_cgroups_never_get_environment_quotas() {
+        let mut f = Fixture::new("kinds");
+        for path in ["/system.slice/cron.service", "/custom/job", "/"] {
+            assert_eq!(
+                f.reader
+                    .quota_for(&parse_cgroup_path(path), GpuShareUnit::GiB, &gpus()),
+                None,
+                "{path}"
+            );
+        }
+    }
+}

@@ -1,0 +1,598 @@
+//! The environment a container's runtime was told to give it, read from the runtime's own files by
+//! container id, and, where none can be found, the environment of the container's first process.
+//!
+//! Why: quotas from device-plugin variables (GPUShare's, HAMi's) must be the ones the scheduler
+//! granted, never ones a process chose. A process controls its own environment and its children's,
+//! so `/proc/<pid>/environ` of a GPU process says what the workload wants, not what it was given.
+//! The runtime spec is what the runtime received (from `docker run -e`, the kubelet and the device
+//! plugin's Allocate answer) and nothing inside the container can change it.
+//!
+//! Where (first that exists; all root-owned, written by the runtime, never mounted into the
+//! container):
+//! - Docker: `<data root>/containers/<id>/config.v2.json`, `Config.Env` (the data root from
+//!   `/etc/docker/daemon.json`, see [`super::docker`]);
+//! - containerd (and Docker, which runs its containers through containerd in namespace `moby`):
+//!   the OCI bundle `<task root>/<namespace>/<id>/config.json`, `process.env`, with the task roots
+//!   `/run/containerd/io.containerd.runtime.v2.task` (containerd 1.x and 2.x),
+//!   `/run/docker/containerd/daemon/io.containerd.runtime.v2.task` (a containerd that dockerd starts
+//!   itself) and `/run/containerd/io.containerd.runtime.v1.linux` (shim v1);
+//! - CRI-O (and rootful Podman): the bundle `/run/containers/storage/overlay-containers/<id>/userdata/config.json`
+//!   (its `runroot`, storage driver `overlay`), `process.env`.
+//!
+//! **Fallback: the container's init.** Where no spec is found (another runtime, other paths, the
+//! agent without the host's `/run` or data root), the environment of the container's first process
+//! is read, and only that one. Which process is first: the one in the workload's cgroup subtree
+//! whose `NSpid` (in `/proc/<pid>/status`) ends in 1 in the fewest namespaces, which is by
+//! definition the init of the container's own pid namespace; where the container shares a pid
+//! namespace (`--pid=host`, a pod's shared namespace) none does, and it is the oldest process (by
+//! start time) whose parent is outside the subtree: the process the runtime started, since every
+//! other process of the container descends from it and runtimes end a container when its init
+//! exits. Its environment is what the runtime gave it at exec, unless it rewrote it itself, hence
+//! the lower trust ([`Trust::InitEnviron`]). A later process is never read.
+//!
+//! Bad files (not JSON, oversized, another container's) are errors the caller counts and logs;
+//! nothing here panics.
+
+use std::{
+    collections::HashSet,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use super::{
+    ProcessIdentity,
+    docker::{self, MAX_CONFIG_BYTES},
+    procinfo,
+    workload::Runtime,
+};
+use crate::quota::{Trust, env::is_quota_var};
+
+/// containerd's task roots: each holds `<namespace>/<id>/config.json`.
+pub const CONTAINERD_TASK_ROOTS: [&str; 3] = [
+    "/run/containerd/io.containerd.runtime.v2.task",
+    "/run/docker/containerd/daemon/io.containerd.runtime.v2.task",
+    "/run/containerd/io.containerd.runtime.v1.linux",
+];
+/// CRI-O's (and rootful Podman's) per-container directories: `<id>/userdata/config.json`.
+pub const CRIO_CONTAINER_ROOTS: [&str; 1] = ["/run/containers/storage/overlay-containers"];
+/// Most processes read from one cgroup subtree when looking for its init.
+const MAX_SUBTREE_PIDS: usize = 4096;
+/// Deepest subtree walked.
+const MAX_SUBTREE_DEPTH: usize = 16;
+
+/// Where runtime specs are looked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecRoots {
+    /// Docker's data root (`/var/lib/docker` or daemon.json's `data-root`).
+    pub docker_data_root: PathBuf,
+    /// containerd task roots.
+    pub containerd_task_roots: Vec<PathBuf>,
+    /// CRI-O container roots.
+    pub crio_container_roots: Vec<PathBuf>,
+}
+
+impl SpecRoots {
+    /// The system's: Docker's data root from `/etc/docker/daemon.json`, the default paths of
+    /// containerd and CRI-O.
+    pub fn system() -> Self {
+        Self {
+            docker_data_root: docker::data_root_from(Path::new(docker::DAEMON_JSON)),
+            containerd_task_roots: CONTAINERD_TASK_ROOTS.iter().map(PathBuf::from).collect(),
+            crio_container_roots: CRIO_CONTAINER_ROOTS.iter().map(PathBuf::from).collect(),
+        }
+    }
+}
+
+/// Which kind of file a spec is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SpecKind {
+    /// Docker's `config.v2.json`.
+    DockerConfig,
+    /// An OCI bundle's `config.json` (containerd, CRI-O).
+    OciBundle,
+}
+
+/// Where a container's environment was read.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum EnvOrigin {
+    /// Its runtime spec.
+    Spec {
+        /// Which kind of file.
+        kind: SpecKind,
+        /// The file.
+        path: PathBuf,
+    },
+    /// Its init process's environment.
+    Init(ProcessIdentity),
+}
+
+impl EnvOrigin {
+    /// How far what was read there can be trusted.
+    pub fn trust(&self) -> Trust {
+        match self {
+            Self::Spec { .. } => Trust::RuntimeSpec,
+            Self::Init(_) => Trust::InitEnviron,
+        }
+    }
+
+    /// In words, for logs.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Spec { path, .. } => format!("its runtime spec {}", path.display()),
+            Self::Init(id) => format!("the environment of its init process {}", id.pid),
+        }
+    }
+}
+
+/// The spec files that may hold container `id`'s environment, most specific first, given the
+/// runtime its cgroup path names. Nothing is read; `id` must be a full container id (it becomes a
+/// path component).
+pub fn spec_candidates(roots: &SpecRoots, runtime: Runtime, id: &str) -> Vec<(SpecKind, PathBuf)> {
+    if !docker::is_full_id(id) {
+        return Vec::new();
+    }
+    let docker = || {
+        (
+            SpecKind::DockerConfig,
+            docker::config_path(&roots.docker_data_root, id),
+        )
+    };
+    let containerd = |namespaces_first: &[&str]| -> Vec<(SpecKind, PathBuf)> {
+        let mut out = Vec::new();
+        for root in &roots.containerd_task_roots {
+            let mut namespaces: Vec<String> =
+                namespaces_first.iter().map(|s| s.to_string()).collect();
+            if let Ok(rd) = std::fs::read_dir(root) {
+                let mut more: Vec<String> = rd
+                    .flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| !namespaces.contains(n) && !n.starts_with('.'))
+                    .collect();
+                more.sort();
+                namespaces.extend(more);
+            }
+            for ns in namespaces {
+                out.push((
+                    SpecKind::OciBundle,
+                    root.join(ns).join(id).join("config.json"),
+                ));
+            }
+        }
+        out
+    };
+    let crio = || -> Vec<(SpecKind, PathBuf)> {
+        roots
+            .crio_container_roots
+            .iter()
+            .map(|r| {
+                (
+                    SpecKind::OciBundle,
+                    r.join(id).join("userdata").join("config.json"),
+                )
+            })
+            .collect()
+    };
+    let mut out = Vec::new();
+    match runtime {
+        Runtime::Docker => {
+            out.push(docker());
+            out.extend(containerd(&["moby"]));
+        }
+        Runtime::Containerd => out.extend(containerd(&["k8s.io"])),
+        Runtime::Crio | Runtime::Podman => out.extend(crio()),
+        Runtime::Unknown => {
+            out.extend(containerd(&["k8s.io"]));
+            out.extend(crio());
+            out.push(docker());
+        }
+    }
+    out
+}
+
+/// The first candidate that exists as a regular file.
+pub fn find_spec(roots: &SpecRoots, runtime: Runtime, id: &str) -> Option<(SpecKind, PathBuf)> {
+    spec_candidates(roots, runtime, id)
+        .into_iter()
+        .find(|(_, p)| std::fs::metadata(p).is_ok_and(|m| m.is_file()))
+}
+
+#[derive(serde::Deserialize)]
+struct OciConfig {
+    #[serde(default)]
+    process: Option<OciProcess>,
+}
+
+#[derive(serde::Deserialize)]
+struct OciProcess {
+    #[serde(default)]
+    env: Option<Vec<String>>,
+}
+
+/// `process.env` of an OCI bundle's `config.json` text, as `NAME=value` strings.
+pub fn env_from_oci_config(bytes: &[u8]) -> Result<Vec<String>, String> {
+    let cfg: OciConfig =
+        serde_json::from_slice(bytes).map_err(|e| format!("not an OCI runtime config: {e}"))?;
+    Ok(cfg.process.and_then(|p| p.env).unwrap_or_default())
+}
+
+/// `NAME=value` strings to pairs, keeping only the variables env quotas read.
+pub fn quota_vars(env: &[String]) -> Vec<(String, String)> {
+    env.iter()
+        .filter_map(|e| e.split_once('='))
+        .filter(|(k, _)| is_quota_var(k))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Reads the quota variables of container `id` from a spec file.
+pub fn read_spec(kind: SpecKind, path: &Path, id: &str) -> Result<Vec<(String, String)>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(format!(
+            "{}: {} bytes, more than the {MAX_CONFIG_BYTES} read",
+            path.display(),
+            meta.len()
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let env = match kind {
+        SpecKind::DockerConfig => docker::env_from_config(&bytes, id),
+        SpecKind::OciBundle => env_from_oci_config(&bytes),
+    }
+    .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(quota_vars(&env))
+}
+
+/// What identifies one version of a spec file: the runtimes replace the file (new inode) or
+/// rewrite it (new mtime) when it changes; a recreated container has a new file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+}
+
+impl FileStamp {
+    /// The stamp of `path` now, `None` when it cannot be stat'ed.
+    pub fn of(path: &Path) -> Option<Self> {
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+        })
+    }
+}
+
+/// The processes of a cgroup subtree (`dir` is its v2 directory), at most [`MAX_SUBTREE_PIDS`].
+fn subtree_pids(dir: &Path) -> Vec<u32> {
+    let mut pids = Vec::new();
+    let mut stack = vec![(dir.to_path_buf(), 0usize)];
+    while let Some((d, depth)) = stack.pop() {
+        if let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs")) {
+            pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        }
+        if pids.len() >= MAX_SUBTREE_PIDS {
+            pids.truncate(MAX_SUBTREE_PIDS);
+            break;
+        }
+        if depth >= MAX_SUBTREE_DEPTH {
+            continue;
+        }
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push((e.path(), depth + 1));
+                }
+            }
+        }
+    }
+    pids
+}
+
+/// One process as the init search sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcFacts {
+    /// pid and start time.
+    pub identity: ProcessIdentity,
+    /// Parent pid.
+    pub ppid: u32,
+    /// `NSpid`: the pid in each nested pid namespace, outermost first.
+    pub nspid: Vec<u32>,
+}
+
+fn facts(pid: u32) -> Option<ProcFacts> {
+    let p = procfs::process::Process::new(pid as i32).ok()?;
+    let stat = p.stat().ok()?;
+    let status = p.status().ok()?;
+    Some(ProcFacts {
+        identity: ProcessIdentity {
+            pid,
+            start_ticks: stat.starttime,
+        },
+        ppid: status.ppid.max(0) as u32,
+        nspid: status
+            .nspid
+            .unwrap_or_default()
+            .into_iter()
+            .map(|n| n.max(0) as u32)
+            .collect(),
+    })
+}
+
+/// The init among the processes of one cgroup subtree (see the module note): the init of the
+/// outermost pid namespace the subtree's processes are in, else the oldest process whose parent
+/// is outside the subtree.
+pub fn choose_init(procs: &[ProcFacts]) -> Option<ProcessIdentity> {
+    let by_age = |p: &&ProcFacts| (p.identity.start_ticks, p.identity.pid);
+    let ns_init = procs
+        .iter()
+        .filter(|p| p.nspid.len() >= 2 && p.nspid.last() == Some(&1))
+        .min_by_key(|p| (p.nspid.len(), p.identity.start_ticks, p.identity.pid));
+    if let Some(p) = ns_init {
+        return Some(p.identity);
+    }
+    let inside: HashSet<u32> = procs.iter().map(|p| p.identity.pid).collect();
+    procs
+        .iter()
+        .filter(|p| !inside.contains(&p.ppid))
+        .min_by_key(by_age)
+        .or_else(|| procs.iter().min_by_key(by_age))
+        .map(|p| p.identity)
+}
+
+/// The init process of the workload whose cgroup v2 directory is `dir`.
+pub fn find_init(dir: &Path) -> Option<ProcessIdentity> {
+    let procs: Vec<ProcFacts> = subtree_pids(dir).into_iter().filter_map(facts).collect();
+    choose_init(&procs)
+}
+
+/// The quota variables in the environment of process `identity`, or `None` when it is gone (or
+/// its pid now names another process).
+pub fn read_init_environ(identity: ProcessIdentity) -> Option<Vec<(String, String)>> {
+    let bytes = std::fs::read(format!("/proc/{}/environ", identity.pid)).ok()?;
+    // Read first, then check: a pid reused in between is caught here.
+    if !procinfo::is_same_process(identity) {
+        return None;
+    }
+    Some(
+        crate::quota::parse_environ(&bytes)
+            .into_iter()
+            .filter(|(k, _)| is_quota_var(k))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+
+    const ID: &str = "3f2a9c8e7d6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f";
+
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(tag: &str) -> Self {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static N: AtomicU32 = AtomicU32::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "gpushare-runtime-spec-{tag}-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            fs::create_dir_all(&dir).unwrap();
+            Self(dir)
+        }
+
+        fn roots(&self) -> SpecRoots {
+            SpecRoots {
+                docker_data_root: self.0.join("docker"),
+                containerd_task_roots: vec![self.0.join("containerd")],
+                crio_container_roots: vec![self.0.join("crio")],
+            }
+        }
+
+        fn write(&self, rel: &str, text: &str) -> PathBuf {
+            let p = self.0.join(rel);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(&p, text).unwrap();
+            p
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn oci(env: &[&str]) -> String {
+        serde_json::json!({ "ociVersion": "1.1.0", "process": { "args": ["sh"], "env": env } })
+            .to_string()
+    }
+
+    #[test]
+    fn each_runtime_is_looked_up_where_it_keeps_its_specs() {
+        let t = TempDir::new("where");
+        let r = t.roots();
+        // Nothing there.
+        for rt in [
+            Runtime::Docker,
+            Runtime::Containerd,
+            Runtime::Crio,
+            Runtime::Unknown,
+        ] {
+            assert_eq!(find_spec(&r, rt, ID), None, "{rt:?}");
+        }
+        // containerd, any namespace.
+        let p = t.write(
+            &format!("containerd/k8s.io/{ID}/config.json"),
+            &oci(&["A=1"]),
+        );
+        assert_eq!(
+            find_spec(&r, Runtime::Containerd, ID),
+            Some((SpecKind::OciBundle, p.clone()))
+        );
+        assert_eq!(
+            find_spec(&r, Runtime::Unknown, ID),
+            Some((SpecKind::OciBundle, p))
+        );
+        let p = t.write(&format!("containerd/moby/{ID}/config.json"), &oci(&[]));
+        assert_eq!(
+            find_spec(&r, Runtime::Docker, ID),
+            Some((SpecKind::OciBundle, p))
+        );
+        // Docker's own file comes first for Docker.
+        let p = t.write(&format!("docker/containers/{ID}/config.v2.json"), "{}");
+        assert_eq!(
+            find_spec(&r, Runtime::Docker, ID),
+            Some((SpecKind::DockerConfig, p))
+        );
+        // CRI-O.
+        let p = t.write(&format!("crio/{ID}/userdata/config.json"), &oci(&[]));
+        assert_eq!(
+            find_spec(&r, Runtime::Crio, ID),
+            Some((SpecKind::OciBundle, p))
+        );
+        // Not an id: never a path.
+        assert!(spec_candidates(&r, Runtime::Docker, "../../etc").is_empty());
+        assert!(spec_candidates(&r, Runtime::Docker, &ID[..12]).is_empty());
+    }
+
+    #[test]
+    fn the_specs_environment_keeps_only_quota_variables() {
+        let t = TempDir::new("env");
+        let p = t.write(
+            "b/config.json",
+            &oci(&[
+                "PATH=/bin",
+                "ALIYUN_COM_GPU_MEM_CONTAINER=1",
+                "NOEQUALS",
+                "CUDA_DEVICE_MEMORY_LIMIT_0=2g",
+                "NVIDIA_VISIBLE_DEVICES=GPU-a",
+            ]),
+        );
+        assert_eq!(
+            read_spec(SpecKind::OciBundle, &p, ID).unwrap(),
+            vec![
+                ("ALIYUN_COM_GPU_MEM_CONTAINER".into(), "1".into()),
+                ("CUDA_DEVICE_MEMORY_LIMIT_0".into(), "2g".into()),
+                ("NVIDIA_VISIBLE_DEVICES".into(), "GPU-a".into()),
+            ]
+        );
+        let p = t.write(
+            "d/config.v2.json",
+            &format!(r#"{{"ID":"{ID}","Name":"/x","Config":{{"Env":["ALIYUN_COM_GPU_MEM_CONTAINER=4","HOME=/"]}}}}"#),
+        );
+        assert_eq!(
+            read_spec(SpecKind::DockerConfig, &p, ID).unwrap(),
+            vec![("ALIYUN_COM_GPU_MEM_CONTAINER".into(), "4".into())]
+        );
+        // A bundle without process.env has an empty environment.
+        let p = t.write("e/config.json", r#"{"ociVersion":"1.0.0"}"#);
+        assert_eq!(read_spec(SpecKind::OciBundle, &p, ID), Ok(vec![]));
+    }
+
+    #[test]
+    fn bad_spec_files_are_errors_not_panics() {
+        let t = TempDir::new("bad");
+        for (i, text) in [
+            "",
+            "{",
+            "[1]",
+            "\u{0}garbage",
+            r#"{"process":{"env":"A=1"}}"#,
+        ]
+        .iter()
+        .enumerate()
+        {
+            let p = t.write(&format!("{i}/config.json"), text);
+            let e = read_spec(SpecKind::OciBundle, &p, ID).unwrap_err();
+            assert!(e.contains("config.json"), "{e}");
+        }
+        let p = t.write(
+            "other/config.v2.json",
+            r#"{"ID":"0000000000000000000000000000000000000000000000000000000000000001","Config":{"Env":[]}}"#,
+        );
+        assert!(
+            read_spec(SpecKind::DockerConfig, &p, ID)
+                .unwrap_err()
+                .contains("another container")
+        );
+        let big = t.0.join("big.json");
+        fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_CONFIG_BYTES + 1)
+            .unwrap();
+        assert!(
+            read_spec(SpecKind::OciBundle, &big, ID)
+                .unwrap_err()
+                .contains("more than")
+        );
+        assert!(read_spec(SpecKind::OciBundle, &t.0.join("missing"), ID).is_err());
+    }
+
+    fn f(pid: u32, start: u64, ppid: u32, nspid: &[u32]) -> ProcFacts {
+        ProcFacts {
+            identity: ProcessIdentity {
+                pid,
+                start_ticks: start,
+            },
+            ppid,
+            nspid: nspid.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_init_is_the_pid_namespaces_first_process_else_the_oldest_started_from_outside() {
+        // A container with its own pid namespace: its pid 1, even if a child started earlier
+        // by the clock (ticks are coarse) or a nested namespace has its own pid 1.
+        let procs = [
+            f(200, 10, 100, &[200, 1]),
+            f(201, 10, 200, &[201, 2]),
+            f(202, 11, 201, &[202, 3, 1]),
+        ];
+        assert_eq!(choose_init(&procs).map(|i| i.pid), Some(200));
+        // Sharing the host's pid namespace: the oldest process whose parent is outside.
+        let procs = [
+            f(301, 12, 300, &[301]),
+            f(302, 13, 301, &[302]),
+            f(299, 5, 301, &[299]), // odd: older but forked inside; not the init
+        ];
+        assert_eq!(choose_init(&procs).map(|i| i.pid), Some(301));
+        // An orphan reparented outside is younger than the init.
+        let procs = [f(310, 20, 1, &[310]), f(311, 30, 1, &[311])];
+        assert_eq!(choose_init(&procs).map(|i| i.pid), Some(310));
+        assert_eq!(choose_init(&[]), None);
+    }
+
+    #[test]
+    fn the_init_of_a_real_group_is_found_and_its_environment_read() {
+        // This test process's own cgroup: its init is some process there; reading its environment
+        // works and keeps only quota variables.
+        let Ok(rel) = super::super::cgroupfs::cgroup_path_of_pid(std::process::id()) else {
+            return;
+        };
+        let Ok(root) = super::super::cgroupfs::find_cgroup2_mount() else {
+            return;
+        };
+        let dir = root.join(rel.trim_start_matches('/'));
+        let Some(init) = find_init(&dir) else { return };
+        if let Some(vars) = read_init_environ(init) {
+            assert!(vars.iter().all(|(k, _)| is_quota_var(k)));
+        }
+        let gone = ProcessIdentity {
+            pid: init.pid,
+            start_ticks: init.start_ticks + 1,
+        };
+        assert_eq!(
+            read_init_environ(gone),
+            None,
+            "another process by that pid is not read"
+        );
+    }
+}
