@@ -59,7 +59,7 @@ if ! [[ -x "$VENV/bin/python" ]] || ! "$VENV/bin/python" -c 'import pynvml, nvit
   venv_missing+=(nvidia-ml-py nvitop)
 fi
 [[ -f "$VENV/nvml-header/nvml.h" ]] || venv_missing+=(nvidia-nvml-dev)
-[[ -f "$VENV/cuda-header/cuda.h" ]] || venv_missing+=(nvidia-cuda-runtime)
+[[ -f "$VENV/cuda-header/cuda.h" && -f "$VENV/cuda-header/cudaTypedefs.h" ]] || venv_missing+=(nvidia-cuda-runtime)
 ((${#venv_missing[@]})) && missing+=("python venv: ${venv_missing[*]}")
 
 if ((${#missing[@]} == 0)); then exit 0; fi
@@ -108,5 +108,6 @@ if ((${#venv_missing[@]})); then
   }
   copy_header nvml.h nvml-header nvidia-nvml-dev
   copy_header cuda.h cuda-header nvidia-cuda-runtime
+  copy_header cudaTypedefs.h cuda-header nvidia-cuda-runtime
 fi
 exit 0

@@ -180,10 +180,10 @@ pub fn checkpoint(ctx: &Ctx) -> Result<(), u32> {
 /// on every GPU the process used (CUDA_ERROR_OUT_OF_MEMORY otherwise, the process left
 /// CHECKPOINTED).
 pub fn restore(ctx: &Ctx) -> Result<(), u32> {
+    ctx.require(ProcessState::Checkpointed)?;
     if !INITIALIZED.load(Ordering::SeqCst) && !ctx.scenario.cuda.persistence_mode {
         return Err(code::ERROR_NOT_INITIALIZED);
     }
-    ctx.require(ProcessState::Checkpointed)?;
     let delay = ctx
         .knobs
         .restore_delay_ms
