@@ -77,6 +77,22 @@ impl Drop for Sleeper {
     }
 }
 
+/// Waits up to 5 s for the task state letter of /proc/<pid>/stat to be `want`.
+fn wait_task_state(pid: u32, want: char) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        if state == Some(want) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
 fn kind(r: Result<(), gpushare_agent::cuda::CudaError>) -> ErrorKind {
     r.expect_err("the call should fail").kind()
 }
@@ -392,8 +408,9 @@ fn a_lock_waits_while_the_process_cannot_answer_and_fails_at_its_timeout() {
     cuda.restore(other.pid()).unwrap();
     cuda.unlock(other.pid()).unwrap();
 
-    // A stopped task (SIGSTOP: 'T' in /proc/<pid>/stat).
+    // A stopped task (SIGSTOP: 'T' in /proc/<pid>/stat; the signal is asynchronous).
     unsafe { libc::kill(stopped.pid() as i32, libc::SIGSTOP) };
+    assert!(wait_task_state(stopped.pid(), 'T'), "SIGSTOP took effect");
     let e = cuda.lock(stopped.pid(), 200).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::LockTimeout, "{e}");
     unsafe { libc::kill(stopped.pid() as i32, libc::SIGCONT) };
