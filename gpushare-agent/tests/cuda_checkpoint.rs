@@ -30,6 +30,14 @@ fn setup() -> (MutexGuard<'static, ()>, &'static Scenario) {
         let s = Scenario::create(&json!({ "devices": [] })).unwrap();
         // SAFETY: set once, under LOCK, before any library reads it.
         unsafe { std::env::set_var(SCENARIO_ENV, s.path()) };
+        // A static is never dropped: remove the scenario's directory when the binary exits.
+        extern "C" fn remove_scenario_dir() {
+            if let Some(s) = SCENARIO.get() {
+                let _ = std::fs::remove_dir_all(s.dir());
+            }
+        }
+        // SAFETY: registering a plain function without captures.
+        unsafe { libc::atexit(remove_scenario_dir) };
         s
     });
     let _ = std::fs::remove_file(s.cuda_state_path());
@@ -273,6 +281,7 @@ fn injected_driver_failures_and_delays() {
         (4003, GIB),
         (4004, GIB),
         (4005, GIB),
+        (4006, GIB),
     ];
     s.write(&scenario(
         &procs,
@@ -284,6 +293,8 @@ fn injected_driver_failures_and_delays() {
                 "4003": { "restore_error": { "code": 304 }, "restore_delay_ms": 200,
                           "checkpoint_delay_ms": 0 },
                 "4004": { "lock_timeout": true },
+                "4006": { "restore_error": { "code": 304, "state": "failed" },
+                          "checkpoint_delay_ms": 0 },
             }
         }),
     ))
@@ -321,6 +332,13 @@ fn injected_driver_failures_and_delays() {
     );
     assert_eq!(e.name, "CUDA_ERROR_OPERATING_SYSTEM");
     assert_eq!(cuda.state(4003), Ok(ProcessState::Checkpointed));
+
+    // A restore that leaves the process failed.
+    cuda.lock(4006, 0).unwrap();
+    cuda.checkpoint(4006).unwrap();
+    assert_eq!(cuda.restore(4006).unwrap_err().code, 304);
+    assert_eq!(cuda.state(4006), Ok(ProcessState::Failed));
+    assert_eq!(kind(cuda.unlock(4006)), ErrorKind::IllegalState);
 
     // A process that never becomes lockable: the lock waits its timeout, the process stays
     // running.
