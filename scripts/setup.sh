@@ -51,11 +51,16 @@ tracefs_ok=1
 mountpoint -q /sys/kernel/tracing 2>/dev/null || tracefs_ok=0
 ((tracefs_ok)) || missing+=("tracefs mount")
 
+# The project-local venv: Python NVML clients, and NVIDIA's headers for the ABI checks of the
+# mocks (nvml.h from nvidia-nvml-dev, cuda.h from nvidia-cuda-runtime), copied to fixed paths.
 VENV="$ROOT/target/pyenv"
-venv_ok=0
-[[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c 'import pynvml, nvitop' 2>/dev/null \
-  && [[ -f "$VENV/nvml-header/nvml.h" ]] && venv_ok=1
-((venv_ok)) || missing+=("python venv (nvidia-ml-py, nvitop, nvml.h)")
+venv_missing=()
+if ! [[ -x "$VENV/bin/python" ]] || ! "$VENV/bin/python" -c 'import pynvml, nvitop' 2>/dev/null; then
+  venv_missing+=(nvidia-ml-py nvitop)
+fi
+[[ -f "$VENV/nvml-header/nvml.h" ]] || venv_missing+=(nvidia-nvml-dev)
+[[ -f "$VENV/cuda-header/cuda.h" && -f "$VENV/cuda-header/cudaTypedefs.h" ]] || venv_missing+=(nvidia-cuda-runtime)
+((${#venv_missing[@]})) && missing+=("python venv: ${venv_missing[*]}")
 
 if ((${#missing[@]} == 0)); then exit 0; fi
 if ((CHECK_ONLY)); then
@@ -87,13 +92,22 @@ if ((tracefs_ok == 0)); then
   say "mounting tracefs at /sys/kernel/tracing"
   $SUDO mount -t tracefs nodev /sys/kernel/tracing
 fi
-if ((venv_ok == 0)); then
-  say "creating python venv at target/pyenv (nvidia-ml-py, nvitop, nvidia-nvml-dev)"
+if ((${#venv_missing[@]})); then
+  say "installing into the python venv at target/pyenv: ${venv_missing[*]}"
   mkdir -p "$ROOT/target"
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check nvidia-ml-py nvitop nvidia-nvml-dev
-  hdr="$(find "$VENV" -name nvml.h | head -n1)"
-  [[ -n "$hdr" ]] || { say "nvidia-nvml-dev did not ship nvml.h"; exit 1; }
-  mkdir -p "$VENV/nvml-header" && cp "$hdr" "$VENV/nvml-header/nvml.h"
+  [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
+  # `python -m pip`, not `bin/pip`: a venv copied from another checkout keeps that checkout's
+  # path in its scripts' shebangs, and its bin/pip would install there.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${venv_missing[@]}"
+  # copy_header FILE DIR PACKAGE: the header the package installed under include/, to $VENV/DIR/.
+  copy_header() {
+    local hdr
+    hdr="$(find "$VENV/lib" -path "*/include/$1" | head -n1)"
+    [[ -n "$hdr" ]] || { say "$3 did not ship $1"; exit 1; }
+    mkdir -p "$VENV/$2" && cp "$hdr" "$VENV/$2/$1"
+  }
+  copy_header nvml.h nvml-header nvidia-nvml-dev
+  copy_header cuda.h cuda-header nvidia-cuda-runtime
+  copy_header cudaTypedefs.h cuda-header nvidia-cuda-runtime
 fi
 exit 0

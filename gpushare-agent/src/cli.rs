@@ -90,6 +90,10 @@ pub struct RunArgs {
     /// Path of libnvidia-ml to load (default: the system's libnvidia-ml.so.1).
     #[arg(long, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
+    /// Path of libcuda to load (default: the system's libcuda.so.1); loaded only for the
+    /// `suspend` step (CUDA checkpoint API, NVIDIA driver r570+).
+    #[arg(long, value_name = "PATH")]
+    pub cuda_lib: Option<PathBuf>,
     /// Do not load the eBPF programs; attribute GPU processes through /proc only.
     #[arg(long)]
     pub no_ebpf: bool,

@@ -10,6 +10,7 @@ pub mod api;
 pub mod attribution;
 pub mod cli;
 pub mod client;
+pub mod cuda;
 pub mod ebpf;
 pub mod enforce;
 pub mod launch;

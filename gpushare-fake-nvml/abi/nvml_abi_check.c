@@ -55,6 +55,15 @@ _Static_assert(NVML_SUCCESS == 0 && NVML_ERROR_UNINITIALIZED == 1 && NVML_ERROR_
                    NVML_ERROR_UNKNOWN == 999,
                "return codes");
 _Static_assert(NVML_BRAND_NVIDIA == 14 && NVML_DEVICE_ARCH_HOPPER == 9, "enums");
+/* Driver-enforced per-cgroup limits (nvml.h of CUDA 13.4+): no version field in either struct. */
+_Static_assert(sizeof(nvmlSetMemoryLimits_v1_t) == 24, "nvmlSetMemoryLimits_v1_t is 24 bytes");
+_Static_assert(offsetof(nvmlSetMemoryLimits_v1_t, nameSpace) == 0, "nameSpace");
+_Static_assert(offsetof(nvmlSetMemoryLimits_v1_t, softLimit) == 8, "softLimit");
+_Static_assert(offsetof(nvmlSetMemoryLimits_v1_t, hardLimit) == 16, "hardLimit");
+_Static_assert(sizeof(nvmlGetMemoryLimits_v1_t) == 32, "nvmlGetMemoryLimits_v1_t is 32 bytes");
+_Static_assert(offsetof(nvmlGetMemoryLimits_v1_t, currentUsed) == 24, "currentUsed");
+_Static_assert(NVML_DEVICE_MEMORY_LIMIT_MAX == 0xFFFFFFFFFFFFFFFFull, "NVML_DEVICE_MEMORY_LIMIT_MAX");
+_Static_assert(NVML_ERROR_OPERATING_SYSTEM == 17, "NVML_ERROR_OPERATING_SYSTEM");
 
 /* --- the Rust mirrors agree with the header ----------------------------------------------- */
 #ifdef RUST_SIZEOF_PROCESS_INFO_V2
@@ -71,6 +80,10 @@ _Static_assert(nvmlMemory_v2 == RUST_MEMORY_V2_VERSION, "Rust MEMORY_V2_VERSION"
 _Static_assert(sizeof(nvmlUtilization_t) == RUST_SIZEOF_UTILIZATION, "Rust Utilization size");
 _Static_assert(sizeof(nvmlPciInfo_t) == RUST_SIZEOF_PCI_INFO, "Rust PciInfo size");
 _Static_assert(offsetof(nvmlPciInfo_t, busId) == RUST_OFFSET_PCI_INFO_BUS_ID, "Rust PciInfo.bus_id");
+_Static_assert(sizeof(nvmlSetMemoryLimits_v1_t) == RUST_SIZEOF_SET_MEMORY_LIMITS, "Rust SetMemoryLimitsV1 size");
+_Static_assert(offsetof(nvmlSetMemoryLimits_v1_t, hardLimit) == RUST_OFFSET_SET_MEMORY_LIMITS_HARD, "Rust SetMemoryLimitsV1.hard_limit");
+_Static_assert(sizeof(nvmlGetMemoryLimits_v1_t) == RUST_SIZEOF_GET_MEMORY_LIMITS, "Rust GetMemoryLimitsV1 size");
+_Static_assert(offsetof(nvmlGetMemoryLimits_v1_t, currentUsed) == RUST_OFFSET_GET_MEMORY_LIMITS_USED, "Rust GetMemoryLimitsV1.current_used");
 #endif
 
 static int failures = 0;
@@ -196,6 +209,24 @@ int main(void) {
 
         list_processes("compute", nvmlDeviceGetComputeRunningProcesses, h, i);   /* _v3 */
         list_processes("graphics", nvmlDeviceGetGraphicsRunningProcesses, h, i); /* _v3 */
+    }
+
+    if (n > 0) {
+        /* Driver-enforced limits, through the header's prototypes (any existing directory
+         * stands for a cgroup in the mock). */
+        nvmlDevice_t h;
+        nvmlSetMemoryLimits_v1_t set = {"/tmp", 1ull << 20, 2ull << 20};
+        nvmlGetMemoryLimits_v1_t get = {"/tmp", 0, 0, 7};
+        nvmlReturn_t s1 = nvmlDeviceGetHandleByIndex(0, &h);
+        nvmlReturn_t s2 = nvmlDeviceSetMemoryLimits_v1(h, &set);
+        nvmlReturn_t s3 = nvmlDeviceGetMemoryLimits_v1(h, &get);
+        printf("limits %d %d %d soft=%llu hard=%llu used=%llu\n", (int)s1, (int)s2, (int)s3, get.softLimit,
+               get.hardLimit, get.currentUsed);
+        set.softLimit = 0;
+        set.hardLimit = NVML_DEVICE_MEMORY_LIMIT_MAX;
+        s2 = nvmlDeviceSetMemoryLimits_v1(h, &set);
+        s3 = nvmlDeviceGetMemoryLimits_v1(h, &get);
+        printf("limits clear %d %d\n", (int)s2, (int)s3);
     }
 
     rc = nvmlShutdown();

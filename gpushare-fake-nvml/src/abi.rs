@@ -99,3 +99,32 @@ const _: () = {
     assert!(offset_of!(PciInfo, domain) == 16);
     assert!(offset_of!(PciInfo, bus_id) == 36);
 };
+
+/// `nvmlSetMemoryLimits_v1_t` (nvml.h of CUDA 13.4+, driver r615+): 24 bytes, no version field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SetMemoryLimitsV1 {
+    /// `nameSpace`: full path of the cgroup's directory.
+    pub name_space: *const std::ffi::c_char,
+    /// `softLimit` in bytes.
+    pub soft_limit: u64,
+    /// `hardLimit` in bytes.
+    pub hard_limit: u64,
+}
+
+/// `nvmlGetMemoryLimits_v1_t`: 32 bytes, no version field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GetMemoryLimitsV1 {
+    /// `nameSpace` (in).
+    pub name_space: *const std::ffi::c_char,
+    /// `softLimit` (out).
+    pub soft_limit: u64,
+    /// `hardLimit` (out).
+    pub hard_limit: u64,
+    /// `currentUsed` (out).
+    pub current_used: u64,
+}
+
+/// `NVML_DEVICE_MEMORY_LIMIT_MAX`: "no limit" for `hardLimit`.
+pub const DEVICE_MEMORY_LIMIT_MAX: u64 = u64::MAX;

@@ -10,52 +10,16 @@ pub mod codes;
 mod ffi;
 mod handles;
 pub mod install;
-pub mod scenario;
 mod state;
+
+/// The scenario types (shared with the mock libcuda).
+pub use gpushare_fake_driver::scenario;
 
 pub use install::{LIB_NAME, LINK_NAME, install_into};
 pub use scenario::{Device, ENV_VAR, Process, Scenario};
 
-/// Every function the mock exports (and so may name in the scenario's `fail` map).
-pub const EXPORTED_FUNCTIONS: &[&str] = &[
-    "nvmlInit",
-    "nvmlInit_v2",
-    "nvmlInitWithFlags",
-    "nvmlShutdown",
-    "nvmlErrorString",
-    "nvmlSystemGetDriverVersion",
-    "nvmlSystemGetNVMLVersion",
-    "nvmlSystemGetCudaDriverVersion",
-    "nvmlSystemGetCudaDriverVersion_v2",
-    "nvmlDeviceGetCount",
-    "nvmlDeviceGetCount_v2",
-    "nvmlDeviceGetHandleByIndex",
-    "nvmlDeviceGetHandleByIndex_v2",
-    "nvmlDeviceGetHandleByUUID",
-    "nvmlDeviceGetIndex",
-    "nvmlDeviceGetUUID",
-    "nvmlDeviceGetName",
-    "nvmlDeviceGetMemoryInfo",
-    "nvmlDeviceGetMemoryInfo_v2",
-    "nvmlDeviceGetUtilizationRates",
-    "nvmlDeviceGetComputeRunningProcesses",
-    "nvmlDeviceGetComputeRunningProcesses_v2",
-    "nvmlDeviceGetComputeRunningProcesses_v3",
-    "nvmlDeviceGetGraphicsRunningProcesses",
-    "nvmlDeviceGetGraphicsRunningProcesses_v2",
-    "nvmlDeviceGetGraphicsRunningProcesses_v3",
-    "nvmlDeviceGetPciInfo_v3",
-    "nvmlDeviceGetTemperature",
-    "nvmlDeviceGetPowerUsage",
-    "nvmlDeviceGetFanSpeed",
-    "nvmlDeviceGetMinorNumber",
-    "nvmlDeviceGetPersistenceMode",
-    "nvmlDeviceGetComputeMode",
-    "nvmlDeviceGetBrand",
-    "nvmlDeviceGetArchitecture",
-    "nvmlDeviceGetProcessUtilization",
-];
-
 /// Symbols the mock must never export: nvitop reads 32-byte process records when
 /// `nvmlDeviceGetConfComputeMemSizeInfo` exists without `nvmlDeviceGetRunningProcessDetailList`.
-pub const FORBIDDEN_FUNCTIONS: &[&str] = &["nvmlDeviceGetConfComputeMemSizeInfo"];
+pub use gpushare_fake_driver::NVML_FORBIDDEN_FUNCTIONS as FORBIDDEN_FUNCTIONS;
+/// Every function the mock exports (and so may name in the scenario's `fail` map).
+pub use gpushare_fake_driver::NVML_FUNCTIONS as EXPORTED_FUNCTIONS;

@@ -1,9 +1,13 @@
-//! Process-global state: the init reference count, the watched scenario file, and the
+//! Process-global state: the init reference count, the watched scenario file, the watched
+//! checkpoint states of the mock libcuda (`cuda-state.json` beside the scenario), and the
 //! per-device progress of the simulated process-list growth.
 
 use crate::codes;
 use crate::handles::{self, DeviceSlot};
 use crate::scenario::{ENV_VAR, Process, Refresh, Scenario, WatchedScenario};
+use gpushare_fake_driver::checkpoint::{self, CheckpointState};
+use gpushare_fake_driver::statefile::Watched;
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -24,15 +28,22 @@ enum Growth {
     Spent,
 }
 
+/// The scenario as the last call saw it, with the checkpointed pids it hid.
+type Effective = (Arc<Scenario>, BTreeSet<u32>, Arc<Scenario>);
+
 struct State {
     refcount: u32,
     watched: Option<WatchedScenario>,
+    checkpoints: Option<Watched<CheckpointState>>,
+    effective: Option<Effective>,
     growth: Vec<[Growth; 2]>,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
     refcount: 0,
     watched: None,
+    checkpoints: None,
+    effective: None,
     growth: Vec::new(),
 });
 
@@ -67,6 +78,37 @@ impl State {
             Refresh::Reloaded => self.reset_growth(),
             Refresh::Failed(e) => say(&format!("{e} (keeping the last good scenario)")),
         }
+    }
+
+    /// The current scenario without the processes the mock libcuda has checkpointed (one stat
+    /// of `cuda-state.json` per call; re-read when it changed).
+    fn effective(&mut self) -> Option<Arc<Scenario>> {
+        let watched = self.watched.as_ref()?;
+        let base = watched.current()?.clone();
+        let path = checkpoint::path_for(watched.path());
+        let checkpoints = match &mut self.checkpoints {
+            Some(c) if c.path() == path => c,
+            slot => slot.insert(Watched::new(path)),
+        };
+        if let Err(e) = checkpoints.refresh() {
+            say(&format!("{e} (keeping the last good checkpoint states)"));
+        }
+        let hidden = checkpoints.current().checkpointed();
+        if hidden.is_empty() {
+            return Some(base);
+        }
+        if let Some((b, h, e)) = &self.effective
+            && Arc::ptr_eq(b, &base)
+            && *h == hidden
+        {
+            return Some(e.clone());
+        }
+        let effective = Arc::new(Scenario {
+            hidden_pids: hidden.clone(),
+            ..(*base).clone()
+        });
+        self.effective = Some((base, hidden, effective.clone()));
+        Some(effective)
     }
 }
 
@@ -129,9 +171,10 @@ pub fn shutdown() -> u32 {
     codes::SUCCESS
 }
 
-/// What one call sees: the current scenario and the growth progress.
+/// What one call sees: the current scenario, where its file is, and the growth progress.
 pub struct Session<'a> {
     pub scenario: Arc<Scenario>,
+    pub scenario_path: &'a std::path::Path,
     growth: &'a mut Vec<[Growth; 2]>,
 }
 
@@ -206,7 +249,7 @@ pub fn with_session(fn_name: &str, f: impl FnOnce(&mut Session<'_>) -> Result<()
         return codes::ERROR_UNINITIALIZED;
     }
     st.refresh();
-    let Some(scenario) = st.watched.as_ref().and_then(|w| w.current()).cloned() else {
+    let Some(scenario) = st.effective() else {
         return codes::ERROR_UNKNOWN;
     };
     if !scenario.driver_loaded {
@@ -215,8 +258,13 @@ pub fn with_session(fn_name: &str, f: impl FnOnce(&mut Session<'_>) -> Result<()
     if let Some(&code) = scenario.fail.get(fn_name) {
         return code;
     }
+    let st = &mut *st;
+    let Some(scenario_path) = st.watched.as_ref().map(|w| w.path()) else {
+        return codes::ERROR_UNKNOWN;
+    };
     let mut session = Session {
         scenario,
+        scenario_path,
         growth: &mut st.growth,
     };
     match f(&mut session) {

@@ -59,6 +59,22 @@ fn rust_layout_defines() -> Vec<String> {
             "RUST_OFFSET_PCI_INFO_BUS_ID",
             offset_of!(abi::PciInfo, bus_id),
         ),
+        (
+            "RUST_SIZEOF_SET_MEMORY_LIMITS",
+            size_of::<abi::SetMemoryLimitsV1>(),
+        ),
+        (
+            "RUST_OFFSET_SET_MEMORY_LIMITS_HARD",
+            offset_of!(abi::SetMemoryLimitsV1, hard_limit),
+        ),
+        (
+            "RUST_SIZEOF_GET_MEMORY_LIMITS",
+            size_of::<abi::GetMemoryLimitsV1>(),
+        ),
+        (
+            "RUST_OFFSET_GET_MEMORY_LIMITS_USED",
+            offset_of!(abi::GetMemoryLimitsV1, current_used),
+        ),
     ]
     .iter()
     .map(|(k, v)| format!("-D{k}={v}u"))
@@ -149,6 +165,10 @@ fn expected_output(s: &Scenario) -> String {
                 .unwrap();
             }
         }
+    }
+    if !s.devices.is_empty() {
+        writeln!(out, "limits 0 0 0 soft=1048576 hard=2097152 used=0").unwrap();
+        writeln!(out, "limits clear 0 6").unwrap();
     }
     writeln!(out, "shutdown 0 1").unwrap();
     out

@@ -401,3 +401,68 @@ fn process_memory_dir_adds_compute_processes() {
     assert_eq!(dev0.running_compute_processes().unwrap().len(), 3);
     assert_eq!(dev1.memory_info().unwrap().used, 20 * GIB + 100);
 }
+
+/// A pid the mock libcuda marks CHECKPOINTED in cuda-state.json (beside the scenario) is gone
+/// from both process lists, on every device, and its memory is free, until it is back to
+/// another state; a bad state file keeps the last good one.
+#[test]
+fn checkpointed_processes_disappear_until_restored() {
+    use gpushare_fake_driver::checkpoint::{self, CheckpointState};
+    use gpushare_fake_driver::cuda::ProcessState;
+    let (_g, env) = lock();
+    let mut d = Device::new("GPU-c", "x", 10 * GIB);
+    d.compute_processes = vec![
+        Process::new(7001, Some(3 * GIB)),
+        Process::new(7002, Some(GIB)),
+    ];
+    d.graphics_processes = vec![Process::new(7001, Some(GIB))];
+    let mut d2 = Device::new("GPU-d", "y", 10 * GIB);
+    d2.compute_processes = vec![Process::new(7001, Some(2 * GIB))];
+    write_scenario(
+        &env.state,
+        &Scenario {
+            devices: vec![d, d2],
+            ..Scenario::default()
+        },
+    );
+    let states = checkpoint::path_for(&env.state);
+    let set = |pid, state| {
+        let mut s = CheckpointState::default();
+        s.set(pid, state);
+        gpushare_fake_driver::statefile::write_atomic(&states, &s).unwrap();
+    };
+    let nvml = open().expect("init");
+    let look = |i| {
+        let dev = nvml.device_by_index(i).unwrap();
+        let mut c: Vec<u32> = dev
+            .running_compute_processes()
+            .unwrap()
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        c.sort();
+        let g: Vec<u32> = dev
+            .running_graphics_processes()
+            .unwrap()
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        (c, g, dev.memory_info().unwrap().used)
+    };
+    assert_eq!(look(0), (vec![7001, 7002], vec![7001], 4 * GIB));
+    set(7001, ProcessState::Locked);
+    assert_eq!(
+        look(0),
+        (vec![7001, 7002], vec![7001], 4 * GIB),
+        "locked: still there"
+    );
+    set(7001, ProcessState::Checkpointed);
+    assert_eq!(look(0), (vec![7002], vec![], GIB));
+    assert_eq!(look(1), (vec![], vec![], 0));
+    std::fs::write(&states, "{ broken").unwrap();
+    assert_eq!(look(0), (vec![7002], vec![], GIB), "last good states kept");
+    set(7001, ProcessState::Locked);
+    assert_eq!(look(0), (vec![7001, 7002], vec![7001], 4 * GIB));
+    assert_eq!(look(1).2, 2 * GIB);
+    std::fs::remove_file(&states).unwrap();
+}

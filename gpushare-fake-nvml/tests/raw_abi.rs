@@ -754,3 +754,111 @@ fn readme_example_parses() {
     let reserialized = serde_json::to_value(&s).unwrap();
     assert_eq!(value, reserialized, "the example should list every field");
 }
+
+/// nvmlDeviceSetMemoryLimits_v1 / nvmlDeviceGetMemoryLimits_v1: validated as nvml.h documents,
+/// recorded in memory-limits.json beside the scenario (read back by Get and by other processes),
+/// cleared by soft 0 + hard MAX, NOT_SUPPORTED when the scenario says so.
+#[test]
+fn memory_limits_are_validated_recorded_and_read_back() {
+    use abi::{DEVICE_MEMORY_LIMIT_MAX as MAX, GetMemoryLimitsV1, SetMemoryLimitsV1};
+    use gpushare_fake_driver::limits::{self, Limit};
+    type Set = unsafe extern "C" fn(Handle, *mut SetMemoryLimitsV1) -> c_uint;
+    type Get = unsafe extern "C" fn(Handle, *mut GetMemoryLimitsV1) -> c_uint;
+    let (_g, env) = lock();
+    let mut s = rich_scenario();
+    // A real process in a real directory standing for its cgroup: currentUsed counts processes
+    // whose cgroup v2 directory is at or below the path given.
+    let me = std::process::id();
+    s.devices[1]
+        .compute_processes
+        .push(gpushare_fake_nvml::Process::new(me, Some(5 << 20)));
+    write_scenario(&env.state, &s);
+    let _ = std::fs::remove_file(limits::path_for(&env.state));
+    let nvml = Nvml::load();
+    assert_eq!(nvml.init(), SUCCESS);
+    let set = sym!(nvml, "nvmlDeviceSetMemoryLimits_v1", Set);
+    let get = sym!(nvml, "nvmlDeviceGetMemoryLimits_v1", Get);
+    let h = nvml.handle_ok(1);
+    let total = s.devices[1].memory_total;
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let rel = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap()
+        .to_owned();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let v2 = mountinfo
+        .lines()
+        .filter(|l| l.contains(" - cgroup2 "))
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .min_by_key(|p| p.len())
+        .unwrap()
+        .to_owned();
+    let cgroup = std::ffi::CString::new(format!("{v2}{rel}")).unwrap();
+    let missing = c"/nonexistent/cgroup";
+    let mk = |ns: *const c_char, soft, hard| SetMemoryLimitsV1 {
+        name_space: ns,
+        soft_limit: soft,
+        hard_limit: hard,
+    };
+    unsafe {
+        assert_eq!(set(h, null_mut()), ERROR_INVALID_ARGUMENT);
+        assert_eq!(set(h, &mut mk(null(), 0, 1)), ERROR_INVALID_ARGUMENT);
+        assert_eq!(
+            set(h, &mut mk(cgroup.as_ptr(), 2, 1)),
+            ERROR_INVALID_ARGUMENT,
+            "soft > hard"
+        );
+        assert_eq!(
+            set(h, &mut mk(cgroup.as_ptr(), 0, total + 1)),
+            ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            set(h, &mut mk(missing.as_ptr(), 0, 1)),
+            ERROR_OPERATING_SYSTEM
+        );
+        assert!(
+            !limits::path_for(&env.state).exists(),
+            "nothing recorded on errors"
+        );
+        assert_eq!(set(h, &mut mk(cgroup.as_ptr(), 1 << 30, 2 << 30)), SUCCESS);
+    }
+    let recorded = limits::read(&env.state).unwrap();
+    assert_eq!(
+        recorded.devices[&s.devices[1].uuid][cgroup.to_str().unwrap()],
+        Limit {
+            soft: 1 << 30,
+            hard: 2 << 30
+        }
+    );
+    let mut out = GetMemoryLimitsV1 {
+        name_space: cgroup.as_ptr(),
+        soft_limit: 7,
+        hard_limit: 7,
+        current_used: 7,
+    };
+    unsafe {
+        assert_eq!(get(h, &mut out), SUCCESS);
+        assert_eq!(
+            (out.soft_limit, out.hard_limit, out.current_used),
+            (1 << 30, 2 << 30, 5 << 20)
+        );
+        // Another device has no limit for this cgroup.
+        assert_eq!(get(nvml.handle_ok(0), &mut out), ERROR_NOT_FOUND);
+        out.name_space = missing.as_ptr();
+        assert_eq!(get(h, &mut out), ERROR_OPERATING_SYSTEM);
+        out.name_space = cgroup.as_ptr();
+        // Clearing: soft 0, hard MAX.
+        assert_eq!(set(h, &mut mk(cgroup.as_ptr(), 0, MAX)), SUCCESS);
+        assert_eq!(get(h, &mut out), ERROR_NOT_FOUND);
+    }
+    assert!(limits::read(&env.state).unwrap().devices.is_empty());
+    let mut off = s.clone();
+    off.memory_limits_supported = false;
+    write_scenario(&env.state, &off);
+    unsafe {
+        assert_eq!(set(h, &mut mk(cgroup.as_ptr(), 0, 1)), ERROR_NOT_SUPPORTED);
+        assert_eq!(get(h, &mut out), ERROR_NOT_SUPPORTED);
+    }
+    assert_eq!(nvml.shutdown(), SUCCESS);
+}

@@ -1,4 +1,5 @@
-//! The mock libnvidia-ml and its scenario file, for tests of the agent's real NVML path.
+//! The mock libnvidia-ml, the mock libcuda and their shared scenario file, for tests of the
+//! agent's real NVML path and of its CUDA checkpoint loader.
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +13,13 @@ pub const SCENARIO_ENV: &str = "GPUSHARE_FAKE_NVML_STATE";
 /// Path of the built mock (`cargo build` puts it in `target/<profile>/`).
 pub fn fake_nvml_lib() -> PathBuf {
     crate::workspace_bin("libgpushare_fake_nvml.so")
+}
+
+/// Path of the built mock libcuda (`cargo build` puts it in `target/<profile>/`). It reads the
+/// same scenario (its `cuda` section) and keeps the per-process checkpoint states in
+/// [`Scenario::cuda_state_path`].
+pub fn fake_cuda_lib() -> PathBuf {
+    crate::workspace_bin("libgpushare_fake_cuda.so")
 }
 
 /// A scenario file in a private temporary directory, replaced atomically on each write.
@@ -41,6 +49,17 @@ impl Scenario {
     /// The scenario's directory (for `process_memory_dir` and the like).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Where the mock libcuda keeps its per-process states (`cuda-state.json` beside the
+    /// scenario; absent while every process is running).
+    pub fn cuda_state_path(&self) -> PathBuf {
+        self.dir.join("cuda-state.json")
+    }
+
+    /// Where the mock NVML records driver-enforced memory limits (`memory-limits.json`).
+    pub fn memory_limits_path(&self) -> PathBuf {
+        self.dir.join("memory-limits.json")
     }
 
     /// Replaces the scenario atomically.

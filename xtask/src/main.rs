@@ -42,7 +42,8 @@ enum Cmd {
     },
     /// Run the benchmarks and print their tables.
     Bench,
-    /// Build the mock libnvidia-ml and install it as target/fake-nvml/libnvidia-ml.so.1.
+    /// Build the mock libnvidia-ml and the mock libcuda and install them as
+    /// target/fake-nvml/libnvidia-ml.so.1 and target/fake-nvml/libcuda.so.1.
     FakeNvml,
     /// A guided end-to-end run without a GPU: launch three services on mock GPUs, start the agent,
     /// grow one past its quota and watch it being signalled and frozen, release it, clean up (root).
@@ -180,7 +181,16 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::FakeNvml => {
-            cargo(&root, &["build", "-p", "gpushare-fake-nvml"])?;
+            cargo(
+                &root,
+                &[
+                    "build",
+                    "-p",
+                    "gpushare-fake-nvml",
+                    "-p",
+                    "gpushare-fake-cuda",
+                ],
+            )?;
             install_fake_nvml(&root).map(|_| ())
         }
         Cmd::Demo { fast } => {
@@ -305,18 +315,27 @@ fn install_fake_nvml(root: &Path) -> Result<PathBuf> {
     install_fake_nvml_profile(root, "debug")
 }
 
-/// Copies the built mock to target/fake-nvml/libnvidia-ml.so.1 (+ libnvidia-ml.so link).
+/// Copies the built mocks to target/fake-nvml/: libnvidia-ml.so.1 (+ libnvidia-ml.so link) and
+/// libcuda.so.1 (+ libcuda.so). Returns the path of the mock libnvidia-ml.
 fn install_fake_nvml_profile(root: &Path, profile: &str) -> Result<PathBuf> {
-    let built = root.join(format!("target/{profile}/libgpushare_fake_nvml.so"));
     let dir = root.join("target/fake-nvml");
-    let installer = root.join(format!("target/{profile}/gpushare-fake-nvml-install"));
-    let status = Command::new(&installer)
-        .arg("--from")
-        .arg(&built)
-        .arg("--to")
-        .arg(&dir)
-        .status()
-        .with_context(|| format!("running {}", installer.display()))?;
-    check(status, "installing the mock libnvidia-ml")?;
+    for (crate_name, what) in [
+        ("fake_nvml", "the mock libnvidia-ml"),
+        ("fake_cuda", "the mock libcuda"),
+    ] {
+        let built = root.join(format!("target/{profile}/libgpushare_{crate_name}.so"));
+        let installer = root.join(format!(
+            "target/{profile}/gpushare-{}-install",
+            crate_name.replace('_', "-")
+        ));
+        let status = Command::new(&installer)
+            .arg("--from")
+            .arg(&built)
+            .arg("--to")
+            .arg(&dir)
+            .status()
+            .with_context(|| format!("running {}", installer.display()))?;
+        check(status, &format!("installing {what}"))?;
+    }
     Ok(dir.join("libnvidia-ml.so.1"))
 }

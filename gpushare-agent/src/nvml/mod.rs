@@ -4,6 +4,7 @@
 //! affected device *degraded* in the returned [`GpuSample`] (the policy never enforces on it),
 //! is counted per NVML call, and is logged once per change.
 
+pub mod limits;
 pub mod merge;
 
 use std::{

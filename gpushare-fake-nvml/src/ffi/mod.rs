@@ -7,6 +7,7 @@
 //! arrays hold `*infoCount` records; strings are NUL-terminated).
 
 mod device;
+mod limits;
 mod processes;
 mod system;
 

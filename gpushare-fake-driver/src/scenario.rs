@@ -1,6 +1,7 @@
 //! The scenario file: serde types, validation, loading, and change-detecting reload.
 //!
-//! The format is documented field by field in the crate's README.md.
+//! The format is documented field by field in the README.md of `gpushare-fake-nvml` (NVML) and
+//! `gpushare-fake-cuda` (the `cuda` section).
 
 use serde::{Deserialize, Deserializer, Serialize};
 use std::borrow::Borrow;
@@ -8,9 +9,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::fs;
 use std::io::{self, Read};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use crate::cuda::CudaScenario;
+use crate::statefile::FileKey;
 
 /// Environment variable naming the scenario file.
 pub const ENV_VAR: &str = "GPUSHARE_FAKE_NVML_STATE";
@@ -51,6 +54,17 @@ pub struct Scenario {
     /// file adds (or overrides) a compute process of that device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub process_memory_dir: Option<PathBuf>,
+    /// false: nvmlDeviceSetMemoryLimits_v1 / nvmlDeviceGetMemoryLimits_v1 return
+    /// NVML_ERROR_NOT_SUPPORTED (a device or kernel without driver-enforced limits).
+    #[serde(default = "default_true")]
+    pub memory_limits_supported: bool,
+    /// The mock libcuda's knobs (checkpoint API failures and delays).
+    #[serde(default, skip_serializing_if = "CudaScenario::is_default")]
+    pub cuda: CudaScenario,
+    /// Pids the mock libcuda has checkpointed (from `cuda-state.json` beside the scenario, not
+    /// from the file itself): hidden from every process list and from the memory counters.
+    #[serde(skip)]
+    pub hidden_pids: BTreeSet<u32>,
 }
 
 impl Default for Scenario {
@@ -63,6 +77,9 @@ impl Default for Scenario {
             devices: Vec::new(),
             fail: BTreeMap::new(),
             process_memory_dir: None,
+            memory_limits_supported: true,
+            cuda: CudaScenario::default(),
+            hidden_pids: BTreeSet::new(),
         }
     }
 }
@@ -174,12 +191,12 @@ pub struct FunctionName(String);
 impl FunctionName {
     /// Fails for names the mock does not export (and for nvmlErrorString, which cannot fail).
     pub fn new(name: &str) -> Result<Self, String> {
-        if name != "nvmlErrorString" && crate::EXPORTED_FUNCTIONS.contains(&name) {
+        if name != "nvmlErrorString" && crate::NVML_FUNCTIONS.contains(&name) {
             Ok(Self(name.to_owned()))
         } else {
             Err(format!(
                 "`fail` key {name:?} is not a function this mock can fail (one of: {})",
-                crate::EXPORTED_FUNCTIONS
+                crate::NVML_FUNCTIONS
                     .iter()
                     .filter(|n| **n != "nvmlErrorString")
                     .copied()
@@ -268,7 +285,7 @@ impl Scenario {
                 }
             }
         }
-        Ok(())
+        self.cuda.validate()
     }
 
     /// Compute processes of device `index`: the scenario's list, with `process_memory_dir`
@@ -290,15 +307,56 @@ impl Scenario {
                 }
             }
         }
+        list.retain(|p| !self.hidden_pids.contains(&p.pid));
         list
     }
 
-    /// Graphics processes of device `index`.
+    /// Graphics processes of device `index` (without the hidden pids).
     pub fn graphics_processes(&self, index: usize) -> Vec<Process> {
-        self.devices
+        let mut list = self
+            .devices
             .get(index)
             .map(|d| d.graphics_processes.clone())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        list.retain(|p| !self.hidden_pids.contains(&p.pid));
+        list
+    }
+
+    /// Every pid this scenario lists as a GPU process (compute, graphics, `process_memory_dir`),
+    /// on any device, hidden ones included: the processes the mock libcuda knows.
+    pub fn gpu_pids(&self) -> BTreeSet<u32> {
+        let all = Scenario {
+            hidden_pids: BTreeSet::new(),
+            ..self.clone()
+        };
+        (0..self.devices.len())
+            .flat_map(|i| {
+                all.compute_processes(i)
+                    .into_iter()
+                    .chain(all.graphics_processes(i))
+            })
+            .map(|p| p.pid)
+            .collect()
+    }
+
+    /// What `pid` uses on each device (index, bytes; unknown memory counts 0; a pid in both
+    /// lists counts once, with the larger value), hidden or not.
+    pub fn process_memory(&self, pid: u32) -> Vec<(usize, u64)> {
+        let all = Scenario {
+            hidden_pids: BTreeSet::new(),
+            ..self.clone()
+        };
+        (0..self.devices.len())
+            .filter_map(|i| {
+                all.compute_processes(i)
+                    .into_iter()
+                    .chain(all.graphics_processes(i))
+                    .filter(|p| p.pid == pid)
+                    .map(|p| p.used_memory.unwrap_or(0))
+                    .max()
+                    .map(|used| (i, used))
+            })
+            .collect()
     }
 
     /// Memory counters of device `index` (zeroes for an unknown index).
@@ -311,7 +369,7 @@ impl Scenario {
         for p in self
             .compute_processes(index)
             .iter()
-            .chain(device.graphics_processes.iter())
+            .chain(self.graphics_processes(index).iter())
         {
             if let Some(used) = p.used_memory {
                 let slot = by_pid.entry(p.pid).or_insert(0);
@@ -469,28 +527,6 @@ pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
         error,
     })?;
     parse(&text, path)
-}
-
-/// Identity of one version of the scenario file (as seen by stat).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileKey {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
-impl FileKey {
-    fn of(m: &fs::Metadata) -> Self {
-        Self {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
-        }
-    }
 }
 
 /// What [`WatchedScenario::refresh`] found.

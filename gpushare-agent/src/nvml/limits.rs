@@ -1,0 +1,119 @@
+//! Whether the loaded NVML can set driver-enforced per-cgroup GPU memory limits:
+//! `nvmlDeviceSetMemoryLimits_v1` / `nvmlDeviceGetMemoryLimits_v1`, declared by the nvml.h of
+//! CUDA 13.4 and later (PyPI `nvidia-nvml-dev` 13.4.61+; NVIDIA drivers r615+, backed by the
+//! kernel's `dmem` cgroup controller). nvml-wrapper does not know these functions, so the probe
+//! looks them up by name in the same library the sampler loads.
+//!
+//! The declarations (nvml.h, `nvidia-nvml-dev` 13.5.37), mirrored by [`SetMemoryLimitsV1`] and
+//! [`GetMemoryLimitsV1`]; neither struct has a version field:
+//!
+//! ```c
+//! typedef struct {
+//!     const char* nameSpace;         //!<[in] Full path to sysfs cgroup file name
+//!     unsigned long long softLimit;  //!<[in] Soft memory limit in Bytes.
+//!     unsigned long long hardLimit;  //!<[in] Hard memory limit in Bytes.
+//! } nvmlSetMemoryLimits_v1_t;                                       /* 24 bytes */
+//! typedef struct {
+//!     const char* nameSpace;           //!<[in]  Full path to sysfs cgroup file name
+//!     unsigned long long softLimit;    //!<[out] Currently set soft memory limit in Bytes.
+//!     unsigned long long hardLimit;    //!<[out] Currently set hard memory limit in Bytes.
+//!     unsigned long long currentUsed;  //!<[out] Currently used memory in Bytes.
+//! } nvmlGetMemoryLimits_v1_t;                                       /* 32 bytes */
+//! nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t device, nvmlSetMemoryLimits_v1_t *limits);
+//! nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t device, nvmlGetMemoryLimits_v1_t *limits);
+//! #define NVML_DEVICE_MEMORY_LIMIT_MAX 0xFFFFFFFFFFFFFFFF   /* clear: soft 0, hard MAX */
+//! ```
+
+use std::{
+    ffi::c_char,
+    path::{Path, PathBuf},
+};
+
+use libloading::os::unix::{Library, RTLD_LAZY, RTLD_LOCAL};
+
+/// `nvmlDeviceSetMemoryLimits_v1`.
+pub const SET_SYMBOL: &str = "nvmlDeviceSetMemoryLimits_v1";
+/// `nvmlDeviceGetMemoryLimits_v1`.
+pub const GET_SYMBOL: &str = "nvmlDeviceGetMemoryLimits_v1";
+/// `NVML_DEVICE_MEMORY_LIMIT_MAX`: no hard limit.
+pub const MEMORY_LIMIT_MAX: u64 = u64::MAX;
+
+/// `nvmlSetMemoryLimits_v1_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SetMemoryLimitsV1 {
+    /// Full path of the cgroup directory (NUL-terminated).
+    pub name_space: *const c_char,
+    /// Soft limit in bytes.
+    pub soft_limit: u64,
+    /// Hard limit in bytes ([`MEMORY_LIMIT_MAX`]: none).
+    pub hard_limit: u64,
+}
+
+/// `nvmlGetMemoryLimits_v1_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GetMemoryLimitsV1 {
+    /// Full path of the cgroup directory (in).
+    pub name_space: *const c_char,
+    /// Soft limit in bytes (out).
+    pub soft_limit: u64,
+    /// Hard limit in bytes (out).
+    pub hard_limit: u64,
+    /// Memory the cgroup uses on the device (out).
+    pub current_used: u64,
+}
+
+const _: () = assert!(size_of::<SetMemoryLimitsV1>() == 24 && size_of::<GetMemoryLimitsV1>() == 32);
+
+/// What the library offers.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryLimitsSupport {
+    /// The library probed.
+    pub library: PathBuf,
+    /// `nvmlDeviceSetMemoryLimits_v1` is exported.
+    pub set: bool,
+    /// `nvmlDeviceGetMemoryLimits_v1` is exported.
+    pub get: bool,
+}
+
+impl MemoryLimitsSupport {
+    /// Both functions exist: driver-enforced limits can be set and read back. (A device may still
+    /// answer NVML_ERROR_NOT_SUPPORTED, e.g. without the kernel's dmem controller.)
+    pub fn available(&self) -> bool {
+        self.set && self.get
+    }
+}
+
+/// Looks the two functions up in `lib` (default: the system's libnvidia-ml.so.1, the library
+/// [`super::NvmlSampler::open`] loads). Fails only when the library cannot be loaded.
+pub fn probe_memory_limits(lib: Option<&Path>) -> Result<MemoryLimitsSupport, String> {
+    let library = lib.map_or_else(|| PathBuf::from("libnvidia-ml.so.1"), Path::to_path_buf);
+    // SAFETY: the same library nvml-wrapper loads; when it is already loaded this only takes a
+    // reference to it, and dropping that reference leaves it loaded.
+    let handle = unsafe { Library::open(Some(&library), RTLD_LAZY | RTLD_LOCAL) }
+        .map_err(|e| format!("cannot load {}: {e}", library.display()))?;
+    // SAFETY: only the presence of the symbols is looked at; nothing is called.
+    let has = |name: &str| unsafe { handle.get::<*const ()>(name.as_bytes()) }.is_ok();
+    Ok(MemoryLimitsSupport {
+        set: has(SET_SYMBOL),
+        get: has(GET_SYMBOL),
+        library,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_library_without_the_symbols_has_no_driver_limits() {
+        let s = probe_memory_limits(Some(Path::new("libc.so.6"))).unwrap();
+        assert!(!s.set && !s.get && !s.available(), "{s:?}");
+        let e = probe_memory_limits(Some(Path::new("/nonexistent/libnvidia-ml.so.1"))).unwrap_err();
+        assert!(
+            e.starts_with("cannot load /nonexistent/libnvidia-ml.so.1"),
+            "{e}"
+        );
+    }
+}
