@@ -25,6 +25,9 @@ pub enum Command {
         /// The main quota file (its sibling `quotas.d/` is read too).
         #[arg(value_name = "PATH", default_value = DEFAULT_QUOTAS)]
         path: PathBuf,
+        /// libcuda to check the `suspend` step against (default: the system's libcuda.so.1).
+        #[arg(long, value_name = "PATH")]
+        cuda_lib: Option<PathBuf>,
     },
     /// Show GPUs, workloads, quotas and isolation states of the running agent.
     Status {
@@ -59,6 +62,9 @@ pub enum Command {
         /// Go on even though an agent seems to hold the state directory.
         #[arg(long)]
         force: bool,
+        /// libcuda to restore suspended workloads with (default: the system's libcuda.so.1).
+        #[arg(long, value_name = "PATH")]
+        cuda_lib: Option<PathBuf>,
     },
     /// Run a command as a service with a GPU-memory reservation (root).
     ///

@@ -32,7 +32,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             rt.block_on(gpushare_agent::run::run(cli.run))?;
             Ok(ExitCode::SUCCESS)
         }
-        Some(Command::Check { path }) => {
+        Some(Command::Check { path, cuda_lib }) => {
             let dropins = vec![
                 path.parent()
                     .unwrap_or(std::path::Path::new("/"))
@@ -46,6 +46,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     print!("{}", render_quota_rows(&set.describe()));
                     for w in set.warnings() {
                         println!("warning: {w}");
+                    }
+                    if set.uses_suspend()
+                        && let Err(e) =
+                            gpushare_agent::cuda::Checkpointer::open(cuda_lib.as_deref())
+                    {
+                        println!(
+                            "warning: a ladder uses `suspend`, but on this node {e}; the step falls \
+                             through to the next one (counted in gpushare_suspend_fallthroughs_total)"
+                        );
                     }
                     println!(
                         "OK: {} and {}/*.toml are valid",
@@ -105,8 +114,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             all: _,
             state_dir,
             force,
+            cuda_lib,
         }) => {
-            let report = gpushare_agent::enforce::thaw_everything(&state_dir, force)?;
+            let cuda = gpushare_agent::cuda::Checkpointer::open(cuda_lib.as_deref())
+                .map(std::sync::Arc::new)
+                .map_err(|e| e.to_string());
+            let report = gpushare_agent::enforce::thaw_everything(&state_dir, force, cuda)?;
             for (w, dir) in &report.thawed {
                 println!("thawed {w} ({})", dir.display());
             }

@@ -24,6 +24,9 @@ pub const ISOLATION_STATES: &[&str] = &[
     "signalled",
     "freezing",
     "frozen",
+    "suspending",
+    "suspended",
+    "resuming",
     "killing",
 ];
 
@@ -44,6 +47,10 @@ pub struct Metrics {
     pub sample_duration: Histogram,
     /// From the sample (or allocation event) that showed a workload over quota to the action.
     pub enforcement_latency: Histogram,
+    /// How long a suspend (lock, checkpoint, freeze) took.
+    pub suspend_duration: Histogram,
+    /// How long a resume (thaw, restore, unlock) took.
+    pub resume_duration: Histogram,
 }
 
 impl Metrics {
@@ -66,11 +73,28 @@ impl Metrics {
             "From the observation that put a workload over quota to the enforcement action",
             enforcement_latency.clone(),
         );
+        let suspend_buckets = [
+            0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+        ];
+        let suspend_duration = Histogram::new(suspend_buckets);
+        let resume_duration = Histogram::new(suspend_buckets);
+        registry.register(
+            "gpushare_suspend_duration_seconds",
+            "How long a suspend took: lock every GPU process, checkpoint each, freeze",
+            suspend_duration.clone(),
+        );
+        registry.register(
+            "gpushare_resume_duration_seconds",
+            "How long a resume took: thaw, restore and unlock every checkpointed process",
+            resume_duration.clone(),
+        );
         registry.register_collector(Box::new(SnapshotCollector { snapshot, compat }));
         Self {
             registry,
             sample_duration,
             enforcement_latency,
+            suspend_duration,
+            resume_duration,
         }
     }
 
@@ -266,6 +290,44 @@ impl Collector for SnapshotCollector {
             c.external_changes
                 .iter()
                 .map(|(k, v)| (vec![("change", k.clone())], *v)),
+        )?;
+        counter(
+            &mut e,
+            "gpushare_suspend_fallthroughs",
+            "Suspend steps that fell through to the next step, by reason (unavailable: no driver \
+             with the checkpoint API; host_memory; lock_timeout; not_supported; failed_state; error)",
+            c.suspend_fallthroughs
+                .iter()
+                .map(|(k, v)| (vec![("reason", k.clone())], *v)),
+        )?;
+        counter(
+            &mut e,
+            "gpushare_suspended_gpu_memory_moved_bytes",
+            "GPU memory moved to host memory by suspends since the agent started",
+            [(Labels::new(), c.suspended_bytes_total)],
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_workload_suspended_bytes",
+            "GPU memory of a suspended workload held in host memory, bytes",
+            snap.workloads
+                .iter()
+                .filter(|w| w.suspended_bytes > 0)
+                .map(|w| (workload_labels(w), w.suspended_bytes as f64)),
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_workloads_suspended",
+            "Workloads suspended (their GPU memory in host memory)",
+            [(
+                Labels::new(),
+                snap.workloads
+                    .iter()
+                    .filter(|w| w.state == "suspended")
+                    .map(|w| w.workload.as_str())
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len() as f64,
+            )],
         )?;
         counter(
             &mut e,

@@ -90,6 +90,21 @@ pub async fn run(args: RunArgs) -> Result<()> {
     if args.dry_run {
         info!("DRY RUN: decisions are logged and exported, nothing is frozen, signalled or killed");
     }
+    // The CUDA checkpoint API, for the `suspend` step only.
+    let cuda = match crate::cuda::Checkpointer::open(args.cuda_lib.as_deref()) {
+        Ok(c) => {
+            info!(
+                "CUDA checkpoint API available ({}, driver {}): the suspend step can be used",
+                c.path().display(),
+                crate::cuda::version_text(c.driver_version())
+            );
+            Ok(Arc::new(c))
+        }
+        Err(e) => {
+            info!("{e}; a suspend step falls through to the next one");
+            Err(e.reason)
+        }
+    };
     let mut agent = Agent::new(
         tracker,
         sampler,
@@ -100,6 +115,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         opts,
     );
 
+    agent.set_checkpointer(cuda);
     api::serve_tcp(args.listen, snapshot.clone(), metrics.clone()).await?;
     let (release_tx, mut release_rx) = mpsc::channel::<api::ReleaseRequest>(16);
     let socket =

@@ -59,6 +59,9 @@ pub struct Health {
     /// metrics only, no signal, freeze or kill.
     #[serde(default)]
     pub observe_only: bool,
+    /// Whether the `suspend` step can be used: `available`, or why not.
+    #[serde(default)]
+    pub suspend: String,
 }
 
 /// One GPU.
@@ -118,6 +121,9 @@ pub struct WorkloadView {
     pub detail: String,
     /// Seconds in that state.
     pub state_for_secs: f64,
+    /// GPU memory of the workload held in host memory while it is suspended, bytes.
+    #[serde(default)]
+    pub suspended_bytes: u64,
     /// Processes of the workload on that GPU.
     pub pids: Vec<u32>,
     /// ioctls of the workload's GPU tasks.
@@ -183,6 +189,12 @@ pub struct Counters {
     /// it says.
     #[serde(default)]
     pub env_quota_unit_mismatch: BTreeMap<String, String>,
+    /// Suspend steps that fell through, by reason.
+    #[serde(default)]
+    pub suspend_fallthroughs: BTreeMap<String, u64>,
+    /// GPU memory moved off the GPU by suspends since the agent started, bytes.
+    #[serde(default)]
+    pub suspended_bytes_total: u64,
 }
 
 /// What one step observed and decided, borrowed for [`Publisher::build`].
@@ -224,10 +236,12 @@ fn detail(retry: Option<&Retry>, now: std::time::Duration) -> String {
     let what = match r.transition {
         Transition::Freeze => "freeze",
         Transition::Thaw => "thaw",
+        Transition::Suspend => "suspend",
+        Transition::Resume => "resume",
     };
     let next = r.next_at.saturating_sub(now);
     format!(
-        "{what} requested {} time(s), not applied by the kernel yet; next attempt in {}",
+        "{what} requested {} time(s), not done yet; next attempt in {}",
         r.attempts,
         crate::quota::fmt_duration(std::time::Duration::from_millis(next.as_millis() as u64))
     )
@@ -353,6 +367,18 @@ impl Publisher {
                 v.quota_trust = r.quota_trust.get(key).copied().unwrap_or("").to_string();
                 v.state = ws.reported_scope(scope, dry_run).to_string();
                 v.detail = detail(ws.retry.as_ref(), r.now);
+                if let Some(fp) = ws.suspension.as_ref().and_then(|s| s.footprint()) {
+                    v.suspended_bytes = match scope {
+                        GpuScope::All => fp.values().sum(),
+                        GpuScope::Gpu(i) => fp.get(&i).copied().unwrap_or(0),
+                    };
+                    if scope == GpuScope::All {
+                        v.used_bytes = v.used_bytes.max(v.suspended_bytes);
+                    }
+                }
+                if let Some(why) = &ws.suspend_failed {
+                    v.detail = format!("suspend fell through ({why})");
+                }
                 if v.cgroup_path.is_empty() {
                     v.cgroup_path = ws.cgroup_path.clone();
                 }

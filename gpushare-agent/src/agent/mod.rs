@@ -29,7 +29,7 @@ use self::{quota_store::QuotaStore, workloads::Workloads};
 use crate::{
     attribution::{Change, Verified, tracker::Tracker},
     ebpf::boot_time_ns,
-    enforce::{Enforcer, Outcome as ExecOutcome, Target},
+    enforce::{Enforcer, Outcome as ExecOutcome, SuspendEnded, Target},
     metrics::{Metrics, SharedSnapshot},
     nvml::{DriverStatus, NvmlSampler},
     policy::{self, Action, ActionKind, AttributedProcess, ObservedGroup, PolicyState, Transition},
@@ -65,6 +65,10 @@ pub struct Agent {
     publisher: Publisher,
     pending_releases: Vec<String>,
     ready: bool,
+    /// Suspends refused at once in this step (workload, cause, why): they fall through at once.
+    suspend_failed_now: Vec<(String, String, String)>,
+    suspend_fallthroughs: BTreeMap<String, u64>,
+    suspended_bytes_total: u64,
 }
 
 /// What one step saw, for the decision and the report.
@@ -108,6 +112,9 @@ impl Agent {
             publisher: Publisher::default(),
             pending_releases: Vec::new(),
             ready: false,
+            suspend_failed_now: Vec::new(),
+            suspend_fallthroughs: BTreeMap::new(),
+            suspended_bytes_total: 0,
         }
     }
 
@@ -194,6 +201,13 @@ impl Agent {
         for (workload, transition) in done {
             self.policy.note_done(&workload, transition);
         }
+        for (workload, cause, why) in std::mem::take(&mut self.suspend_failed_now) {
+            self.policy.note_suspend_failed(&workload, &cause, &why);
+            *self.suspend_fallthroughs.entry(cause).or_default() += 1;
+        }
+        for (cause, n) in &outcome.stats.suspend_fallthroughs {
+            *self.suspend_fallthroughs.entry(cause.clone()).or_default() += *n as u64;
+        }
         let t3 = Instant::now();
         self.ready = true;
         self.publish(&obs);
@@ -211,6 +225,38 @@ impl Agent {
     /// as the kernel now has it). Returns whether any settled.
     pub fn settle(&mut self) -> bool {
         let settled = self.enforcer.settle();
+        let ended = self.enforcer.poll_jobs();
+        for e in &ended {
+            match e {
+                SuspendEnded::Suspended { bytes, took, .. } => {
+                    self.metrics.suspend_duration.observe(took.as_secs_f64());
+                    self.suspended_bytes_total += bytes;
+                    *self
+                        .enforcement_counts
+                        .entry("suspend/ok".into())
+                        .or_default() += 1;
+                }
+                SuspendEnded::Resumed { took, .. } => {
+                    self.metrics.resume_duration.observe(took.as_secs_f64());
+                    *self
+                        .enforcement_counts
+                        .entry("resume/ok".into())
+                        .or_default() += 1;
+                }
+                SuspendEnded::Failed { .. } => {
+                    *self
+                        .enforcement_counts
+                        .entry("suspend/failed".into())
+                        .or_default() += 1;
+                }
+                SuspendEnded::ResumeFailed { .. } => {
+                    *self
+                        .enforcement_counts
+                        .entry("resume/failed".into())
+                        .or_default() += 1;
+                }
+            }
+        }
         for s in &settled {
             let name = match s.transition {
                 Transition::Freeze => {
@@ -219,7 +265,7 @@ impl Agent {
                         .observe(s.latency.as_secs_f64());
                     "freeze"
                 }
-                Transition::Thaw => "thaw",
+                _ => "thaw",
             };
             // It was counted `pending` when issued; now it is done.
             *self
@@ -228,7 +274,7 @@ impl Agent {
                 .or_default() += 1;
             self.policy.note_done(&s.workload, s.transition);
         }
-        if settled.is_empty() {
+        if settled.is_empty() && ended.is_empty() {
             return false;
         }
         self.tick(None);
@@ -398,6 +444,30 @@ impl Agent {
                 info!("thawing {}: {}", a.workload, a.reason);
                 self.enforcer.thaw(&a.workload, trigger)
             }
+            ActionKind::Suspend => {
+                let targets = self.targets(a);
+                let (outcome, failed) = self.enforcer.suspend(
+                    &a.workload,
+                    &a.cgroup_path,
+                    a.gpu,
+                    &targets,
+                    &a.footprint,
+                    &a.reason,
+                );
+                if let Some((cause, why)) = failed {
+                    // Falls through in this very step.
+                    self.suspend_failed_now.push((
+                        a.workload.clone(),
+                        cause.as_str().to_string(),
+                        why,
+                    ));
+                }
+                outcome
+            }
+            ActionKind::Resume => {
+                info!("resuming {}: {}", a.workload, a.reason);
+                self.enforcer.resume(&a.workload)
+            }
             ActionKind::Kill(sig) => {
                 warn!("killing {} with {}: {}", a.workload, sig.name, a.reason);
                 let targets = self.targets(a);
@@ -426,8 +496,15 @@ impl Agent {
         }
     }
 
-    /// On SIGTERM: thaws what the agent froze, unless told to keep it.
+    /// Sets the CUDA checkpoint API for the `suspend` step (or why there is none).
+    pub fn set_checkpointer(&mut self, cuda: Result<Arc<crate::cuda::Checkpointer>, String>) {
+        self.enforcer.set_checkpointer(cuda);
+    }
+
+    /// On SIGTERM: thaws (and resumes) what the agent froze (and suspended), unless told to keep
+    /// it.
     pub fn shutdown(&mut self) {
+        self.enforcer.wait_jobs();
         if self.opts.keep_frozen_on_exit {
             let n = self.enforcer.records().len();
             if n > 0 {
@@ -499,6 +576,10 @@ impl Agent {
             degraded,
             dry_run: self.opts.dry_run,
             observe_only: self.quotas.observe_only(),
+            suspend: match self.enforcer.suspend_unavailable() {
+                None => "available".to_string(),
+                Some(why) => format!("unavailable: {why}"),
+            },
         }
     }
 
@@ -532,6 +613,8 @@ impl Agent {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect(),
+            suspend_fallthroughs: self.suspend_fallthroughs.clone(),
+            suspended_bytes_total: self.suspended_bytes_total,
             env_quota_errors: self.workloads.env_quotas().problems_total(),
             env_quota_unit_mismatch: self
                 .workloads

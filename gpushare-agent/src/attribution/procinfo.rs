@@ -4,7 +4,9 @@
 use anyhow::{Context, Result, bail};
 
 /// A process identity that survives PID reuse: the pid and its start time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct ProcessIdentity {
     /// The pid (thread-group id).
     pub pid: u32,

@@ -45,9 +45,24 @@ pub struct FreezeRecord {
     /// The GPU scope whose ladder froze it (`all` or an index). Absent in the first format.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
+    /// The workload's GPU memory was checkpointed to host memory (the `suspend` step) before the
+    /// group was frozen. Absent for a plain freeze.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspended: Option<SuspendRecord>,
     /// Fields written by a newer version, kept as they were.
     #[serde(flatten)]
     pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// A suspension: which processes were checkpointed and how much GPU memory they held.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SuspendRecord {
+    /// The processes checkpointed (or being checkpointed).
+    pub processes: Vec<crate::attribution::ProcessIdentity>,
+    /// GPU memory moved to host memory, bytes per GPU index.
+    pub per_gpu: BTreeMap<u32, u64>,
+    /// Seconds since the epoch when the suspend was recorded.
+    pub since_unix: u64,
 }
 
 #[derive(Default, serde::Serialize, serde::Deserialize)]
@@ -236,6 +251,7 @@ mod tests {
             reason: "test".into(),
             inode: Some(7),
             scope: Some("all".into()),
+            suspended: None,
             extra: BTreeMap::new(),
         }
     }

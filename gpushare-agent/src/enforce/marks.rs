@@ -36,6 +36,9 @@ pub struct Mark {
     pub scope: Option<String>,
     /// Seconds since the epoch.
     pub frozen_at_unix: u64,
+    /// The suspension, when the `suspend` step checkpointed the workload first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspended: Option<super::ledger::SuspendRecord>,
 }
 
 impl Mark {
@@ -47,6 +50,7 @@ impl Mark {
             freezer: rec.freezer,
             scope: rec.scope.clone(),
             frozen_at_unix: rec.frozen_at_unix,
+            suspended: rec.suspended.clone(),
         }
     }
 
@@ -60,6 +64,7 @@ impl Mark {
             reason: "found by the mark on its cgroup".to_string(),
             inode: fs::metadata(dir).ok().map(|m| m.ino()),
             scope: self.scope.clone(),
+            suspended: self.suspended.clone(),
             extra: Default::default(),
         }
     }

@@ -22,11 +22,13 @@ pub mod ledger;
 pub mod lock;
 pub mod marks;
 pub mod signal;
+pub mod suspend;
 
 use std::{
     collections::BTreeMap,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -35,14 +37,16 @@ use log::{info, warn};
 
 use self::{
     freeze::Freezer,
-    ledger::{FreezeLedger, FreezeRecord},
+    ledger::{FreezeLedger, FreezeRecord, SuspendRecord},
     lock::{LockError, StateLock},
     marks::Mark,
     signal::{SignalOutcome, catches, send_if_caught, send_verified},
 };
 use crate::{
-    attribution::{Pidfd, ProcessIdentity, cgroupfs, parse_cgroup_path},
-    policy::{GpuScope, GroupState, ObservedGroup, Transition},
+    attribution::{Pidfd, ProcessIdentity, cgroupfs, parse_cgroup_path, procinfo},
+    cuda::Checkpointer,
+    policy::{GpuScope, GroupState, ObservedGroup, Suspension, Transition},
+    quota::ByteSize,
 };
 
 /// How long a pending freeze or thaw is watched by [`Enforcer::settle`] before it is left to the
@@ -104,6 +108,37 @@ pub struct Settled {
     pub latency: Duration,
 }
 
+/// A suspend or resume that ended, for metrics and logs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SuspendEnded {
+    /// Suspended: `bytes` moved off the GPU in `took`.
+    Suspended {
+        /// Workload key.
+        workload: String,
+        /// GPU memory moved, bytes.
+        bytes: u64,
+        /// How long it took.
+        took: Duration,
+    },
+    /// Resumed in `took`.
+    Resumed {
+        /// Workload key.
+        workload: String,
+        /// How long it took.
+        took: Duration,
+    },
+    /// A suspend fell through (counted by cause in the step's policy stats).
+    Failed {
+        /// Workload key.
+        workload: String,
+    },
+    /// A resume failed (retried by the steps).
+    ResumeFailed {
+        /// Workload key.
+        workload: String,
+    },
+}
+
 /// A process to signal, with the pidfd attribution holds for it (if any).
 #[derive(Clone, Debug)]
 pub struct Target {
@@ -135,6 +170,10 @@ pub struct Enforcer {
     marks_ok: bool,
     pending: BTreeMap<PathBuf, Pending>,
     _lock: Option<StateLock>,
+    cuda: Result<Arc<Checkpointer>, String>,
+    jobs: BTreeMap<String, suspend::Job>,
+    /// Suspends that failed since the last observation: (cause, reason) by workload.
+    suspend_failures: BTreeMap<String, (suspend::Cause, String)>,
 }
 
 impl Enforcer {
@@ -181,9 +220,22 @@ impl Enforcer {
             marks_ok: true,
             pending: BTreeMap::new(),
             _lock: lock,
+            cuda: Err("no CUDA driver loaded (--cuda-lib)".into()),
+            jobs: BTreeMap::new(),
+            suspend_failures: BTreeMap::new(),
         };
         e.adopt_marks();
         Ok(e)
+    }
+
+    /// The CUDA checkpoint API the `suspend` step uses, or why there is none.
+    pub fn set_checkpointer(&mut self, cuda: Result<Arc<Checkpointer>, String>) {
+        self.cuda = cuda;
+    }
+
+    /// Why `suspend` is unavailable, if it is.
+    pub fn suspend_unavailable(&self) -> Option<&str> {
+        self.cuda.as_ref().err().map(String::as_str)
     }
 
     /// Whether actions are only reported.
@@ -273,6 +325,7 @@ impl Enforcer {
     ) -> BTreeMap<String, ObservedGroup> {
         let mut out: BTreeMap<String, ObservedGroup> = BTreeMap::new();
         let mut forget = Vec::new();
+        let mut unsuspend = Vec::new();
         for rec in self.records() {
             let rel = self.rel_of(&rec.cgroup_dir);
             let frozen_by = rec.scope.as_deref().and_then(GpuScope::from_label);
@@ -298,11 +351,42 @@ impl Enforcer {
                 );
                 forget.push(rec.cgroup_dir.clone());
             }
+            let suspension = if !ours {
+                None
+            } else if let Some(job) = self.jobs.get(&rec.workload) {
+                Some(Suspension::InProgress {
+                    resuming: job.resuming,
+                    per_gpu: job.per_gpu.clone(),
+                })
+            } else {
+                rec.suspended.as_ref().and_then(|sr| {
+                    let pids: Vec<u32> = sr
+                        .processes
+                        .iter()
+                        .filter(|id| procinfo::is_same_process(**id))
+                        .map(|id| id.pid)
+                        .collect();
+                    let held = match &self.cuda {
+                        Ok(cuda) => suspend::any_held(cuda, &pids),
+                        // Cannot ask the driver: trust the record while its processes live.
+                        Err(_) => !pids.is_empty(),
+                    };
+                    if held {
+                        Some(Suspension::Suspended {
+                            per_gpu: sr.per_gpu.clone(),
+                        })
+                    } else {
+                        unsuspend.push(rec.cgroup_dir.clone());
+                        None
+                    }
+                })
+            };
             let o = ObservedGroup {
                 ours,
                 state,
                 frozen_by,
                 cgroup_path: rel,
+                suspension,
             };
             // One workload, one root: a record of ours wins over a stale one.
             match out.get(&rec.workload) {
@@ -314,6 +398,37 @@ impl Enforcer {
         }
         for dir in forget {
             self.forget(&dir);
+        }
+        for dir in unsuspend {
+            // Its processes run again (restored by someone else) or are gone.
+            info!(
+                "{}: the suspended processes are no longer held by the driver; forgetting the suspension",
+                dir.display()
+            );
+            self.set_suspended(&dir, None);
+        }
+        // Suspends that failed since the last step: the policy lets the step fall through.
+        for (key, (cause, reason)) in std::mem::take(&mut self.suspend_failures) {
+            let failed = Suspension::Failed {
+                cause: cause.as_str().to_string(),
+                reason,
+            };
+            match out.get_mut(&key) {
+                Some(o) => o.suspension = Some(failed),
+                None => {
+                    let rel = wanted_rel(&key);
+                    out.insert(
+                        key,
+                        ObservedGroup {
+                            ours: false,
+                            state: GroupState::Thawed,
+                            frozen_by: None,
+                            cgroup_path: rel,
+                            suspension: Some(failed),
+                        },
+                    );
+                }
+            }
         }
         for (key, rel) in wanted {
             if out.contains_key(key) {
@@ -331,10 +446,266 @@ impl Enforcer {
                     state,
                     frozen_by: None,
                     cgroup_path: rel.to_string(),
+                    suspension: None,
                 },
             );
         }
         out
+    }
+
+    /// Sets (or clears) the suspension of the record of `dir`, on disk and on its mark.
+    fn set_suspended(&mut self, dir: &Path, suspended: Option<SuspendRecord>) {
+        let Some(mut rec) = self.record(dir) else {
+            return;
+        };
+        rec.suspended = suspended;
+        if self.dry_run {
+            return;
+        }
+        let mark = Mark::of(&rec, &self.state_dir);
+        if let Some(l) = self.ledger.as_mut()
+            && let Err(e) = l.record(rec)
+        {
+            warn!("{e:#}");
+        }
+        let _ = marks::set(dir, &mark);
+    }
+
+    /// Starts the suspend of `workload` (root group `rel`): see [`suspend`]. Never waits: the
+    /// result is `pending` while a worker runs; a suspend that cannot start (no checkpoint API,
+    /// not enough host memory) is `refused`, and its cause is observed at the next step (and
+    /// returned, for the step that issued it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn suspend(
+        &mut self,
+        workload: &str,
+        rel: &str,
+        scope: GpuScope,
+        targets: &[Target],
+        per_gpu: &BTreeMap<u32, u64>,
+        reason: &str,
+    ) -> (Outcome, Option<(suspend::Cause, String)>) {
+        let refuse = |e: &mut Self, cause: suspend::Cause, why: String| {
+            warn!(
+                "suspend of {workload} falls through ({}): {why}",
+                cause.as_str()
+            );
+            e.suspend_failures
+                .insert(workload.to_string(), (cause, why.clone()));
+            (Outcome::Refused, Some((cause, why)))
+        };
+        if let Err(e) = self.check_target(rel) {
+            return refuse(self, suspend::Cause::Error, format!("{e:#}"));
+        }
+        if self.jobs.contains_key(workload) {
+            return (Outcome::Pending, None);
+        }
+        let cuda = match &self.cuda {
+            Ok(c) => c.clone(),
+            Err(why) => {
+                let why = why.clone();
+                return refuse(self, suspend::Cause::Unavailable, why);
+            }
+        };
+        let pid_hint = targets.first().map(|t| t.identity.pid);
+        let (dir, freezer) = match self.freezer_for(workload, rel, pid_hint) {
+            Ok(x) => x,
+            Err(e) => return refuse(self, suspend::Cause::Error, format!("{e:#}")),
+        };
+        let bytes: u64 = per_gpu.values().sum();
+        if let Err(why) = suspend::check_host_memory(&self.v2_dir(rel), pid_hint, bytes) {
+            return refuse(self, suspend::Cause::HostMemory, why);
+        }
+        if self.dry_run {
+            info!(
+                "dry run: would suspend {workload} ({}, {} of GPU memory to host memory): {reason}",
+                dir.display(),
+                ByteSize(bytes).approx()
+            );
+            return (Outcome::DryRun, None);
+        }
+        let ours = self.ours(&dir);
+        let was_frozen = ours
+            && matches!(
+                freeze::state(&dir, freezer),
+                Ok(GroupState::Frozen | GroupState::Freezing)
+            );
+        if !ours && self.frozen_by_someone_else(&dir, freezer, pid_hint) {
+            info!("{workload} is frozen by someone else; not suspending it");
+            return (Outcome::Noop, None);
+        }
+        // Write-ahead: the suspension (and the freeze it ends with) is recorded before it starts.
+        let now_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let sr = SuspendRecord {
+            processes: targets.iter().map(|t| t.identity).collect(),
+            per_gpu: per_gpu.clone(),
+            since_unix: now_unix,
+        };
+        let mut rec = self.record(&dir).unwrap_or(FreezeRecord {
+            workload: workload.to_string(),
+            cgroup_dir: dir.clone(),
+            freezer,
+            frozen_at_unix: now_unix,
+            reason: reason.to_string(),
+            inode: std::fs::metadata(&dir).map(|m| m.ino()).ok(),
+            scope: Some(scope.label()),
+            suspended: None,
+            extra: Default::default(),
+        });
+        rec.suspended = Some(sr);
+        let Some(ledger) = self.ledger.as_mut() else {
+            return refuse(
+                self,
+                suspend::Cause::Error,
+                "there is no usable freeze ledger to record it in".into(),
+            );
+        };
+        if let Err(e) = ledger.record(rec.clone()) {
+            return refuse(
+                self,
+                suspend::Cause::Error,
+                format!("the suspension could not be recorded first ({e:#})"),
+            );
+        }
+        let _ = marks::set(&dir, &Mark::of(&rec, &self.state_dir));
+        info!(
+            "suspending {workload} ({}): {} of GPU memory to host memory: {reason}",
+            dir.display(),
+            ByteSize(bytes).approx()
+        );
+        let job = suspend::start_suspend(
+            cuda,
+            dir,
+            freezer,
+            was_frozen,
+            targets.to_vec(),
+            per_gpu.clone(),
+        );
+        self.jobs.insert(workload.to_string(), job);
+        (Outcome::Pending, None)
+    }
+
+    /// Starts the resume of `workload` (thaw, restore, unlock). Never waits.
+    pub fn resume(&mut self, workload: &str) -> Outcome {
+        if self.jobs.contains_key(workload) {
+            return Outcome::Pending;
+        }
+        let Some(rec) = self
+            .records()
+            .into_iter()
+            .find(|r| r.workload == workload && r.suspended.is_some())
+        else {
+            return Outcome::Noop;
+        };
+        if self.dry_run {
+            info!("dry run: would resume {workload}");
+            return Outcome::DryRun;
+        }
+        let cuda = match &self.cuda {
+            Ok(c) => c.clone(),
+            Err(why) => {
+                warn!("cannot resume {workload}: {why}");
+                return Outcome::Failed;
+            }
+        };
+        let sr = rec.suspended.clone().unwrap_or_else(|| SuspendRecord {
+            processes: Vec::new(),
+            per_gpu: BTreeMap::new(),
+            since_unix: 0,
+        });
+        let pids = sr
+            .processes
+            .iter()
+            .filter(|id| procinfo::is_same_process(**id))
+            .map(|id| id.pid)
+            .collect();
+        info!("resuming {workload} ({})", rec.cgroup_dir.display());
+        let job =
+            suspend::start_resume(cuda, rec.cgroup_dir.clone(), rec.freezer, pids, sr.per_gpu);
+        self.jobs.insert(workload.to_string(), job);
+        Outcome::Pending
+    }
+
+    /// Collects the suspends and resumes whose workers finished.
+    pub fn poll_jobs(&mut self) -> Vec<SuspendEnded> {
+        let done: Vec<(String, suspend::JobResult)> = self
+            .jobs
+            .iter()
+            .filter_map(|(k, j)| j.poll().map(|r| (k.clone(), r)))
+            .collect();
+        let mut ended = Vec::new();
+        for (workload, result) in done {
+            let Some(job) = self.jobs.remove(&workload) else {
+                continue;
+            };
+            let dir = self
+                .records()
+                .into_iter()
+                .find(|r| r.workload == workload)
+                .map(|r| r.cgroup_dir);
+            match result {
+                suspend::JobResult::Suspended { took } => {
+                    let bytes = job.per_gpu.values().sum();
+                    info!(
+                        "suspended {workload}: {} of GPU memory moved to host memory in {took:?}",
+                        ByteSize(bytes).approx()
+                    );
+                    ended.push(SuspendEnded::Suspended {
+                        workload,
+                        bytes,
+                        took,
+                    });
+                }
+                suspend::JobResult::SuspendFailed {
+                    cause,
+                    reason,
+                    refrozen,
+                } => {
+                    warn!(
+                        "suspend of {workload} failed ({}): {reason}; undone, the step falls through",
+                        cause.as_str()
+                    );
+                    if let Some(dir) = dir {
+                        if refrozen {
+                            self.set_suspended(&dir, None);
+                        } else {
+                            self.forget(&dir);
+                        }
+                    }
+                    self.suspend_failures
+                        .insert(workload.clone(), (cause, reason));
+                    ended.push(SuspendEnded::Failed { workload });
+                }
+                suspend::JobResult::Resumed { took } => {
+                    if let Some(dir) = dir {
+                        self.forget(&dir);
+                    }
+                    ended.push(SuspendEnded::Resumed { workload, took });
+                }
+                suspend::JobResult::ResumeFailed { reason } => {
+                    warn!("resume of {workload} failed: {reason}; it stays suspended");
+                    ended.push(SuspendEnded::ResumeFailed { workload });
+                }
+            }
+        }
+        ended
+    }
+
+    /// Waits for running suspend and resume workers (shutdown): their results are applied to the
+    /// ledger, so what follows sees the final state.
+    pub fn wait_jobs(&mut self) {
+        while !self.jobs.is_empty() {
+            self.poll_jobs();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whether a suspend or resume worker runs.
+    pub fn has_jobs(&self) -> bool {
+        !self.jobs.is_empty()
     }
 
     fn rel_of(&self, dir: &Path) -> String {
@@ -416,6 +787,7 @@ impl Enforcer {
                 reason: reason.to_string(),
                 inode,
                 scope: Some(scope.label()),
+                suspended: None,
                 extra: Default::default(),
             };
             let Some(ledger) = self.ledger.as_mut() else {
@@ -523,6 +895,33 @@ impl Enforcer {
             self.forget(dir);
             return Outcome::Ok;
         }
+        if let Some(sr) = &rec.suspended {
+            // A suspended workload thawed without a restore would stay blocked in CUDA calls:
+            // resume it here (this thread waits; used on shutdown, `thaw --all`, and for a
+            // workload whose processes are gone).
+            let pids: Vec<u32> = sr
+                .processes
+                .iter()
+                .filter(|id| procinfo::is_same_process(**id))
+                .map(|id| id.pid)
+                .collect();
+            match &self.cuda {
+                Ok(cuda) if !pids.is_empty() => {
+                    if let suspend::JobResult::ResumeFailed { reason } =
+                        suspend::resume_now(cuda, dir, rec.freezer, &pids)
+                    {
+                        warn!("resuming {} failed: {reason}", rec.workload);
+                        return Outcome::Failed;
+                    }
+                }
+                Err(why) if !pids.is_empty() => warn!(
+                    "{}: its checkpointed processes cannot be restored ({why}); thawing only: \
+                     they stay blocked in CUDA calls until restored",
+                    rec.workload
+                ),
+                _ => {}
+            }
+        }
         if let Err(e) = freeze::request(dir, rec.freezer, false) {
             warn!("thawing {} failed: {e:#}", rec.workload);
             return Outcome::Failed;
@@ -558,9 +957,9 @@ impl Enforcer {
         }
     }
 
-    /// Whether a freeze or thaw is waiting to settle.
+    /// Whether a freeze or thaw is waiting to settle, or a suspend or resume runs.
     pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+        !self.pending.is_empty() || !self.jobs.is_empty()
     }
 
     /// Reads the groups whose freeze or thaw was pending; returns those the kernel now reports
@@ -571,7 +970,7 @@ impl Enforcer {
         self.pending.retain(|dir, p| {
             let want = match p.transition {
                 Transition::Freeze => GroupState::Frozen,
-                Transition::Thaw => GroupState::Thawed,
+                _ => GroupState::Thawed,
             };
             match freeze::state(dir, p.freezer) {
                 Ok(s) if s == want => {
@@ -597,7 +996,7 @@ impl Enforcer {
                 "{} {} (settled {:?} after it was decided)",
                 match s.transition {
                     Transition::Freeze => "froze",
-                    Transition::Thaw => "thawed",
+                    _ => "thawed",
                 },
                 s.workload,
                 s.latency
@@ -808,6 +1207,12 @@ impl Enforcer {
     }
 }
 
+/// The root path of a workload key, where it can be read off the key (`cgroup://<path>`); the
+/// policy takes the path from its own state otherwise.
+fn wanted_rel(key: &str) -> String {
+    key.strip_prefix("cgroup://").unwrap_or("/").to_string()
+}
+
 /// A test-only pause point (debug builds): sleeps while the file named by `var` exists, so a test
 /// can SIGKILL the agent between recording a freeze and applying it.
 #[cfg(debug_assertions)]
@@ -850,7 +1255,11 @@ pub struct ThawAllReport {
 /// a running agent. Takes the state directory's lock first (so it cannot race an agent) unless
 /// `force`. Never touches a group it did not freeze (a recreated group has no mark and another
 /// inode).
-pub fn thaw_everything(state_dir: &Path, force: bool) -> Result<ThawAllReport> {
+pub fn thaw_everything(
+    state_dir: &Path,
+    force: bool,
+    cuda: Result<Arc<Checkpointer>, String>,
+) -> Result<ThawAllReport> {
     let _lock = match StateLock::acquire(state_dir) {
         Ok(l) => Some(l),
         Err(e @ LockError::Held { .. }) if !force => {
@@ -873,6 +1282,9 @@ pub fn thaw_everything(state_dir: &Path, force: bool) -> Result<ThawAllReport> {
         marks_ok: true,
         pending: BTreeMap::new(),
         _lock: None,
+        cuda,
+        jobs: BTreeMap::new(),
+        suspend_failures: BTreeMap::new(),
     };
     let (ledger, warnings) = FreezeLedger::open(state_dir)?;
     for w in warnings {

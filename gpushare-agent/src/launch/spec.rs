@@ -21,10 +21,11 @@ pub const MAX_NAME: usize = 64;
 
 /// When each `--action` step fires unless `@AFTER` says otherwise: time over quota (a step never
 /// fires before the grace period has passed).
-pub const DEFAULT_AFTER: [(&str, Duration); 4] = [
+pub const DEFAULT_AFTER: [(&str, Duration); 5] = [
     ("alert", Duration::ZERO),
     ("signal", Duration::from_secs(5)),
     ("freeze", Duration::from_secs(15)),
+    ("suspend", Duration::from_secs(20)),
     ("kill", Duration::from_secs(30)),
 ];
 
@@ -98,9 +99,10 @@ pub fn file_name(name: &str) -> String {
 }
 
 /// Parses `--action`: `none` (observe only), or comma-separated steps `ACTION[:SIGNAL][@AFTER]`
-/// with ACTION one of `alert`, `signal`, `freeze`, `kill`; SIGNAL only for `signal` (default
-/// SIGUSR1) and `kill` (default SIGKILL); AFTER a duration such as `2s` (defaults: alert 0s,
-/// signal 5s, freeze 15s, kill 30s). Steps go in the order alert, signal, freeze, kill, with
+/// with ACTION one of `alert`, `signal`, `freeze`, `suspend`, `kill`; SIGNAL only for `signal`
+/// (default SIGUSR1) and `kill` (default SIGKILL); AFTER a duration such as `2s` (defaults: alert
+/// 0s, signal 5s, freeze 15s, suspend 20s, kill 30s). Steps go in the order alert, signal, freeze,
+/// suspend, kill, with
 /// `after` never decreasing. Examples: `freeze`, `alert,signal,freeze`,
 /// `signal:SIGTERM@1s,kill@10s`.
 pub fn parse_actions(s: &str) -> Result<Vec<LadderStep>, String> {
@@ -121,7 +123,7 @@ pub fn parse_actions(s: &str) -> Result<Vec<LadderStep>, String> {
         };
         let Some((_, default_after)) = DEFAULT_AFTER.iter().find(|(n, _)| *n == name) else {
             return Err(format!(
-                "unknown action {name:?} in {raw:?}: use alert, signal[:SIG], freeze, kill[:SIG] (or `none`), each optionally @AFTER, separated by commas"
+                "unknown action {name:?} in {raw:?}: use alert, signal[:SIG], freeze, suspend, kill[:SIG] (or `none`), each optionally @AFTER, separated by commas"
             ));
         };
         let signal = match signal {
@@ -145,6 +147,7 @@ pub fn parse_actions(s: &str) -> Result<Vec<LadderStep>, String> {
             "alert" => StepAction::Alert,
             "signal" => StepAction::Signal(signal.unwrap_or(Signal::USR1)),
             "freeze" => StepAction::Freeze,
+            "suspend" => StepAction::Suspend,
             _ => StepAction::Kill(signal.unwrap_or(Signal::KILL)),
         };
         if let Some(prev) = steps.last() {
@@ -152,7 +155,7 @@ pub fn parse_actions(s: &str) -> Result<Vec<LadderStep>, String> {
                 || (action.rank() == prev.action.rank() && !matches!(action, StepAction::Signal(_)))
             {
                 return Err(format!(
-                    "{raw:?} after {:?}: list steps once each in the order alert, signal, freeze, kill (only signal may repeat)",
+                    "{raw:?} after {:?}: list steps once each in the order alert, signal, freeze, suspend, kill (only signal may repeat)",
                     prev.action.name()
                 ));
             }

@@ -115,6 +115,45 @@ pub enum GroupState {
     Replaced,
 }
 
+/// What the agent knows about a workload's suspension (its GPU memory checkpointed to host memory
+/// through the CUDA driver), at the start of the step.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Suspension {
+    /// A suspend (or, `resuming`, a resume) runs on a worker thread. `per_gpu`: the GPU memory it
+    /// moves, bytes per GPU index.
+    InProgress {
+        /// A resume rather than a suspend.
+        resuming: bool,
+        /// Bytes per GPU index.
+        per_gpu: BTreeMap<u32, u64>,
+    },
+    /// Its GPU processes are checkpointed and its group frozen: this much GPU memory per GPU
+    /// index is held in host memory, and counts as its usage.
+    Suspended {
+        /// Bytes per GPU index.
+        per_gpu: BTreeMap<u32, u64>,
+    },
+    /// The last suspend could not be done, and what it had done was undone.
+    Failed {
+        /// The fall-through's reason, for the metric (`unavailable`, `host_memory`,
+        /// `lock_timeout`, `not_supported`, `failed_state`, `error`).
+        cause: String,
+        /// In words.
+        reason: String,
+    },
+}
+
+impl Suspension {
+    /// The GPU memory a suspended (or suspending, or resuming) workload holds off the GPU.
+    pub fn footprint(&self) -> Option<&BTreeMap<u32, u64>> {
+        match self {
+            Self::InProgress { per_gpu, .. } | Self::Suspended { per_gpu } => Some(per_gpu),
+            Self::Failed { .. } => None,
+        }
+    }
+}
+
 /// One observed root group, at the start of the step.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ObservedGroup {
@@ -127,6 +166,8 @@ pub struct ObservedGroup {
     pub frozen_by: Option<GpuScope>,
     /// The group's path relative to the v2 root.
     pub cgroup_path: String,
+    /// Its suspension, when the agent suspended it (or tried).
+    pub suspension: Option<Suspension>,
 }
 
 /// Everything one evaluation looks at.
@@ -212,6 +253,8 @@ pub enum Status {
     Signalled,
     /// The last step taken was a freeze.
     Frozen,
+    /// The last step taken was a suspend (that did not fall through).
+    Suspended,
     /// The last step taken was a kill.
     Killed,
 }
@@ -225,6 +268,7 @@ impl Status {
             Self::Alerted => "alerted",
             Self::Signalled => "signalled",
             Self::Frozen => "frozen",
+            Self::Suspended => "suspended",
             Self::Killed => "killed",
         }
     }
@@ -236,7 +280,8 @@ impl Status {
             Self::Alerted => 2,
             Self::Signalled => 3,
             Self::Frozen => 4,
-            Self::Killed => 5,
+            Self::Suspended => 5,
+            Self::Killed => 6,
         }
     }
 }
@@ -256,6 +301,9 @@ pub struct ScopeState {
     pub limit: u64,
     /// The mode of the limit.
     pub mode: Mode,
+    /// The ladder position if its suspend step falls through (the step before it).
+    #[serde(skip)]
+    pub without_suspend: Status,
 }
 
 /// A kill step in progress.
@@ -279,6 +327,10 @@ pub enum Transition {
     Freeze,
     /// Thaw it.
     Thaw,
+    /// Suspend the workload (checkpoint its GPU processes, freeze it).
+    Suspend,
+    /// Resume it (thaw, restore, unlock).
+    Resume,
 }
 
 /// A freeze or thaw issued and not (yet) seen in the kernel.
@@ -312,6 +364,12 @@ pub struct WorkloadState {
     pub observed: Option<GroupState>,
     /// Whether the group is frozen by the agent (`observed` is about a group of its own).
     pub ours: bool,
+    /// Desired: the scope whose ladder holds it suspended.
+    pub suspended: Option<GpuScope>,
+    /// Why its suspend step fell through in this episode (the ladder went on without it).
+    pub suspend_failed: Option<String>,
+    /// Its suspension as observed at this step.
+    pub suspension: Option<Suspension>,
 }
 
 impl WorkloadState {
@@ -322,6 +380,15 @@ impl WorkloadState {
     pub fn reported(&self, dry_run: bool) -> &'static str {
         if self.killing.is_some() {
             return "killing";
+        }
+        match &self.suspension {
+            Some(Suspension::Suspended { .. }) => return "suspended",
+            Some(Suspension::InProgress { resuming: true, .. }) => return "resuming",
+            Some(Suspension::InProgress { .. }) => return "suspending",
+            _ => {}
+        }
+        if self.suspended.is_some() {
+            return if dry_run { "suspended" } else { "suspending" };
         }
         match self.observed {
             Some(GroupState::Frozen) if self.ours => return "frozen",
@@ -350,11 +417,14 @@ impl WorkloadState {
     /// freezing or killing (those act on the whole workload), else the liability's own.
     pub fn reported_scope(&self, scope: GpuScope, dry_run: bool) -> &'static str {
         let whole = self.reported(dry_run);
-        if matches!(whole, "frozen" | "freezing" | "killing") {
+        if matches!(
+            whole,
+            "frozen" | "freezing" | "killing" | "suspended" | "suspending" | "resuming"
+        ) {
             return whole;
         }
         match self.scopes.get(&scope).map(|s| s.status) {
-            Some(Status::Frozen | Status::Killed) | None => whole,
+            Some(Status::Frozen | Status::Suspended | Status::Killed) | None => whole,
             Some(s) => s.as_str(),
         }
     }
@@ -385,12 +455,34 @@ impl PolicyState {
                 ws.observed = Some(GroupState::Thawed);
                 ws.ours = false;
             }
+            Transition::Suspend | Transition::Resume => {}
         }
         if ws.retry.is_some_and(|r| r.transition == transition) {
             ws.retry = None;
         }
         if ws.scopes.is_empty() && ws.frozen.is_none() && !ws.ours && ws.killing.is_none() {
             self.workloads.remove(workload);
+        }
+    }
+
+    /// Records a suspend that failed at once (no driver API, not enough host memory): the step
+    /// falls through in this very step.
+    pub fn note_suspend_failed(&mut self, workload: &str, cause: &str, reason: &str) {
+        if let Some(ws) = self.workloads.get_mut(workload) {
+            ws.suspended = None;
+            ws.suspend_failed = Some(format!("{cause}: {reason}"));
+            ws.suspension = None;
+            if ws
+                .retry
+                .is_some_and(|r| r.transition == Transition::Suspend)
+            {
+                ws.retry = None;
+            }
+            for ss in ws.scopes.values_mut() {
+                if ss.status == Status::Suspended {
+                    ss.status = ss.without_suspend;
+                }
+            }
         }
     }
 
@@ -418,10 +510,14 @@ pub enum ActionKind {
     Thaw,
     /// Kill the targets with this signal (SIGKILL: the whole root cgroup).
     Kill(Signal),
+    /// Checkpoint the targets' GPU memory to host memory and freeze the root cgroup.
+    Suspend,
+    /// Thaw the root cgroup, restore and unlock the checkpointed processes.
+    Resume,
 }
 
 impl ActionKind {
-    /// `alert`, `signal`, `freeze`, `thaw` or `kill`.
+    /// `alert`, `signal`, `freeze`, `thaw`, `kill`, `suspend` or `resume`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Alert => "alert",
@@ -429,6 +525,8 @@ impl ActionKind {
             Self::Freeze => "freeze",
             Self::Thaw => "thaw",
             Self::Kill(_) => "kill",
+            Self::Suspend => "suspend",
+            Self::Resume => "resume",
         }
     }
 }
@@ -456,6 +554,8 @@ pub struct Action {
     pub dry_run: bool,
     /// Which attempt of this freeze or thaw (1 for the first).
     pub attempt: u32,
+    /// For a Suspend: the workload's GPU memory, bytes per GPU index, to be moved.
+    pub footprint: BTreeMap<u32, u64>,
 }
 
 /// Counts from one evaluation (for metrics).
@@ -485,6 +585,8 @@ pub struct Stats {
     pub groups_replaced: usize,
     /// Freezes of an earlier run taken over.
     pub adopted: usize,
+    /// Suspend steps that fell through this step, by cause.
+    pub suspend_fallthroughs: BTreeMap<String, usize>,
 }
 
 /// The result of one evaluation.
@@ -521,6 +623,8 @@ struct Liability {
     liable: bool,
     /// Elastic: the GPU under pressure and its free memory.
     pressure: Option<(u32, u64)>,
+    /// Its GPU memory is in host memory (suspended): it may come back only where it fits.
+    suspended: bool,
 }
 
 enum Plan {
@@ -611,6 +715,24 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
             }
         }
     }
+    // A suspended (or suspending, or resuming) workload's GPU memory is in host memory: NVML no
+    // longer lists it, but it is the workload's usage all the same (else it would be resumed at
+    // once and suspended again).
+    for (key, o) in input.observed {
+        let Some(footprint) = o.suspension.as_ref().and_then(Suspension::footprint) else {
+            continue;
+        };
+        let Some(g) = groups.get(key) else { continue };
+        let per_dev = usage.entry(key.as_str()).or_default();
+        for (dev, bytes) in footprint {
+            let du = per_dev.entry(*dev).or_default();
+            du.bytes = du.bytes.max(*bytes);
+            du.procs.extend(g.identities.iter().copied());
+            if !sample.device_ok(*dev) {
+                du.unknown = true;
+            }
+        }
+    }
     let empty = BTreeMap::new();
     let usage_of = |key: &str| usage.get(key).unwrap_or(&empty);
 
@@ -698,7 +820,25 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
             retry: prev_ws.as_ref().and_then(|p| p.retry),
             observed: None,
             ours: false,
+            suspended: prev_ws.as_ref().and_then(|p| p.suspended),
+            suspend_failed: prev_ws.as_ref().and_then(|p| p.suspend_failed.clone()),
+            suspension: None,
         };
+        // A suspend that failed since the last step: the step falls through.
+        if let Some(Suspension::Failed { cause, reason }) =
+            observed.and_then(|o| o.suspension.as_ref())
+            && ws.suspended.is_some()
+        {
+            *stats.suspend_fallthroughs.entry(cause.clone()).or_default() += 1;
+            ws.suspended = None;
+            ws.suspend_failed = Some(format!("{cause}: {reason}"));
+            if ws
+                .retry
+                .is_some_and(|r| r.transition == Transition::Suspend)
+            {
+                ws.retry = None;
+            }
+        }
         let dev_usage = usage_of(key);
         let scope_targets = |scope: GpuScope| -> Vec<ProcessIdentity> {
             let set: BTreeSet<ProcessIdentity> = dev_usage
@@ -719,6 +859,7 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
                 usage,
                 limit: l.limit,
                 mode: l.enforcement.mode,
+                without_suspend: Status::Ok,
             };
             if l.over {
                 stats.over_quota += 1;
@@ -783,6 +924,13 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
                         }
                         continue; // issued by reconciliation below
                     }
+                    StepAction::Suspend => {
+                        // A suspend that failed in this episode falls through: the ladder goes on.
+                        if ws.suspend_failed.is_none() && ws.suspended.is_none() {
+                            ws.suspended = Some(l.scope);
+                        }
+                        continue; // issued by reconciliation below
+                    }
                     StepAction::Kill(sig) => {
                         ws.killing = Some(Killing {
                             scope: l.scope,
@@ -809,13 +957,24 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
             if ws.frozen == Some(l.scope) || (ws.frozen.is_some() && freeze_reason.is_none()) {
                 freeze_reason = Some((l.scope, l.usage, l.limit, reason.clone()));
             }
-            let status = match ladder[..taken].last().map(|s| s.action) {
-                None => Status::OverQuota,
-                Some(StepAction::Alert) => Status::Alerted,
-                Some(StepAction::Signal(_)) => Status::Signalled,
-                Some(StepAction::Freeze) => Status::Frozen,
-                Some(StepAction::Kill(_)) => Status::Killed,
+            // The last step that took effect (a suspend that fell through did not).
+            let position = |skip_suspend: bool| {
+                let effective = ladder[..taken]
+                    .iter()
+                    .rev()
+                    .map(|s| s.action)
+                    .find(|a| *a != StepAction::Suspend || !skip_suspend);
+                match effective {
+                    None => Status::OverQuota,
+                    Some(StepAction::Alert) => Status::Alerted,
+                    Some(StepAction::Signal(_)) => Status::Signalled,
+                    Some(StepAction::Freeze) => Status::Frozen,
+                    Some(StepAction::Suspend) => Status::Suspended,
+                    Some(StepAction::Kill(_)) => Status::Killed,
+                }
             };
+            let status = position(ws.suspend_failed.is_some());
+            let without_suspend = position(true);
             ws.scopes.insert(
                 l.scope,
                 ScopeState {
@@ -825,16 +984,57 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
                     usage: Some(l.usage),
                     limit: l.limit,
                     mode: l.enforcement.mode,
+                    without_suspend,
                 },
             );
         }
         // Which liability holds the desired freeze (or none does any more).
         let mut thaw_why = None;
+        let no_longer = |by: GpuScope| -> String {
+            let why = match liabilities.iter().find(|l| l.scope == by) {
+                None => format!("its quota on {by} no longer applies"),
+                Some(l) if !l.over => format!(
+                    "it is back within quota: uses {} of its {} quota on {by}",
+                    ByteSize(l.usage).approx(),
+                    ByteSize(l.limit).approx()
+                ),
+                Some(l) if !l.liable => format!(
+                    "the GPU has room for it again: uses {} of its {} quota on {by}",
+                    ByteSize(l.usage).approx(),
+                    ByteSize(l.limit).approx()
+                ),
+                Some(_) => "its ladder no longer holds it".to_string(),
+            };
+            format!("thawed because {why}; {}", quota.source)
+        };
+        if let Some(by) = ws.suspended {
+            let holding: Vec<GpuScope> = ws
+                .scopes
+                .iter()
+                .filter(|(_, s)| matches!(s.status, Status::Suspended | Status::Killed))
+                .map(|(scope, _)| *scope)
+                .collect();
+            if holding.is_empty() {
+                thaw_why = Some(no_longer(by));
+                ws.suspended = None;
+            } else if !holding.contains(&by) {
+                ws.suspended = Some(holding[0]);
+            }
+        }
+        if ws.scopes.values().all(|s| s.status == Status::Ok) {
+            // A new episode gets its suspend step back.
+            ws.suspend_failed = None;
+        }
         if let Some(frozen_by) = ws.frozen {
             let holding: Vec<GpuScope> = ws
                 .scopes
                 .iter()
-                .filter(|(_, s)| matches!(s.status, Status::Frozen | Status::Killed))
+                .filter(|(_, s)| {
+                    matches!(
+                        s.status,
+                        Status::Frozen | Status::Suspended | Status::Killed
+                    )
+                })
                 .map(|(scope, _)| *scope)
                 .collect();
             if holding.is_empty() {
@@ -928,14 +1128,42 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
         } else {
             why
         };
-        if let Some(ws) = reconcile(
-            &cx,
-            ws,
-            observed,
-            known.then_some(usage_limit),
-            &why,
-            &mut actions,
-        ) && (!ws.scopes.is_empty() || ws.frozen.is_some() || ws.ours)
+        // Suspension first: while a suspend or resume runs, or the workload is suspended, the
+        // suspension owns the group's freeze (a frozen process could not be locked).
+        let suspend_on = ws.suspended.and_then(|scope| {
+            liabilities
+                .iter()
+                .find(|l| l.scope == scope && !l.unknown && l.liable)
+                .map(|l| {
+                    let footprint: BTreeMap<u32, u64> = dev_usage
+                        .iter()
+                        .filter(|(d, _)| scope == GpuScope::All || scope == GpuScope::Gpu(**d))
+                        .map(|(d, u)| (*d, u.bytes))
+                        .collect();
+                    (l.usage, l.limit, footprint)
+                })
+        });
+        let owned = reconcile_suspension(&cx, &mut ws, observed, suspend_on, &why, &mut actions);
+        let carried = if owned {
+            ws.observed = observed.map(|o| o.state);
+            ws.ours = observed.is_some_and(|o| o.ours);
+            Some(ws)
+        } else {
+            reconcile(
+                &cx,
+                ws,
+                observed,
+                known.then_some(usage_limit),
+                &why,
+                &mut actions,
+            )
+        };
+        if let Some(ws) = carried
+            && (!ws.scopes.is_empty()
+                || ws.frozen.is_some()
+                || ws.ours
+                || ws.suspended.is_some()
+                || ws.suspension.is_some())
         {
             next.workloads.insert(key.to_string(), ws);
         }
@@ -1030,7 +1258,105 @@ impl Cx<'_> {
             reason,
             dry_run: self.input.dry_run,
             attempt: 1,
+            footprint: BTreeMap::new(),
         }
+    }
+}
+
+/// Compares what the workload's state wants (suspended or not) with its observed suspension, and
+/// issues the Suspend or Resume that closes the gap. A suspend is not retried when it fails (it
+/// falls through, see [`evaluate`]); a resume is, with backoff. Returns whether the suspension owns
+/// the group's freeze at this step (a job runs, the workload is suspended, or a suspend is
+/// wanted): the freeze reconciliation then stays out of its way.
+fn reconcile_suspension(
+    cx: &Cx,
+    ws: &mut WorkloadState,
+    observed: Option<&ObservedGroup>,
+    suspend_on: Option<(u64, u64, BTreeMap<u32, u64>)>,
+    why: &str,
+    actions: &mut Vec<Action>,
+) -> bool {
+    let now = cx.input.now;
+    ws.suspension = observed
+        .and_then(|o| o.suspension.clone())
+        .filter(|s| !matches!(s, Suspension::Failed { .. }));
+    let due = |ws: &WorkloadState, t: Transition| {
+        ws.retry
+            .filter(|r| r.transition == t)
+            .is_none_or(|r| now >= r.next_at)
+    };
+    let issue =
+        |ws: &mut WorkloadState, t: Transition, mut a: Action, actions: &mut Vec<Action>| {
+            let attempts = ws
+                .retry
+                .filter(|r| r.transition == t)
+                .map_or(0, |r| r.attempts)
+                + 1;
+            a.attempt = attempts;
+            if attempts > 1 {
+                a.reason = format!("attempt {attempts}: {}", a.reason);
+            }
+            actions.push(a);
+            ws.retry = Some(Retry {
+                transition: t,
+                attempts,
+                next_at: now + backoff(attempts),
+            });
+        };
+    match (&ws.suspension, ws.suspended) {
+        (Some(Suspension::InProgress { .. }), _) => true,
+        (Some(Suspension::Suspended { .. }), Some(_)) => {
+            if ws
+                .retry
+                .is_some_and(|r| matches!(r.transition, Transition::Suspend | Transition::Resume))
+            {
+                ws.retry = None;
+            }
+            true
+        }
+        (Some(Suspension::Suspended { per_gpu }), None) => {
+            if due(ws, Transition::Resume) {
+                let scope = observed.and_then(|o| o.frozen_by).unwrap_or(GpuScope::All);
+                let total = per_gpu.values().sum();
+                let a = cx.act(
+                    scope,
+                    ActionKind::Resume,
+                    cx.all_targets.clone(),
+                    Some(total),
+                    None,
+                    why.replace("thawed because", "resumed because"),
+                );
+                issue(ws, Transition::Resume, a, actions);
+            }
+            true
+        }
+        (_, Some(scope)) => {
+            if cx.input.dry_run
+                && ws
+                    .retry
+                    .is_some_and(|r| r.transition == Transition::Suspend)
+            {
+                return true; // reported once
+            }
+            let Some((usage, limit, footprint)) = suspend_on.filter(|_| !cx.input.observe_only)
+            else {
+                return false; // unknown data (or observe only): the freeze stays as it is
+            };
+            if due(ws, Transition::Suspend) {
+                let mut a = cx.act(
+                    scope,
+                    ActionKind::Suspend,
+                    cx.all_targets.clone(),
+                    Some(usage),
+                    Some(limit),
+                    why.to_string(),
+                );
+                a.footprint = footprint;
+                issue(ws, Transition::Suspend, a, actions);
+            }
+            true
+        }
+        (_, None) => false,
     }
 }
 
@@ -1045,6 +1371,9 @@ fn thaw_only(cx: &Cx, prev: Option<&WorkloadState>, o: &ObservedGroup) -> Worklo
         retry: prev.and_then(|p| p.retry),
         observed: Some(o.state),
         ours: o.ours,
+        suspended: None,
+        suspend_failed: None,
+        suspension: o.suspension.clone(),
     }
 }
 
@@ -1058,21 +1387,34 @@ fn adopt(
     now: Duration,
 ) -> WorkloadState {
     let mut scopes = BTreeMap::new();
+    let suspended = matches!(o.suspension, Some(Suspension::Suspended { .. }));
+    let mut suspend_scope = None;
     for l in liabilities {
         let ladder = &l.enforcement.ladder;
-        let Some(at) = ladder.iter().position(|s| s.action == StepAction::Freeze) else {
-            continue;
+        let step = |a: StepAction| ladder.iter().position(|s| s.action == a);
+        let (at, status) = match (
+            suspended,
+            step(StepAction::Suspend),
+            step(StepAction::Freeze),
+        ) {
+            (true, Some(at), _) => {
+                suspend_scope.get_or_insert(l.scope);
+                (at, Status::Suspended)
+            }
+            (_, _, Some(at)) => (at, Status::Frozen),
+            _ => continue,
         };
         let after = l.enforcement.grace.max(ladder[at].after);
         scopes.insert(
             l.scope,
             ScopeState {
-                status: Status::Frozen,
+                status,
                 over_since: Some(now.saturating_sub(after)),
                 steps_taken: at + 1,
                 usage: None,
                 limit: l.limit,
                 mode: l.enforcement.mode,
+                without_suspend: Status::Frozen,
             },
         );
     }
@@ -1091,6 +1433,9 @@ fn adopt(
         retry: None,
         observed: Some(o.state),
         ours: true,
+        suspended: suspend_scope,
+        suspend_failed: None,
+        suspension: o.suspension.clone(),
     }
 }
 
@@ -1138,7 +1483,7 @@ fn reconcile(
             };
             (ActionKind::Freeze, ul.map(|u| u.0), ul.map(|u| u.1))
         }
-        Transition::Thaw => (ActionKind::Thaw, None, None),
+        _ => (ActionKind::Thaw, None, None),
     };
     if due {
         let attempts = retry.map_or(0, |r| r.attempts) + 1;
@@ -1248,6 +1593,12 @@ fn plan_workloads<'a>(
             continue;
         }
         scopes.sort_by_key(|(s, _)| *s);
+        let suspended = input
+            .observed
+            .get(key.as_str())
+            .and_then(|o| o.suspension.as_ref())
+            .and_then(Suspension::footprint)
+            .is_some();
         let liabilities = scopes
             .into_iter()
             .map(|(scope, limit)| {
@@ -1279,6 +1630,7 @@ fn plan_workloads<'a>(
                     over,
                     liable: over && limit.enforcement.mode == Mode::Strict,
                     pressure: None,
+                    suspended,
                 }
             })
             .collect();
@@ -1295,8 +1647,54 @@ fn apply_elastic_pressure(
 ) {
     let sample = input.sample;
     let reserve = input.quotas.defaults().elastic_reserve;
+    let on = |key: &str, dev: u32| {
+        usage
+            .get(key)
+            .and_then(|u| u.get(&dev))
+            .map_or(0, |d| d.bytes)
+    };
     for dev in &sample.devices {
-        if !sample.device_ok(dev.index) || dev.memory_free >= reserve {
+        if !sample.device_ok(dev.index) {
+            continue;
+        }
+        // Suspended borrowers come back smallest first, and only while the GPU keeps its
+        // reserve with them back (free >= footprint + reserve): suspended largest first, resumed
+        // last. The others stay suspended (liable).
+        let mut projected = dev.memory_free;
+        let mut suspended: Vec<(u64, &str, GpuScope)> = Vec::new();
+        for (key, plan) in plans.iter() {
+            let Plan::Enforce { liabilities, .. } = plan else {
+                continue;
+            };
+            for l in liabilities
+                .iter()
+                .filter(|l| l.suspended && l.over && l.enforcement.mode == Mode::Elastic)
+            {
+                let fp = on(key, dev.index);
+                let applies = match l.scope {
+                    GpuScope::Gpu(i) => i == dev.index,
+                    GpuScope::All => fp > 0,
+                };
+                if applies {
+                    suspended.push((fp, *key, l.scope));
+                }
+            }
+        }
+        suspended.sort();
+        for (fp, key, scope) in suspended {
+            if projected >= fp.saturating_add(reserve) {
+                projected -= fp;
+                continue;
+            }
+            if let Some(Plan::Enforce { liabilities, .. }) = plans.get_mut(key)
+                && let Some(l) = liabilities.iter_mut().find(|l| l.scope == scope)
+                && !l.liable
+            {
+                l.liable = true;
+                l.pressure = Some((dev.index, dev.memory_free));
+            }
+        }
+        if projected >= reserve {
             continue;
         }
         let mut candidates: Vec<(u64, &str, GpuScope)> = Vec::new();
@@ -1305,7 +1703,7 @@ fn apply_elastic_pressure(
                 continue;
             };
             for l in liabilities {
-                if l.enforcement.mode != Mode::Elastic || !l.over {
+                if l.enforcement.mode != Mode::Elastic || !l.over || l.suspended {
                     continue;
                 }
                 let borrowed = l.usage - l.limit;
@@ -1322,7 +1720,6 @@ fn apply_elastic_pressure(
             }
         }
         candidates.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)).then(a.2.cmp(&b.2)));
-        let mut projected = dev.memory_free;
         for (share, key, scope) in candidates {
             if projected >= reserve {
                 break;

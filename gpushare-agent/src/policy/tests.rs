@@ -88,6 +88,7 @@ fn apply_to_kernel(kernel: &mut BTreeMap<String, ObservedGroup>, actions: &[Acti
     for a in actions.iter().filter(|a| !a.dry_run) {
         match a.kind {
             ActionKind::Freeze => {
+                let prev = kernel.remove(&a.workload);
                 kernel.insert(
                     a.workload.clone(),
                     ObservedGroup {
@@ -95,11 +96,26 @@ fn apply_to_kernel(kernel: &mut BTreeMap<String, ObservedGroup>, actions: &[Acti
                         state: GroupState::Frozen,
                         frozen_by: Some(a.gpu),
                         cgroup_path: a.cgroup_path.clone(),
+                        suspension: prev.and_then(|p| p.suspension),
                     },
                 );
             }
-            ActionKind::Thaw => {
+            ActionKind::Thaw | ActionKind::Resume => {
                 kernel.remove(&a.workload);
+            }
+            ActionKind::Suspend => {
+                kernel.insert(
+                    a.workload.clone(),
+                    ObservedGroup {
+                        ours: true,
+                        state: GroupState::Frozen,
+                        frozen_by: Some(a.gpu),
+                        cgroup_path: a.cgroup_path.clone(),
+                        suspension: Some(Suspension::Suspended {
+                            per_gpu: a.footprint.clone(),
+                        }),
+                    },
+                );
             }
             _ => {}
         }
@@ -789,6 +805,7 @@ fn observed(state: GroupState, ours: bool, c: char) -> ObservedGroup {
         state,
         frozen_by: Some(GpuScope::All),
         cgroup_path: format!("/docker/{}", id(c)),
+        suspension: None,
     }
 }
 
@@ -998,6 +1015,184 @@ fn a_dry_run_reports_each_transition_once_and_never_retries() {
     assert_eq!(thaw.len(), 0, "nothing the dry run froze exists to thaw");
 }
 
+fn suspend_at_once(c: char, extra: &str) -> String {
+    quota_for(
+        c,
+        &format!(
+            "grace = \"0s\"\nladder = [{{ action = \"suspend\" }}, {{ action = \"kill\", after = \"30s\" }}]\n{extra}"
+        ),
+    )
+}
+
+#[test]
+fn a_suspended_workload_keeps_its_footprint_as_usage_and_resumes_when_its_quota_covers_it() {
+    let a = docker('a');
+    let mut sim = Sim::new(&suspend_at_once('a', ""), vec![attributed(10, &a)]);
+    let s = sim.at(0, &[(10, 0, Some(3 * GIB))]);
+    assert_eq!(s.len(), 1);
+    assert_eq!(s[0].kind, ActionKind::Suspend);
+    assert_eq!(s[0].footprint, BTreeMap::from([(0, 3 * GIB)]));
+    assert_eq!(s[0].targets, vec![ident(10)]);
+    // Checkpointed: NVML no longer lists the process; its 3 GiB still count for it.
+    for t in 1..10 {
+        assert!(sim.at(t * 1000, &[]).is_empty(), "kept suspended at {t}s");
+    }
+    assert_eq!(reported(&sim, 'a'), "suspended");
+    assert_eq!(sim.status('a', GpuScope::All), Some(Status::Suspended));
+    // Its quota is raised above its footprint: resumed.
+    sim.quotas =
+        QuotaSet::parse(&suspend_at_once('a', "").replace("2GiB", "4GiB"), "q.toml").unwrap();
+    let r = sim.at(10_000, &[]);
+    assert_eq!(
+        r.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        vec![ActionKind::Resume]
+    );
+    assert!(r[0].reason.contains("resumed because"), "{}", r[0].reason);
+    assert!(sim.at(11_000, &[(10, 0, Some(3 * GIB))]).is_empty());
+    assert_eq!(reported(&sim, 'a'), "ok");
+}
+
+#[test]
+fn a_suspend_that_fails_falls_through_to_the_next_step_and_is_not_retried() {
+    let a = docker('a');
+    let over = [(10, 0, Some(3 * GIB))];
+    let mut sim = Sim::new(&suspend_at_once('a', ""), vec![attributed(10, &a)]);
+    sim.kernel_applies = false;
+    assert_eq!(sim.at(0, &over)[0].kind, ActionKind::Suspend);
+    // The worker reports the driver's refusal (e.g. UVM memory): undone, the step falls through.
+    sim.kernel.insert(
+        key('a'),
+        ObservedGroup {
+            suspension: Some(Suspension::Failed {
+                cause: "not_supported".into(),
+                reason: "checkpoint of pid 10: CUDA_ERROR_NOT_SUPPORTED".into(),
+            }),
+            ..observed(GroupState::Thawed, false, 'a')
+        },
+    );
+    assert!(sim.at(1000, &over).is_empty());
+    assert_eq!(
+        sim.stats().suspend_fallthroughs,
+        BTreeMap::from([("not_supported".to_string(), 1)])
+    );
+    sim.kernel.clear();
+    let later: Vec<(u64, ActionKind)> = sim.run(2, 31, &over);
+    assert_eq!(
+        later,
+        vec![(30, ActionKind::Kill(Signal::KILL))],
+        "no second suspend; the kill comes when due"
+    );
+    assert!(sim.state.workloads[&key('a')].suspend_failed.is_some());
+    // A new episode (back within quota, then over again) gets its suspend step back.
+    sim.at(40_000, &[(10, 0, Some(GIB))]);
+    assert_eq!(sim.at(41_000, &over)[0].kind, ActionKind::Suspend);
+}
+
+#[test]
+fn a_suspend_refused_at_once_falls_through_in_the_same_step() {
+    let a = docker('a');
+    let over = [(10, 0, Some(3 * GIB))];
+    let mut sim = Sim::new(&suspend_at_once('a', ""), vec![attributed(10, &a)]);
+    sim.kernel_applies = false;
+    sim.at(0, &over);
+    sim.state
+        .note_suspend_failed(&key('a'), "unavailable", "no libcuda");
+    assert_eq!(reported(&sim, 'a'), "over_quota");
+    assert!(sim.at(1000, &over).is_empty(), "not retried");
+}
+
+#[test]
+fn a_frozen_workload_is_suspended_by_its_next_step_and_a_release_resumes_it() {
+    let a = docker('a');
+    let toml = quota_for(
+        'a',
+        "grace = \"0s\"\nladder = [{ action = \"freeze\" }, { action = \"suspend\", after = \"5s\" }]",
+    );
+    let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
+    let over = [(10, 0, Some(3 * GIB))];
+    assert_eq!(
+        sim.run(0, 6, &over),
+        vec![(0, ActionKind::Freeze), (5, ActionKind::Suspend)],
+        "the suspend is issued on the frozen workload (the worker thaws, locks, checkpoints, freezes)"
+    );
+    assert_eq!(reported(&sim, 'a'), "suspended");
+    assert!(sim.run(7, 10, &[]).is_empty());
+    sim.releases = vec![key('a')];
+    let r = sim.at(11_000, &[]);
+    assert_eq!(
+        r.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        vec![ActionKind::Resume]
+    );
+}
+
+#[test]
+fn elastic_suspends_the_largest_borrower_and_resumes_when_the_gpu_has_room_for_it() {
+    let (a, b) = (docker('a'), docker('b'));
+    let toml = format!(
+        "[defaults]\nmode = \"elastic\"\nelastic_reserve = \"4GiB\"\ngrace = \"0s\"\nladder = [{{ action = \"suspend\" }}]\n{}{}",
+        quota_for('a', ""),
+        quota_for('b', "")
+    );
+    let mut sim = Sim::new(&toml, vec![attributed(10, &a), attributed(20, &b)]);
+    // a borrows 8 GiB, b 2 GiB; 1 GiB free: a alone covers the shortfall.
+    sim.gpus[0].1 = GIB;
+    let s = sim.at(0, &[(10, 0, Some(10 * GIB)), (20, 0, Some(4 * GIB))]);
+    assert_eq!(
+        s.iter()
+            .map(|x| (x.workload.clone(), x.kind))
+            .collect::<Vec<_>>(),
+        vec![(key('a'), ActionKind::Suspend)]
+    );
+    // a's 10 GiB left the GPU: 11 GiB free, but it needs 10 GiB + the 4 GiB reserve: stays.
+    sim.gpus[0].1 = 11 * GIB;
+    assert!(sim.at(1000, &[(20, 0, Some(4 * GIB))]).is_empty());
+    assert_eq!(reported(&sim, 'a'), "suspended");
+    // b shrank: 14 GiB free is room for a and the reserve: resumed.
+    sim.gpus[0].1 = 14 * GIB;
+    let r = sim.at(2000, &[(20, 0, Some(GIB))]);
+    assert_eq!(
+        r.iter()
+            .map(|x| (x.workload.clone(), x.kind))
+            .collect::<Vec<_>>(),
+        vec![(key('a'), ActionKind::Resume)]
+    );
+}
+
+#[test]
+fn an_earlier_runs_suspension_is_kept_while_liable_and_resumed_when_not() {
+    let a = docker('a');
+    let b = docker('b');
+    let mut sim = Sim::new(
+        &format!("{}{}", suspend_at_once('a', ""), suspend_at_once('b', "")),
+        vec![attributed(10, &a), attributed(20, &b)],
+    );
+    for (k, bytes) in [('a', 3 * GIB), ('b', GIB)] {
+        sim.kernel.insert(
+            key(k),
+            ObservedGroup {
+                suspension: Some(Suspension::Suspended {
+                    per_gpu: BTreeMap::from([(0, bytes)]),
+                }),
+                ..observed(GroupState::Frozen, true, k)
+            },
+        );
+    }
+    let actions = sim.at(100_000, &[]);
+    assert_eq!(
+        actions
+            .iter()
+            .map(|x| (x.workload.clone(), x.kind))
+            .collect::<Vec<_>>(),
+        vec![(key('b'), ActionKind::Resume)],
+        "a (3 GiB over 2 GiB) stays suspended; b (1 GiB) is within quota"
+    );
+    assert_eq!(reported(&sim, 'a'), "suspended");
+    assert!(
+        sim.at(101_000, &[]).is_empty(),
+        "the kill step is not due yet (30 s after the adopted suspend)"
+    );
+}
+
 // ---- properties --------------------------------------------------------------------------------
 
 /// Workload pool for the properties: containers a–c, a unit, a plain cgroup, the host.
@@ -1066,6 +1261,7 @@ fn quota_strategy() -> impl Strategy<Value = String> {
             Just("tolerance = \"10%\""),
             Just("grace = \"0s\""),
             Just("grace = \"0s\"\nladder = [{ action = \"freeze\" }]"),
+            Just("grace = \"0s\"\nladder = [{ action = \"freeze\" }, { action = \"suspend\", after = \"1s\" }]"),
         ],
     )
         .prop_map(|(sel, gpu, gib, mode, extra)| {
@@ -1293,6 +1489,13 @@ proptest! {
                     );
                     continue;
                 }
+                if a.kind == ActionKind::Resume {
+                    prop_assert!(
+                        observed.get(&a.workload).is_some_and(|o| matches!(o.suspension, Some(Suspension::Suspended { .. }))),
+                        "resume of a workload the agent did not suspend: {}", a.workload
+                    );
+                    continue;
+                }
                 // (b)
                 let meta = &r.processes.iter().find(|p| p.workload.key() == a.workload).unwrap().workload;
                 prop_assert!(!is_protected(&r, meta, w.agent), "action on protected {}", a.workload);
@@ -1436,6 +1639,8 @@ fn generated_worlds_exercise_every_action() {
         "freeze",
         "thaw",
         "kill",
+        "suspend",
+        "resume",
         "refreeze after an external thaw",
         "retry",
         "reported frozen",

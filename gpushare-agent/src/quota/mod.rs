@@ -197,17 +197,21 @@ pub enum StepAction {
     Signal(Signal),
     /// Freeze the workload's cgroup.
     Freeze,
+    /// Move the workload's GPU memory to host memory (CUDA checkpoint) and freeze it: the GPU
+    /// memory is given back to the neighbours until it is resumed.
+    Suspend,
     /// Kill the workload's processes with this signal (SIGKILL unless configured).
     Kill(Signal),
 }
 
 impl StepAction {
-    /// `alert`, `signal`, `freeze` or `kill`.
+    /// `alert`, `signal`, `freeze`, `suspend` or `kill`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Alert => "alert",
             Self::Signal(_) => "signal",
             Self::Freeze => "freeze",
+            Self::Suspend => "suspend",
             Self::Kill(_) => "kill",
         }
     }
@@ -218,7 +222,8 @@ impl StepAction {
             Self::Alert => 0,
             Self::Signal(_) => 1,
             Self::Freeze => 2,
-            Self::Kill(_) => 3,
+            Self::Suspend => 3,
+            Self::Kill(_) => 4,
         }
     }
 }
@@ -587,6 +592,13 @@ impl QuotaSet {
             source: QuotaSource::Env(env.source),
             limits,
         })
+    }
+
+    /// Whether some ladder (of an entry, or the defaults used by environment quotas) has a
+    /// `suspend` step.
+    pub fn uses_suspend(&self) -> bool {
+        let has = |e: &Enforcement| e.ladder.iter().any(|s| s.action == StepAction::Suspend);
+        has(&self.defaults.enforcement) || self.entries.iter().any(|e| has(&e.enforcement))
     }
 
     /// One row per entry, for `gpushare-agent check`.

@@ -11,4 +11,5 @@ mod launch;
 mod ledger;
 mod nvml;
 mod prometheus;
+mod suspend;
 mod util;

@@ -232,7 +232,7 @@ pub(super) fn ladder_value(
     cx: &mut Cx,
     ladder: &Spanned<Vec<Spanned<StepSpec>>>,
 ) -> Option<Vec<LadderStep>> {
-    const ACTIONS: [&str; 4] = ["alert", "signal", "freeze", "kill"];
+    const ACTIONS: [&str; 5] = ["alert", "signal", "freeze", "suspend", "kill"];
     let errors_before = cx.errors.len();
     let mut steps: Vec<LadderStep> = Vec::new();
     for step in ladder.get_ref() {
@@ -252,7 +252,7 @@ pub(super) fn ladder_value(
             cx.err(
                 &action.span(),
                 format!(
-                    "unknown action \"{name}\": use \"alert\", \"signal\", \"freeze\" or \"kill\"{hint}"
+                    "unknown action \"{name}\": use \"alert\", \"signal\", \"freeze\", \"suspend\" or \"kill\"{hint}"
                 ),
             );
             continue;
@@ -294,6 +294,7 @@ pub(super) fn ladder_value(
             "alert" => StepAction::Alert,
             "signal" => StepAction::Signal(signal.unwrap_or(Signal::USR1)),
             "freeze" => StepAction::Freeze,
+            "suspend" => StepAction::Suspend,
             _ => StepAction::Kill(signal.unwrap_or(Signal::KILL)),
         };
         if let Some(prev) = steps.last() {
@@ -302,7 +303,7 @@ pub(super) fn ladder_value(
                 cx.err(
                     &action_span(spec, step),
                     format!(
-                        "ladder out of order: \"{}\" comes after \"{}\"; list steps in the order alert, signal, freeze, kill",
+                        "ladder out of order: \"{}\" comes after \"{}\"; list steps in the order alert, signal, freeze, suspend, kill",
                         action.name(),
                         prev.action.name()
                     ),

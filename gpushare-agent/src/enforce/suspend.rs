@@ -1,0 +1,441 @@
+//! The `suspend` step's executor: CUDA checkpoint (see [`crate::cuda`] and docs/suspend.md) on a
+//! worker thread, never on the event loop.
+//!
+//! **Suspend**, in the only order a real driver tolerates: thaw the root group if an earlier step
+//! froze it (a frozen process cannot answer the lock), lock every GPU process of the workload
+//! (each with a timeout) while it runs, checkpoint each (its GPU memory moves to host memory and
+//! the GPU is released), then freeze the root group. Any failure is undone before the job ends:
+//! what was checkpointed is restored, what was locked is unlocked, and a group an earlier step had
+//! frozen is frozen again; the step then falls through with its cause. **Resume**: thaw, restore
+//! each checkpointed process, unlock each locked one; a failed restore (no room on the GPU) leaves
+//! the workload suspended and frozen, to be retried.
+//!
+//! Before a suspend starts, the host memory the checkpoint needs (the workload's GPU footprint)
+//! must fit both the container's memory limit (`memory.max - memory.current` of its v2 group, or
+//! `memory.limit_in_bytes - memory.usage_in_bytes` of its v1 memory group) and the node
+//! (`MemAvailable`); else the step falls through at once (`host_memory`).
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::{Arc, mpsc},
+    time::{Duration, Instant},
+};
+
+use log::{info, warn};
+
+use super::{Target, freeze, freeze::Freezer};
+use crate::{
+    cuda::{Checkpointer, CudaError, ErrorKind, ProcessState},
+    policy::GroupState,
+};
+
+/// How long each process's lock may wait.
+pub const LOCK_TIMEOUT_MS: u32 = 5_000;
+/// How long a worker waits for a thaw or freeze it asked for to settle.
+const SETTLE_WAIT: Duration = Duration::from_secs(10);
+
+/// Why a suspend fell through, as the metric's `reason` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Cause {
+    /// No driver with the checkpoint API.
+    Unavailable,
+    /// The checkpoint would not fit the container's memory limit or the node.
+    HostMemory,
+    /// A process could not be locked in time.
+    LockTimeout,
+    /// The driver cannot checkpoint a process (UVM or IPC memory, ...).
+    NotSupported,
+    /// A process is in the driver's failed state.
+    FailedState,
+    /// Any other error.
+    Error,
+}
+
+impl Cause {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unavailable => "unavailable",
+            Self::HostMemory => "host_memory",
+            Self::LockTimeout => "lock_timeout",
+            Self::NotSupported => "not_supported",
+            Self::FailedState => "failed_state",
+            Self::Error => "error",
+        }
+    }
+
+    fn of(e: &CudaError) -> Self {
+        match e.kind() {
+            ErrorKind::LockTimeout => Self::LockTimeout,
+            ErrorKind::NotSupported => Self::NotSupported,
+            ErrorKind::IllegalState => Self::FailedState,
+            _ => Self::Error,
+        }
+    }
+}
+
+/// What a worker did.
+#[derive(Debug)]
+pub enum JobResult {
+    /// Suspended: every process checkpointed, the group frozen (or asked to be).
+    Suspended {
+        /// How long it took.
+        took: Duration,
+    },
+    /// The suspend failed and was undone.
+    SuspendFailed {
+        /// Why, for the metric.
+        cause: Cause,
+        /// In words.
+        reason: String,
+        /// Whether the group is frozen again (an earlier step had frozen it).
+        refrozen: bool,
+    },
+    /// Resumed: thawed, restored, unlocked.
+    Resumed {
+        /// How long it took.
+        took: Duration,
+    },
+    /// The resume failed; still suspended (frozen again).
+    ResumeFailed {
+        /// In words.
+        reason: String,
+    },
+}
+
+/// One suspend or resume on its worker thread.
+pub struct Job {
+    /// A resume.
+    pub resuming: bool,
+    /// The GPU memory moved, bytes per GPU index.
+    pub per_gpu: BTreeMap<u32, u64>,
+    /// When it started.
+    pub started: Instant,
+    rx: mpsc::Receiver<JobResult>,
+}
+
+impl Job {
+    /// The result, once the worker is done.
+    pub fn poll(&self) -> Option<JobResult> {
+        match self.rx.try_recv() {
+            Ok(r) => Some(r),
+            Err(mpsc::TryRecvError::Empty) => None,
+            Err(mpsc::TryRecvError::Disconnected) => Some(JobResult::SuspendFailed {
+                cause: Cause::Error,
+                reason: "the worker thread ended without a result".into(),
+                refrozen: false,
+            }),
+        }
+    }
+
+    /// Waits for the result (shutdown).
+    pub fn wait(self) -> Option<JobResult> {
+        self.rx.recv().ok()
+    }
+}
+
+/// Host memory a checkpoint of `bytes` may use for the group at `dir` (v2) or, where its v2 group
+/// has no memory controller, the v1 memory group of `pid`; `Ok(())` when it fits.
+pub fn check_host_memory(dir: &Path, pid: Option<u32>, bytes: u64) -> Result<(), String> {
+    let node = meminfo_available().unwrap_or(u64::MAX);
+    let container = container_room(dir, pid);
+    let room = container.as_ref().map_or(node, |(c, _)| (*c).min(node));
+    if bytes <= room {
+        return Ok(());
+    }
+    let what = match container {
+        Some((c, why)) if c < node => format!("{} left under {why}", human(c)),
+        _ => format!("{} available on the node", human(node)),
+    };
+    Err(format!(
+        "the checkpoint needs {} of host memory and only {what}",
+        human(bytes)
+    ))
+}
+
+fn human(b: u64) -> String {
+    crate::quota::ByteSize(b).approx()
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    let t = std::fs::read_to_string(path).ok()?;
+    let t = t.trim();
+    if t == "max" {
+        return Some(u64::MAX);
+    }
+    t.parse().ok()
+}
+
+/// (room, which limit) of the workload's memory cgroup, if it has a limit.
+fn container_room(dir: &Path, pid: Option<u32>) -> Option<(u64, String)> {
+    if let (Some(max), Some(cur)) = (
+        read_u64(&dir.join("memory.max")),
+        read_u64(&dir.join("memory.current")),
+    ) && max != u64::MAX
+    {
+        return Some((
+            max.saturating_sub(cur),
+            format!("the container's memory.max ({})", human(max)),
+        ));
+    }
+    let pid = pid?;
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = text.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
+        ctrl.split(',')
+            .any(|c| c == "memory")
+            .then(|| path.to_string())
+    })?;
+    let root = v1_root("memory")?;
+    let group = root.join(path.trim_start_matches('/'));
+    let limit = read_u64(&group.join("memory.limit_in_bytes"))?;
+    let usage = read_u64(&group.join("memory.usage_in_bytes"))?;
+    // cgroup v1 reports "no limit" as a page-rounded i64::MAX.
+    (limit < (1 << 62)).then(|| {
+        (
+            limit.saturating_sub(usage),
+            format!("the container's memory limit ({})", human(limit)),
+        )
+    })
+}
+
+fn v1_root(controller: &str) -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let mut r = right.split_whitespace();
+        (r.next()? == "cgroup").then_some(())?;
+        let opts = r.nth(1)?;
+        opts.split(',').any(|o| o == controller).then_some(())?;
+        left.split_whitespace().nth(4).map(PathBuf::from)
+    })
+}
+
+fn meminfo_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    text.lines().find_map(|l| {
+        let kb: u64 = l
+            .strip_prefix("MemAvailable:")?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kb * 1024)
+    })
+}
+
+/// Asks for a freeze or thaw and waits (on a worker thread) until the kernel shows it.
+fn settle(dir: &Path, freezer: Freezer, frozen: bool) -> Result<(), String> {
+    freeze::request(dir, freezer, frozen).map_err(|e| format!("{e:#}"))?;
+    let want = if frozen {
+        GroupState::Frozen
+    } else {
+        GroupState::Thawed
+    };
+    let deadline = Instant::now() + SETTLE_WAIT;
+    loop {
+        match freeze::state(dir, freezer) {
+            Ok(s) if s == want => return Ok(()),
+            Ok(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Ok(s) => {
+                return Err(format!(
+                    "{} still {s:?} after {SETTLE_WAIT:?}",
+                    dir.display()
+                ));
+            }
+            Err(e) => return Err(format!("{e:#}")),
+        }
+    }
+}
+
+/// Starts a suspend of the workload whose root group is `dir`: see the module note.
+pub fn start_suspend(
+    cuda: Arc<Checkpointer>,
+    dir: PathBuf,
+    freezer: Freezer,
+    was_frozen: bool,
+    targets: Vec<Target>,
+    per_gpu: BTreeMap<u32, u64>,
+) -> Job {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("gpushare-suspend".into())
+        .spawn(move || {
+            let _ = tx.send(suspend(&cuda, &dir, freezer, was_frozen, &targets));
+        })
+        .map_err(|e| warn!("cannot start the suspend worker: {e}"))
+        .ok();
+    Job {
+        resuming: false,
+        per_gpu,
+        started: Instant::now(),
+        rx,
+    }
+}
+
+fn suspend(
+    cuda: &Checkpointer,
+    dir: &Path,
+    freezer: Freezer,
+    was_frozen: bool,
+    targets: &[Target],
+) -> JobResult {
+    let t0 = Instant::now();
+    let fail = |cause: Cause, reason: String| {
+        let refrozen = was_frozen && settle(dir, freezer, true).is_ok();
+        JobResult::SuspendFailed {
+            cause,
+            reason,
+            refrozen,
+        }
+    };
+    if was_frozen && let Err(e) = settle(dir, freezer, false) {
+        return fail(
+            Cause::Error,
+            format!("cannot thaw it to lock its processes: {e}"),
+        );
+    }
+    let alive: Vec<&Target> = targets
+        .iter()
+        .filter(|t| t.pidfd.as_ref().is_none_or(|fd| !fd.has_exited()))
+        .collect();
+    let mut locked: Vec<u32> = Vec::new();
+    for t in &alive {
+        let pid = t.identity.pid;
+        if let Err(e) = cuda.lock(pid, LOCK_TIMEOUT_MS) {
+            undo(cuda, &[], &locked);
+            return fail(Cause::of(&e), format!("lock of pid {pid}: {e}"));
+        }
+        locked.push(pid);
+    }
+    let mut checkpointed: Vec<u32> = Vec::new();
+    for pid in locked.clone() {
+        if let Err(e) = cuda.checkpoint(pid) {
+            let still_locked: Vec<u32> = locked
+                .iter()
+                .copied()
+                .filter(|p| !checkpointed.contains(p))
+                .collect();
+            undo(cuda, &checkpointed, &still_locked);
+            return fail(Cause::of(&e), format!("checkpoint of pid {pid}: {e}"));
+        }
+        checkpointed.push(pid);
+    }
+    if let Err(e) = settle(dir, freezer, true) {
+        // The GPU memory is released already; the step observes the group and retries the freeze.
+        warn!("suspended, but the freeze did not settle: {e}");
+    }
+    JobResult::Suspended { took: t0.elapsed() }
+}
+
+/// Puts processes back as they were: restores and unlocks the checkpointed ones, unlocks the
+/// locked ones. Errors are logged: there is nothing else to fall back to.
+fn undo(cuda: &Checkpointer, checkpointed: &[u32], locked: &[u32]) {
+    for &pid in checkpointed {
+        if let Err(e) = cuda.restore(pid) {
+            warn!("undoing a failed suspend: restore of pid {pid}: {e}");
+        }
+        if let Err(e) = cuda.unlock(pid) {
+            warn!("undoing a failed suspend: unlock of pid {pid}: {e}");
+        }
+    }
+    for &pid in locked {
+        if let Err(e) = cuda.unlock(pid) {
+            warn!("undoing a failed suspend: unlock of pid {pid}: {e}");
+        }
+    }
+}
+
+/// Starts a resume of the workload whose root group is `dir` and whose suspended processes are
+/// `pids`.
+pub fn start_resume(
+    cuda: Arc<Checkpointer>,
+    dir: PathBuf,
+    freezer: Freezer,
+    pids: Vec<u32>,
+    per_gpu: BTreeMap<u32, u64>,
+) -> Job {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("gpushare-resume".into())
+        .spawn(move || {
+            let _ = tx.send(resume(&cuda, &dir, freezer, &pids));
+        })
+        .map_err(|e| warn!("cannot start the resume worker: {e}"))
+        .ok();
+    Job {
+        resuming: true,
+        per_gpu,
+        started: Instant::now(),
+        rx,
+    }
+}
+
+/// Resumes on the calling thread (shutdown, `thaw --all`).
+pub fn resume_now(cuda: &Checkpointer, dir: &Path, freezer: Freezer, pids: &[u32]) -> JobResult {
+    resume(cuda, dir, freezer, pids)
+}
+
+fn resume(cuda: &Checkpointer, dir: &Path, freezer: Freezer, pids: &[u32]) -> JobResult {
+    let t0 = Instant::now();
+    if dir.exists()
+        && let Err(e) = settle(dir, freezer, false)
+    {
+        return JobResult::ResumeFailed {
+            reason: format!("cannot thaw it: {e}"),
+        };
+    }
+    let mut errors = Vec::new();
+    for &pid in pids {
+        match cuda.state(pid) {
+            Ok(ProcessState::Checkpointed) => {
+                if let Err(e) = cuda.restore(pid) {
+                    errors.push(format!("restore of pid {pid}: {e}"));
+                    continue;
+                }
+                if let Err(e) = cuda.unlock(pid) {
+                    errors.push(format!("unlock of pid {pid}: {e}"));
+                }
+            }
+            Ok(ProcessState::Locked) => {
+                if let Err(e) = cuda.unlock(pid) {
+                    errors.push(format!("unlock of pid {pid}: {e}"));
+                }
+            }
+            Ok(_) => {}
+            // The process is gone (or never had CUDA): nothing to bring back.
+            Err(e) if e.kind() == ErrorKind::NotACudaProcess => {}
+            Err(e) => errors.push(format!("state of pid {pid}: {e}")),
+        }
+    }
+    if errors.is_empty() {
+        info!(
+            "resumed {} ({} process(es)) in {:?}",
+            dir.display(),
+            pids.len(),
+            t0.elapsed()
+        );
+        return JobResult::Resumed { took: t0.elapsed() };
+    }
+    // Still suspended: keep it frozen until the next attempt.
+    if dir.exists() {
+        let _ = settle(dir, freezer, true);
+    }
+    JobResult::ResumeFailed {
+        reason: errors.join("; "),
+    }
+}
+
+/// Whether any of `pids` is still held by the driver (locked or checkpointed): the suspension of
+/// an earlier run is real. Pids the driver does not know (gone) do not count.
+pub fn any_held(cuda: &Checkpointer, pids: &[u32]) -> bool {
+    pids.iter().any(|&p| {
+        matches!(
+            cuda.state(p),
+            Ok(ProcessState::Checkpointed | ProcessState::Locked)
+        )
+    })
+}

@@ -1,0 +1,457 @@
+//! The `suspend` step end to end: the agent binary with the mock libcuda (the CUDA checkpoint API)
+//! and the mock NVML sharing one scenario, real cgroups and processes. A checkpointed process
+//! leaves the mock NVML's process lists and its memory leaves the GPU's used memory until it is
+//! restored, as with NVIDIA's driver.
+
+use std::{path::Path, time::Duration};
+
+use gpushare_testkit::{TestCgroup, nvml::Scenario, nvml::fake_cuda_lib, require_root, unique};
+use serde_json::{Value, json};
+
+use crate::util::{AgentProcess, Reaped, agent_dir, counter_value, sleeper, workload};
+
+const GIB: u64 = 1 << 30;
+const WAIT: Duration = Duration::from_secs(20);
+
+/// One 80 GiB GPU with `procs` (pid, bytes), a driver with the checkpoint API, and `cuda`.
+fn scenario(procs: &[(u32, u64)], cuda: Value) -> Value {
+    scenario_on(procs, cuda, 12080)
+}
+
+fn scenario_on(procs: &[(u32, u64)], cuda: Value, driver: u32) -> Value {
+    let list: Vec<_> = procs
+        .iter()
+        .map(|(pid, b)| json!({ "pid": pid, "used_memory": b }))
+        .collect();
+    json!({
+        "cuda_driver_version": driver,
+        "devices": [{ "uuid": "GPU-susp", "name": "NVIDIA Fake", "memory_total": 80 * GIB, "compute_processes": list }],
+        "cuda": cuda,
+    })
+}
+
+fn cgroup_quota(cg: &TestCgroup, size: &str) -> String {
+    format!(
+        "\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"{size}\"\n",
+        cg.rel_path()
+    )
+}
+
+fn key(cg: &TestCgroup) -> String {
+    format!("cgroup://{}", cg.rel_path())
+}
+
+fn cuda_args() -> Vec<String> {
+    vec!["--cuda-lib".into(), fake_cuda_lib().display().to_string()]
+}
+
+fn start(sc: &Scenario, quotas: &str) -> AgentProcess {
+    let args = cuda_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    AgentProcess::start(sc, quotas, &args)
+}
+
+/// The mock driver's state of `pid` (`running` when it keeps none).
+fn cuda_state(sc: &Scenario, pid: u32) -> String {
+    std::fs::read_to_string(sc.dir().join("cuda-state.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .and_then(|v| v["processes"][pid.to_string()].as_str().map(str::to_string))
+        .unwrap_or_else(|| "running".into())
+}
+
+fn used_on_gpu(agent: &AgentProcess) -> u64 {
+    agent
+        .state()
+        .and_then(|s| s.gpus.first().map(|g| g.memory_used_bytes))
+        .unwrap_or(0)
+}
+
+fn lists(agent: &AgentProcess, pid: u32) -> bool {
+    agent
+        .state()
+        .is_some_and(|s| s.processes.iter().any(|p| p.pid == pid))
+}
+
+const SUSPEND: &str = "[defaults]\ngrace = \"0s\"\nladder = [ { action = \"suspend\" } ]\n";
+
+#[test]
+fn a_workload_over_quota_is_suspended_its_gpu_memory_freed_and_a_release_brings_it_back() {
+    if !require_root("a_workload_over_quota_is_suspended") {
+        return;
+    }
+    let cg = TestCgroup::create(&unique("susp")).unwrap();
+    let neighbour_cg = TestCgroup::create(&unique("susp-n")).unwrap();
+    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    let n = Reaped(neighbour_cg.spawn(&mut sleeper()).unwrap());
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB), (n.pid(), GIB)], json!({}))).unwrap();
+    // A release restarts the ladder from the grace period: 5 s leave time to look at the resumed
+    // workload before it would be suspended again.
+    let quotas = format!(
+        "{}{}{}",
+        SUSPEND.replace("grace = \"0s\"", "grace = \"5s\""),
+        cgroup_quota(&cg, "2GiB"),
+        cgroup_quota(&neighbour_cg, "8GiB")
+    );
+    let agent = start(&sc, &quotas);
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.used_bytes == GIB)
+    });
+    assert_eq!(used_on_gpu(&agent), 2 * GIB);
+    sc.write(&scenario(&[(p.pid(), 6 * GIB), (n.pid(), GIB)], json!({})))
+        .unwrap();
+    let s = agent.wait_for(WAIT, |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "suspended")
+    });
+    let row = workload(&s, &key(&cg), "all").unwrap();
+    assert_eq!(row.suspended_bytes, 6 * GIB, "{row:?}");
+    assert_eq!(
+        row.used_bytes,
+        6 * GIB,
+        "its footprint still counts as its usage"
+    );
+    assert_eq!(cuda_state(&sc, p.pid()), "checkpointed");
+    assert!(cg.wait_frozen(true), "suspended means frozen too");
+    assert!(!neighbour_cg.is_frozen());
+    // The neighbour gets the memory back: the GPU shows only its 1 GiB in use.
+    agent.wait_for(WAIT, |_| {
+        used_on_gpu(&agent) == GIB && !lists(&agent, p.pid())
+    });
+    let ledger = std::fs::read_to_string(agent.ledger()).unwrap();
+    assert!(ledger.contains("\"suspended\""), "{ledger}");
+    let metrics = agent.get("/metrics").1;
+    assert_eq!(
+        counter_value(&metrics, "gpushare_workloads_suspended", ""),
+        1.0,
+        "{metrics}"
+    );
+    assert!(metrics.contains("gpushare_suspend_duration_seconds_count 1"));
+    // Released: thawed, restored, unlocked, running; NVML sees its memory again.
+    let (code, body) = agent.post_local(
+        "/api/v1/release",
+        &json!({ "workload": key(&cg) }).to_string(),
+    );
+    assert_eq!(code, 200, "{body}");
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&cg), "all")
+            .is_some_and(|w| w.state != "suspended" && w.state != "resuming")
+    });
+    assert!(cg.wait_frozen(false), "resumed: not frozen");
+    assert_eq!(cuda_state(&sc, p.pid()), "running");
+    agent.wait_for(WAIT, |_| {
+        used_on_gpu(&agent) == 7 * GIB && lists(&agent, p.pid())
+    });
+    assert!(
+        agent
+            .get("/metrics")
+            .1
+            .contains("gpushare_resume_duration_seconds_count 1")
+    );
+    assert!(
+        !std::fs::read_to_string(agent.ledger())
+            .unwrap()
+            .contains(cg.rel_path())
+    );
+}
+
+#[test]
+fn elastic_mode_suspends_the_largest_borrower_under_pressure_and_resumes_it_when_room_returns() {
+    if !require_root("elastic_mode_suspends_the_largest_borrower") {
+        return;
+    }
+    let big = TestCgroup::create(&unique("el-big")).unwrap();
+    let small = TestCgroup::create(&unique("el-small")).unwrap();
+    let other = TestCgroup::create(&unique("el-other")).unwrap();
+    let pb = Reaped(big.spawn(&mut sleeper()).unwrap());
+    let ps = Reaped(small.spawn(&mut sleeper()).unwrap());
+    let po = Reaped(other.spawn(&mut sleeper()).unwrap());
+    let quotas = format!(
+        "[defaults]\nmode = \"elastic\"\nelastic_reserve = \"8GiB\"\ngrace = \"0s\"\nladder = [ {{ action = \"suspend\" }} ]\n{}{}",
+        cgroup_quota(&big, "2GiB"),
+        cgroup_quota(&small, "2GiB")
+    );
+    // big borrows 18 GiB, small 2 GiB; 76 GiB free: fine.
+    let calm = [(pb.pid(), 20 * GIB), (ps.pid(), 4 * GIB), (po.pid(), GIB)];
+    let sc = Scenario::create(&scenario(&calm, json!({}))).unwrap();
+    let agent = start(&sc, &quotas);
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&big), "all").is_some_and(|w| w.used_bytes == 20 * GIB)
+    });
+    // Another process takes 52 GiB: 3 GiB free, below the 8 GiB reserve. Suspending big alone
+    // covers it.
+    let pressed = [
+        (pb.pid(), 20 * GIB),
+        (ps.pid(), 4 * GIB),
+        (po.pid(), 53 * GIB),
+    ];
+    sc.write(&scenario(&pressed, json!({}))).unwrap();
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&big), "all").is_some_and(|w| w.state == "suspended")
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let s = agent.state().unwrap();
+    assert_eq!(
+        workload(&s, &key(&small), "all").unwrap().state,
+        "ok",
+        "the smaller borrower is left alone"
+    );
+    assert_eq!(cuda_state(&sc, ps.pid()), "running");
+    // The other process shrinks to 1 GiB: 55 GiB free >= 20 GiB + 8 GiB reserve: resumed.
+    sc.write(&scenario(&calm, json!({}))).unwrap();
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&big), "all").is_some_and(|w| w.state == "ok")
+    });
+    assert_eq!(cuda_state(&sc, pb.pid()), "running");
+    assert!(big.wait_frozen(false));
+}
+
+/// The ladder of the fall-through tests: freeze at once, suspend a second later. A suspend that
+/// falls through leaves the workload as the freeze step had it: frozen.
+const FREEZE_THEN_SUSPEND: &str = "[defaults]\ngrace = \"0s\"\nladder = [ { action = \"freeze\" }, { action = \"suspend\", after = \"1s\" } ]\n";
+
+/// Waits until the agent counts a fall-through for `reason`; the metrics then.
+fn wait_fallthrough(agent: &AgentProcess, reason: &str) -> String {
+    let label = format!("reason=\"{reason}\"");
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let metrics = agent.get("/metrics").1;
+        if counter_value(&metrics, "gpushare_suspend_fallthroughs_total", &label) >= 1.0 {
+            return metrics;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {reason} fall-through\n{metrics}\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs one injected driver failure: the suspend falls through with `reason`, the workload stays
+/// as the freeze step before it left it (frozen), and nothing is left locked or checkpointed.
+fn falls_through(name: &str, cuda: impl Fn(u32) -> Value, driver: u32, reason: &str) {
+    let cg = TestCgroup::create(&unique(name)).unwrap();
+    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    let pid = p.pid();
+    let sc = Scenario::create(&scenario_on(&[(pid, GIB)], cuda(pid), driver)).unwrap();
+    let quotas = format!("{FREEZE_THEN_SUSPEND}{}", cgroup_quota(&cg, "2GiB"));
+    let agent = start(&sc, &quotas);
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.used_bytes == GIB)
+    });
+    sc.write(&scenario_on(&[(pid, 3 * GIB)], cuda(pid), driver))
+        .unwrap();
+    let metrics = wait_fallthrough(&agent, reason);
+    assert_eq!(
+        counter_value(&metrics, "gpushare_suspend_fallthroughs_total", ""),
+        1.0,
+        "{name}: one fall-through, no retry: {metrics}"
+    );
+    let s = agent.wait_for(WAIT, |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "frozen")
+    });
+    assert!(
+        cg.wait_frozen(true),
+        "{name}: frozen as the freeze step left it"
+    );
+    let row = workload(&s, &key(&cg), "all").unwrap();
+    assert_eq!(row.suspended_bytes, 0);
+    assert!(
+        row.detail.contains("suspend fell through"),
+        "{name}: {row:?}"
+    );
+    assert_eq!(
+        cuda_state(&sc, pid),
+        "running",
+        "{name}: nothing left locked or checkpointed"
+    );
+    assert!(
+        lists(&agent, pid),
+        "{name}: the process keeps its GPU memory"
+    );
+    assert!(
+        agent.log().contains("falls through"),
+        "{name}: the log says why\n{}",
+        agent.log()
+    );
+}
+
+#[test]
+fn each_driver_failure_falls_through_with_its_reason_and_leaves_nothing_locked() {
+    if !require_root("each_driver_failure_falls_through") {
+        return;
+    }
+    falls_through(
+        "ft-uvm",
+        |pid| json!({ "processes": { pid.to_string(): { "checkpoint_error": { "code": 801 } } } }),
+        12080,
+        "not_supported",
+    );
+    falls_through(
+        "ft-lock",
+        |pid| json!({ "processes": { pid.to_string(): { "lock_timeout": true } } }),
+        12080,
+        "lock_timeout",
+    );
+    falls_through("ft-old", |_| json!({}), 12040, "unavailable");
+}
+
+#[test]
+fn a_container_memory_limit_too_small_for_the_checkpoint_skips_the_step() {
+    if !require_root("a_container_memory_limit_too_small") {
+        return;
+    }
+    let Some(mem_root) = v1_root("memory") else {
+        gpushare_testkit::loud_skip("no v1 memory controller mounted (pure cgroup v2 host)");
+        return;
+    };
+    let cg = TestCgroup::create(&unique("ft-mem")).unwrap();
+    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    let mem = MemGroup::create(
+        &mem_root.join(unique("gpushare-test-mem")),
+        64 << 20,
+        p.pid(),
+    );
+    let sc = Scenario::create(&scenario(&[(p.pid(), 3 * GIB)], json!({}))).unwrap();
+    let quotas = format!("{FREEZE_THEN_SUSPEND}{}", cgroup_quota(&cg, "2GiB"));
+    let agent = start(&sc, &quotas);
+    wait_fallthrough(&agent, "host_memory");
+    assert!(cg.wait_frozen(true), "frozen as the freeze step left it");
+    assert_eq!(cuda_state(&sc, p.pid()), "running");
+    assert!(
+        agent.log().contains("needs 3.0 GiB of host memory"),
+        "{}",
+        agent.log()
+    );
+    drop(mem);
+}
+
+#[test]
+fn a_sigkilled_agents_suspensions_are_kept_or_resumed_at_the_next_start() {
+    if !require_root("a_sigkilled_agents_suspensions") {
+        return;
+    }
+    let keep = TestCgroup::create(&unique("sk-keep")).unwrap();
+    let back = TestCgroup::create(&unique("sk-back")).unwrap();
+    let pk = Reaped(keep.spawn(&mut sleeper()).unwrap());
+    let pb = Reaped(back.spawn(&mut sleeper()).unwrap());
+    let sc = Scenario::create(&scenario(
+        &[(pk.pid(), 3 * GIB), (pb.pid(), 3 * GIB)],
+        json!({}),
+    ))
+    .unwrap();
+    let quotas = format!(
+        "{SUSPEND}{}{}",
+        cgroup_quota(&keep, "2GiB"),
+        cgroup_quota(&back, "2GiB")
+    );
+    let args = cuda_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = AgentProcess::start_in(agent_dir(&quotas), &sc, &args, "200ms");
+    agent.wait_for(WAIT, |s| {
+        [&keep, &back]
+            .iter()
+            .all(|cg| workload(s, &key(cg), "all").is_some_and(|w| w.state == "suspended"))
+    });
+    agent.sigkill();
+    // While the agent is down `back`'s quota is raised above its footprint.
+    agent.write_quotas(&format!(
+        "{SUSPEND}{}{}",
+        cgroup_quota(&keep, "2GiB"),
+        cgroup_quota(&back, "8GiB")
+    ));
+    agent.restart();
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&back), "all").is_some_and(|w| w.state == "ok")
+            && workload(s, &key(&keep), "all").is_some_and(|w| w.state == "suspended")
+    });
+    assert_eq!(
+        cuda_state(&sc, pb.pid()),
+        "running",
+        "no longer applies: resumed"
+    );
+    assert!(back.wait_frozen(false));
+    assert_eq!(
+        cuda_state(&sc, pk.pid()),
+        "checkpointed",
+        "still applies: kept"
+    );
+    assert!(keep.is_frozen());
+    // SIGTERM resumes what the agent suspended.
+    assert_eq!(agent.stop(), Some(0));
+    assert_eq!(cuda_state(&sc, pk.pid()), "running");
+    assert!(keep.wait_frozen(false));
+}
+
+fn v1_root(controller: &str) -> Option<std::path::PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let mut r = right.split_whitespace();
+        (r.next()? == "cgroup").then_some(())?;
+        let opts = r.nth(1)?;
+        opts.split(',').any(|o| o == controller).then_some(())?;
+        left.split_whitespace().nth(4).map(std::path::PathBuf::from)
+    })
+}
+
+/// A v1 memory group with a limit, holding one process; the process goes back to the root and
+/// the group is removed on drop.
+struct MemGroup(std::path::PathBuf);
+
+impl MemGroup {
+    fn create(dir: &Path, limit: u64, pid: u32) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        Self(dir.to_path_buf())
+    }
+}
+
+impl Drop for MemGroup {
+    fn drop(&mut self) {
+        if let (Some(root), Ok(procs)) = (
+            self.0.parent(),
+            std::fs::read_to_string(self.0.join("cgroup.procs")),
+        ) {
+            for pid in procs.lines() {
+                let _ = std::fs::write(root.join("cgroup.procs"), pid);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_workload_an_earlier_step_froze_is_thawed_locked_checkpointed_and_frozen_again() {
+    if !require_root("a_workload_an_earlier_step_froze_is_suspended") {
+        return;
+    }
+    let cg = TestCgroup::create(&unique("susp-frozen")).unwrap();
+    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB)], json!({}))).unwrap();
+    let agent = start(
+        &sc,
+        &format!("{FREEZE_THEN_SUSPEND}{}", cgroup_quota(&cg, "2GiB")),
+    );
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.used_bytes == GIB)
+    });
+    sc.write(&scenario(&[(p.pid(), 3 * GIB)], json!({})))
+        .unwrap();
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "frozen")
+    });
+    // A frozen process could not answer the lock: the suspend thaws it first.
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "suspended")
+    });
+    assert_eq!(cuda_state(&sc, p.pid()), "checkpointed");
+    assert!(cg.wait_frozen(true), "frozen again");
+    let metrics = agent.get("/metrics").1;
+    assert_eq!(
+        counter_value(&metrics, "gpushare_suspend_fallthroughs_total", ""),
+        0.0,
+        "{metrics}"
+    );
+}
