@@ -24,6 +24,7 @@ fn main() {
             memory_used_bytes: 40 << 30,
             memory_free_bytes: 40 << 30,
             healthy: true,
+            isolation_backend: "soft".into(),
         });
     }
     for w in 0..WORKLOADS {

@@ -203,6 +203,22 @@ impl Collector for SnapshotCollector {
         )?;
         gauge(
             &mut e,
+            "gpushare_gpu_isolation_backend",
+            "How quotas are enforced on a GPU: soft (the agent's ladder) or driver_limits (also the \
+             NVIDIA driver's per-cgroup limits, r615+); 1 for the one in force",
+            snap.gpus.iter().map(|g| {
+                let mut l = gpu_labels(g);
+                let backend = if g.isolation_backend.is_empty() {
+                    "soft".to_string()
+                } else {
+                    g.isolation_backend.clone()
+                };
+                l.push(("backend", backend));
+                (l, 1.0)
+            }),
+        )?;
+        gauge(
+            &mut e,
             "gpushare_workload_gpu_memory_used_bytes",
             "GPU memory used by a workload, bytes",
             snap.workloads
@@ -479,6 +495,7 @@ mod tests {
             memory_used_bytes: 40,
             memory_free_bytes: 60,
             healthy: true,
+            isolation_backend: "soft".into(),
         });
         for (key, used, quota, state) in workloads {
             s.workloads.push(WorkloadView {

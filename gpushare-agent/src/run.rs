@@ -116,6 +116,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
     );
 
     agent.set_checkpointer(cuda);
+    agent.use_driver_limits(crate::agent::driver_limits::DriverLimiter::new(
+        args.nvml_lib.as_deref(),
+        cgroupfs::find_cgroup2_mount()?,
+    ));
     api::serve_tcp(args.listen, snapshot.clone(), metrics.clone()).await?;
     let (release_tx, mut release_rx) = mpsc::channel::<api::ReleaseRequest>(16);
     let socket =

@@ -81,6 +81,10 @@ pub struct GpuView {
     pub memory_free_bytes: u64,
     /// Whether the last sample read it completely.
     pub healthy: bool,
+    /// How quotas are enforced on it: `soft` (the agent's ladder), or `driver_limits` (also the
+    /// driver's per-cgroup limits, r615+).
+    #[serde(default)]
+    pub isolation_backend: String,
 }
 
 /// One workload on one GPU (or on all GPUs, for an all-GPU quota).
@@ -219,6 +223,8 @@ pub struct StepReport<'a> {
     pub quotas: Vec<QuotaView>,
     /// Time since the agent started (the policy's clock).
     pub now: std::time::Duration,
+    /// The isolation back end per GPU index (`soft` when absent).
+    pub backends: BTreeMap<u32, &'static str>,
 }
 
 /// Builds snapshots; remembers what reports need across steps.
@@ -434,6 +440,12 @@ impl Publisher {
                     memory_used_bytes: d.memory_used,
                     memory_free_bytes: d.memory_free,
                     healthy: sample.device_ok(d.index),
+                    isolation_backend: r
+                        .backends
+                        .get(&d.index)
+                        .copied()
+                        .unwrap_or("soft")
+                        .to_string(),
                 })
                 .collect(),
             workloads: rows.into_values().collect(),

@@ -13,6 +13,7 @@
 //!
 //! The async event loop ([`crate::run`]) only decides *when* to step.
 
+pub mod driver_limits;
 pub mod env_quotas;
 pub mod quota_store;
 pub mod workloads;
@@ -25,7 +26,7 @@ use std::{
 
 use log::{debug, info, warn};
 
-use self::{quota_store::QuotaStore, workloads::Workloads};
+use self::{driver_limits::DriverLimiter, quota_store::QuotaStore, workloads::Workloads};
 use crate::{
     attribution::{Change, Verified, tracker::Tracker},
     ebpf::boot_time_ns,
@@ -65,6 +66,7 @@ pub struct Agent {
     publisher: Publisher,
     pending_releases: Vec<String>,
     ready: bool,
+    limiter: Option<DriverLimiter>,
     /// Suspends refused at once in this step (workload, cause, why): they fall through at once.
     suspend_failed_now: Vec<(String, String, String)>,
     suspend_fallthroughs: BTreeMap<String, u64>,
@@ -112,6 +114,7 @@ impl Agent {
             publisher: Publisher::default(),
             pending_releases: Vec::new(),
             ready: false,
+            limiter: None,
             suspend_failed_now: Vec::new(),
             suspend_fallthroughs: BTreeMap::new(),
             suspended_bytes_total: 0,
@@ -207,6 +210,12 @@ impl Agent {
         }
         for (cause, n) in &outcome.stats.suspend_fallthroughs {
             *self.suspend_fallthroughs.entry(cause.clone()).or_default() += *n as u64;
+        }
+        if self.limiter.is_some() {
+            let wanted = self.driver_limits_wanted(&obs);
+            if let Some(l) = self.limiter.as_mut() {
+                l.apply(&self.sampler, &wanted);
+            }
         }
         let t3 = Instant::now();
         self.ready = true;
@@ -496,6 +505,80 @@ impl Agent {
         }
     }
 
+    /// Sets driver-enforced limits (where the NVML library has them) from now on.
+    pub fn use_driver_limits(&mut self, limiter: DriverLimiter) {
+        self.limiter = Some(limiter);
+    }
+
+    /// The driver limits every workload under a quota should have: its quota on each GPU the
+    /// quota covers, at its root cgroup (see [`driver_limits`]).
+    fn driver_limits_wanted(&self, obs: &Observation) -> driver_limits::Wanted {
+        use crate::quota::{DeviceRef, LimitScope};
+        let mut wanted = driver_limits::Wanted::new();
+        let mut first: BTreeMap<String, &AttributedProcess> = BTreeMap::new();
+        for p in &obs.processes {
+            first.entry(p.workload.key()).or_insert(p);
+        }
+        let total = |i: u32| {
+            obs.sample
+                .devices
+                .iter()
+                .find(|d| d.index == i)
+                .map(|d| d.memory_total)
+        };
+        for (key, ws) in &self.policy.workloads {
+            let Some(p) = first.get(key) else { continue };
+            let Some(q) = self
+                .quotas
+                .current()
+                .resolve(&p.workload, p.env_quota.as_ref())
+            else {
+                continue;
+            };
+            let pids: std::collections::BTreeSet<u32> = obs
+                .processes
+                .iter()
+                .filter(|x| &x.workload.key() == key)
+                .map(|x| x.identity.pid)
+                .collect();
+            let used_on: std::collections::BTreeSet<u32> = obs
+                .sample
+                .processes
+                .iter()
+                .filter(|s| pids.contains(&s.pid))
+                .map(|s| s.device_index)
+                .collect();
+            for l in &q.limits {
+                let devices: Vec<u32> = match &l.scope {
+                    LimitScope::Device(DeviceRef::Index(i)) => vec![*i],
+                    LimitScope::Device(DeviceRef::Uuid(u)) => obs
+                        .sample
+                        .devices
+                        .iter()
+                        .filter(|d| &d.uuid == u)
+                        .map(|d| d.index)
+                        .collect(),
+                    LimitScope::EachGpu | LimitScope::AllGpusTotal => {
+                        used_on.iter().copied().collect()
+                    }
+                };
+                for d in devices {
+                    let Some(total) = total(d) else { continue };
+                    let soft = l.bytes.min(total);
+                    let hard = l
+                        .bytes
+                        .saturating_add(l.enforcement.tolerance.allowance(l.bytes))
+                        .min(total);
+                    let e = wanted
+                        .entry((d, ws.cgroup_path.clone()))
+                        .or_insert((soft, hard));
+                    *e = (e.0.min(soft), e.1.min(hard));
+                }
+            }
+        }
+        wanted
+    }
+
     /// Sets the CUDA checkpoint API for the `suspend` step (or why there is none).
     pub fn set_checkpointer(&mut self, cuda: Result<Arc<crate::cuda::Checkpointer>, String>) {
         self.enforcer.set_checkpointer(cuda);
@@ -517,6 +600,9 @@ impl Agent {
         let n = self.enforcer.thaw_all();
         if n > 0 {
             info!("thawed {n} workload(s) on shutdown");
+        }
+        if let Some(l) = self.limiter.as_mut() {
+            l.clear_all(&self.sampler);
         }
     }
 
@@ -647,6 +733,17 @@ impl Agent {
             counters,
             quotas,
             now: self.started.elapsed(),
+            backends: obs
+                .sample
+                .devices
+                .iter()
+                .map(|d| {
+                    (
+                        d.index,
+                        self.limiter.as_ref().map_or("soft", |l| l.backend(d.index)),
+                    )
+                })
+                .collect(),
         });
         if let Ok(mut w) = self.snapshot.write() {
             *w = Arc::new(snap);

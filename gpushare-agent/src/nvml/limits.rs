@@ -102,6 +102,66 @@ pub fn probe_memory_limits(lib: Option<&Path>) -> Result<MemoryLimitsSupport, St
     })
 }
 
+type SetFn = unsafe extern "C" fn(*mut std::ffi::c_void, *mut SetMemoryLimitsV1) -> i32;
+
+/// `nvmlDeviceSetMemoryLimits_v1`, loaded from the same library the sampler uses.
+pub struct DriverLimits {
+    _lib: Library,
+    set: SetFn,
+}
+
+impl DriverLimits {
+    /// The function from `lib`, when it has it (an r615+ driver, CUDA 13.4).
+    pub fn open(lib: Option<&Path>) -> Option<Self> {
+        let library = lib.map_or_else(|| PathBuf::from("libnvidia-ml.so.1"), Path::to_path_buf);
+        // SAFETY: as in `probe_memory_limits`.
+        let handle = unsafe { Library::open(Some(&library), RTLD_LAZY | RTLD_LOCAL) }.ok()?;
+        // SAFETY: the symbol has nvml.h's declaration (mirrored by `SetFn`).
+        let set: SetFn = unsafe { *handle.get::<SetFn>(SET_SYMBOL.as_bytes()).ok()? };
+        Some(Self { _lib: handle, set })
+    }
+
+    /// Sets the driver's limits of the cgroup at `dir` on `device`. Soft 0 and hard
+    /// [`MEMORY_LIMIT_MAX`] clear them. The NVML return code on failure.
+    ///
+    /// # Safety
+    ///
+    /// `device` must be a live `nvmlDevice_t` of the same library's session (see
+    /// [`crate::nvml::NvmlSampler::with_device_handle`]).
+    pub unsafe fn set(
+        &self,
+        device: *mut std::ffi::c_void,
+        dir: &Path,
+        soft: u64,
+        hard: u64,
+    ) -> Result<(), i32> {
+        let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|_| 2)?;
+        let mut limits = SetMemoryLimitsV1 {
+            name_space: path.as_ptr(),
+            soft_limit: soft,
+            hard_limit: hard,
+        };
+        // SAFETY: a device handle of this library's session, a valid struct whose string
+        // outlives the call.
+        match unsafe { (self.set)(device, &mut limits) } {
+            0 => Ok(()),
+            rc => Err(rc),
+        }
+    }
+}
+
+/// NVML's name of a return code the limit functions document.
+pub fn code_name(rc: i32) -> &'static str {
+    match rc {
+        2 => "NVML_ERROR_INVALID_ARGUMENT",
+        3 => "NVML_ERROR_NOT_SUPPORTED",
+        4 => "NVML_ERROR_NO_PERMISSION",
+        6 => "NVML_ERROR_NOT_FOUND",
+        17 => "NVML_ERROR_OPERATING_SYSTEM",
+        _ => "NVML error",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

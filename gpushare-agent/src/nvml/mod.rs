@@ -126,6 +126,26 @@ impl NvmlSampler {
         self.list_retries
     }
 
+    /// The library path given at open (`None`: the system's libnvidia-ml.so.1).
+    pub fn library(&self) -> Option<&Path> {
+        self.lib.as_deref()
+    }
+
+    /// Runs `f` with the raw NVML handle of device `index` (for calls nvml-wrapper does not
+    /// know, e.g. [`limits::DriverLimits`]); `None` without a session or such a device.
+    pub fn with_device_handle<T>(
+        &self,
+        index: u32,
+        f: impl FnOnce(*mut std::ffi::c_void) -> T,
+    ) -> Option<T> {
+        let nvml = self.nvml.as_ref()?;
+        let device = nvml.device_by_index(index).ok()?;
+        // SAFETY: the handle stays valid while the session (`self.nvml`) lives, which outlasts
+        // `f`.
+        let handle = unsafe { device.handle() };
+        Some(f(handle.cast()))
+    }
+
     /// Reads every GPU now.
     pub fn sample(&mut self) -> GpuSample {
         let mut sample = GpuSample {

@@ -455,3 +455,67 @@ fn a_workload_an_earlier_step_froze_is_thawed_locked_checkpointed_and_frozen_aga
         "{metrics}"
     );
 }
+
+/// The mock NVML's record of the driver limits: (soft, hard) of the cgroup `dir` on GPU `uuid`.
+fn driver_limit(sc: &Scenario, uuid: &str, dir: &Path) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(sc.dir().join("memory-limits.json")).ok()?;
+    let v: Value = serde_json::from_str(&text).ok()?;
+    let e = &v["devices"][uuid][dir.to_str()?];
+    Some((e["soft"].as_u64()?, e["hard"].as_u64()?))
+}
+
+#[test]
+fn where_the_driver_takes_per_cgroup_limits_each_quota_is_also_a_driver_limit_on_the_root() {
+    if !require_root("driver_limits") {
+        return;
+    }
+    let cg = TestCgroup::create(&unique("dlim")).unwrap();
+    let worker = TestCgroup::create(&format!(
+        "{}/worker",
+        cg.rel_path().trim_start_matches("/gpushare-test/")
+    ))
+    .unwrap();
+    let p = Reaped(worker.spawn(&mut sleeper()).unwrap());
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB)], json!({}))).unwrap();
+    let quotas = format!(
+        "[defaults]\nladder = []\n\n[[quota]]\ncgroup = \"{}\"\ngpu = 0\ngpu_memory = \"2GiB\"\ntolerance = \"512MiB\"\n",
+        cg.rel_path()
+    );
+    let agent = start(&sc, &quotas);
+    agent.wait_for(WAIT, |s| {
+        s.gpus
+            .first()
+            .is_some_and(|g| g.isolation_backend == "driver_limits")
+    });
+    assert_eq!(
+        driver_limit(&sc, "GPU-susp", cg.dir()),
+        Some((2 * GIB, 2 * GIB + (512 << 20))),
+        "soft at the quota, hard at quota + tolerance, on the workload's root (not its leaf)"
+    );
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        metrics.contains("backend=\"driver_limits\"} 1"),
+        "{metrics}"
+    );
+    // The quota goes: the limit is cleared.
+    agent.write_quotas("[defaults]\nladder = []\n");
+    let deadline = std::time::Instant::now() + WAIT;
+    while driver_limit(&sc, "GPU-susp", cg.dir()).is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "limit not cleared\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(agent);
+    // A driver without the function (or a device that refuses): soft isolation only.
+    let mut off = scenario(&[(p.pid(), GIB)], json!({}));
+    off["memory_limits_supported"] = json!(false);
+    sc.write(&off).unwrap();
+    let agent = start(&sc, &quotas);
+    std::thread::sleep(Duration::from_secs(1));
+    let s = agent.state().unwrap();
+    assert_eq!(s.gpus[0].isolation_backend, "soft");
+    assert_eq!(driver_limit(&sc, "GPU-susp", cg.dir()), None);
+}
