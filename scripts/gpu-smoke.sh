@@ -1,32 +1,45 @@
 #!/usr/bin/env bash
 # gpushare real-GPU smoke test. For a machine with an NVIDIA GPU, its driver and PyTorch, and no network.
-# Runs the already-built agent against the real libnvidia-ml, starts a python process that allocates a known
-# amount of GPU memory inside a fresh cgroup, and prints what the agent saw next to what nvidia-smi reports.
+# Runs the already-built agent against the real libnvidia-ml (and libcuda for the suspend step) and checks,
+# with PyTorch processes in fresh cgroups:
+#   1. attribution: the agent's memory for a process equals nvidia-smi's;
+#   2. freeze: a CUDA process over its quota is frozen, and a neighbour in its own cgroup can still allocate
+#      within its quota meanwhile (the memory each holds is printed);
+#   3. suspend: a process over its quota is suspended (CUDA checkpoint), NVML shows its memory released, it is
+#      resumed by a release, and its tensor's contents are intact (the time each took is printed).
 # Finishes within 3 minutes; prints PASS/FAIL lines; exits 1 if any check failed.
 #
 # Usage: scripts/gpu-smoke.sh [path/to/gpushare-agent]   (default: target/release, then target/debug)
+#   GPUSHARE_SMOKE_MIB   allocation of each process, MiB (default 1024)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 AGENT="${1:-}"
 [[ -z "$AGENT" && -x "$ROOT/target/release/gpushare-agent" ]] && AGENT="$ROOT/target/release/gpushare-agent"
 [[ -z "$AGENT" && -x "$ROOT/target/debug/gpushare-agent" ]] && AGENT="$ROOT/target/debug/gpushare-agent"
 ALLOC_MIB="${GPUSHARE_SMOKE_MIB:-1024}"
+QUOTA_MIB=$((ALLOC_MIB / 2))
 WORK="$(mktemp -d /tmp/gpushare-smoke.XXXXXX)"
 LOG="$WORK/agent.log"
+PORT=$((19400 + RANDOM % 500))
+SOCK="$WORK/agent.sock"
 FAILS=0
 pass() { echo "PASS: $*"; }
 fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
 info() { echo "----- $*"; }
+now_ms() { date +%s%3N; }
 
-AGENT_PID=""; PY_PID=""; CG=""
+AGENT_PID=""; PIDS=(); CGS=()
 cleanup() {
-  [[ -n "$PY_PID" ]] && kill "$PY_PID" 2>/dev/null
-  [[ -n "$AGENT_PID" ]] && kill -INT "$AGENT_PID" 2>/dev/null && wait "$AGENT_PID" 2>/dev/null
-  [[ -n "$CG" && -d "$CG" ]] && { echo 1 > "$CG/cgroup.kill" 2>/dev/null; sleep 0.5; rmdir "$CG" 2>/dev/null; }
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+  [[ -n "$AGENT_PID" ]] && kill -TERM "$AGENT_PID" 2>/dev/null && wait "$AGENT_PID" 2>/dev/null
+  for cg in "${CGS[@]}"; do
+    [[ -d "$cg" ]] || continue
+    echo 0 > "$cg/cgroup.freeze" 2>/dev/null; echo 1 > "$cg/cgroup.kill" 2>/dev/null; sleep 0.3; rmdir "$cg" 2>/dev/null
+  done
 }
 trap cleanup EXIT
-# Hard limit: 170 s for everything.
-( sleep 170; echo "FAIL: smoke test timed out"; kill -TERM $$ ) 2>/dev/null &
+# Hard limit: 175 s for everything.
+( sleep 175; echo "FAIL: smoke test timed out"; kill -TERM $$ ) 2>/dev/null &
 WATCHDOG=$!
 
 [[ $(id -u) -eq 0 ]] || { fail "must run as root (eBPF, cgroups)"; exit 1; }
@@ -36,60 +49,145 @@ python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null \
   && pass "PyTorch sees CUDA" || { fail "PyTorch with CUDA not importable"; exit 1; }
 
 info "nvidia-smi before"
-nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used --format=csv,noheader 2>&1 | sed 's/^/  /'
+nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,driver_version --format=csv,noheader 2>&1 | sed 's/^/  /'
 
-# cgroup v2 root: hybrid or pure v2.
 if mountpoint -q /sys/fs/cgroup/unified; then V2=/sys/fs/cgroup/unified; else V2=/sys/fs/cgroup; fi
-CG="$V2/gpushare-smoke-$$"
-mkdir -p "$CG" && pass "created cgroup ${CG#$V2}" || { fail "cannot create cgroup under $V2"; exit 1; }
+mkcg() { local cg="$V2/gpushare-smoke-$$-$1"; mkdir -p "$cg" && CGS+=("$cg") && echo "$cg"; }
+CG_A=$(mkcg attrib) && CG_F=$(mkcg frozen) && CG_N=$(mkcg neighbour) && CG_S=$(mkcg suspend) \
+  && pass "created cgroups under $V2" || { fail "cannot create cgroups under $V2"; exit 1; }
+rel() { echo "${1#$V2}"; }
+
+cat >"$WORK/quotas.toml" <<TOML
+[[quota]]
+cgroup = "$(rel "$CG_F")"
+gpu_memory = "${QUOTA_MIB}MiB"
+grace = "0s"
+ladder = [ { action = "freeze" } ]
+
+[[quota]]
+cgroup = "$(rel "$CG_N")"
+gpu_memory = "$((ALLOC_MIB * 4))MiB"
+
+[[quota]]
+cgroup = "$(rel "$CG_S")"
+gpu_memory = "${QUOTA_MIB}MiB"
+grace = "2s"
+ladder = [ { action = "suspend" } ]
+TOML
 
 info "starting agent: $AGENT"
-RUST_LOG=gpushare_agent=debug "$AGENT" --interval 500ms >"$LOG" 2>&1 &
+RUST_LOG=info,gpushare_agent=debug "$AGENT" --interval 500ms --quotas "$WORK/quotas.toml" \
+  --runtime-quotas "$WORK/runtime" --state-dir "$WORK/state" --socket "$SOCK" --listen "127.0.0.1:$PORT" >"$LOG" 2>&1 &
 AGENT_PID=$!
 for _ in $(seq 1 60); do grep -q "agent running" "$LOG" && break; sleep 0.5; done
 grep -q "eBPF programs loaded and attached" "$LOG" && pass "eBPF programs loaded" || fail "eBPF programs not loaded (see $LOG)"
 grep -q "NVML ready" "$LOG" && pass "NVML: $(grep -o 'NVML ready.*' "$LOG" | head -1)" || fail "NVML not ready: $(grep -o 'no NVIDIA driver.*' "$LOG" | head -1)"
-
-info "starting python in the cgroup, allocating ${ALLOC_MIB} MiB"
-cat >"$WORK/alloc.py" <<PY
-import os, sys, time, torch
-x = torch.empty(${ALLOC_MIB} * 1024 * 1024, dtype=torch.uint8, device="cuda:0")
-torch.cuda.synchronize()
-print("allocated", os.getpid(), flush=True)
-time.sleep(30)
-PY
-( echo 0 > "$CG/cgroup.procs" && exec python3 "$WORK/alloc.py" ) >"$WORK/py.out" 2>&1 &
-PY_PID=$!
-for _ in $(seq 1 120); do grep -q allocated "$WORK/py.out" && break; sleep 0.5; done
-grep -q allocated "$WORK/py.out" && pass "python allocated (pid $PY_PID)" || { fail "python did not allocate: $(tail -3 "$WORK/py.out")"; exit 1; }
-sleep 3
-
-info "nvidia-smi per process"
-SMI=$(nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader,nounits 2>&1)
-echo "$SMI" | sed 's/^/  /'
-SMI_MIB=$(echo "$SMI" | awk -F', ' -v p="$PY_PID" '$1==p {print $2}' | head -1)
-
-info "what the agent saw for pid $PY_PID"
-grep -E "GPU task $PY_PID |pid $PY_PID " "$LOG" | tail -5 | sed 's/^/  /'
-grep -qE "GPU task $PY_PID \(.*\) opened an nvidia device: cgroup ${CG#$V2}" "$LOG" \
-  && pass "open event attributed pid $PY_PID to cgroup ${CG#$V2}" || fail "no open event for pid $PY_PID in ${CG#$V2}"
-grep -q "GPU task $PY_PID issued an allocation ioctl" "$LOG" \
-  && pass "allocation ioctl events seen for pid $PY_PID" || fail "no allocation ioctl event for pid $PY_PID"
-AG_BYTES=$(grep -oE "pid $PY_PID comm [^ ]+ used [0-9]+ bytes cgroup ${CG#$V2}" "$LOG" | tail -1 | awk '{print $6}')
-if [[ -n "$AG_BYTES" ]]; then
-  AG_MIB=$((AG_BYTES / 1048576))
-  echo "  agent: ${AG_MIB} MiB   nvidia-smi: ${SMI_MIB:-?} MiB   requested: ${ALLOC_MIB} MiB"
-  [[ -n "$SMI_MIB" && "$AG_MIB" -eq "$SMI_MIB" ]] && pass "agent memory equals nvidia-smi's" || fail "agent ${AG_MIB} MiB vs nvidia-smi ${SMI_MIB:-?} MiB"
-  [[ "$AG_MIB" -ge "$ALLOC_MIB" ]] && pass "agent memory >= requested" || fail "agent memory below the allocation"
+if grep -q "CUDA checkpoint API available" "$LOG"; then
+  pass "$(grep -o 'CUDA checkpoint API available.*' "$LOG" | head -1)"; SUSPEND=1
 else
-  fail "agent sampled no memory for pid $PY_PID in cgroup ${CG#$V2}"
+  fail "suspend unavailable: $(grep -o 'suspend is unavailable.*' "$LOG" | head -1) (needs driver r570+)"; SUSPEND=0
 fi
 
-kill "$PY_PID" 2>/dev/null; wait "$PY_PID" 2>/dev/null; sleep 1
-grep -q "GPU task $PY_PID exited" "$LOG" && pass "exit of pid $PY_PID seen" || fail "exit of pid $PY_PID not seen"
-PY_PID=""
-kill -INT "$AGENT_PID"; wait "$AGENT_PID"; RC=$?; AGENT_PID=""
-[[ $RC -eq 0 ]] && pass "agent stopped cleanly on SIGINT" || fail "agent exit status $RC"
+# The agent's view of one workload (or of the GPU): "used state suspended_bytes" from /api/v1/state.
+state_of() {
+  python3 - "$PORT" "$1" <<'PY'
+import json, sys, urllib.request
+port, cg = sys.argv[1], sys.argv[2]
+s = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/state", timeout=5))
+rows = [w for w in s["workloads"] if w["workload"] == "cgroup://" + cg and w["gpu_uuid"] == "all"]
+print(f'{rows[0]["used_bytes"]} {rows[0]["state"]} {rows[0].get("suspended_bytes", 0)}' if rows else "0 absent 0")
+PY
+}
+wait_state() { # cgroup state seconds -> 0 when reached
+  local deadline=$(( $(date +%s) + $3 ))
+  while (( $(date +%s) < deadline )); do
+    [[ "$(state_of "$1" | awk '{print $2}')" == "$2" ]] && return 0
+    sleep 0.2
+  done
+  return 1
+}
+smi_mib() { nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null | awk -F', ' -v p="$1" '$1==p {print $2}' | head -1; }
+gpu_used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -1; }
+
+# A PyTorch process in a cgroup: allocates ALLOC_MIB filled with a known pattern, says "allocated <pid>",
+# then waits for <work>/check.<name> and reports whether the contents are intact.
+cat >"$WORK/alloc.py" <<'PY'
+import os, sys, time, torch
+name, mib = sys.argv[1], int(sys.argv[2])
+n = mib * 1024 * 1024 // 4
+x = torch.arange(n, dtype=torch.int32, device="cuda:0")
+torch.cuda.synchronize()
+want = int(x.sum().item())
+print("allocated", os.getpid(), flush=True)
+while not os.path.exists(os.path.join(os.path.dirname(sys.argv[0]), "check." + name)):
+    time.sleep(0.1)
+got = int(x.sum().item())
+print("intact" if got == want else f"CORRUPT {got} != {want}", flush=True)
+time.sleep(60)
+PY
+start_py() { # name cgroup: sets PY to its pid; 1 when it did not allocate
+  ( echo 0 > "$2/cgroup.procs" && exec python3 "$WORK/alloc.py" "$1" "$ALLOC_MIB" ) >"$WORK/py.$1" 2>&1 &
+  PY=$!; PIDS+=("$PY")
+  for _ in $(seq 1 120); do grep -q allocated "$WORK/py.$1" && break; sleep 0.25; done
+  grep -q allocated "$WORK/py.$1" && pass "python $1 allocated ${ALLOC_MIB} MiB (pid $PY)" && return 0
+  fail "python $1 did not allocate: $(tail -3 "$WORK/py.$1")"; return 1
+}
+
+info "1. attribution: ${ALLOC_MIB} MiB in $(rel "$CG_A")"
+start_py attrib "$CG_A"; PA=$PY
+sleep 2
+AG_MIB=$(( $(state_of "$(rel "$CG_A")" | awk '{print $1}') / 1048576 ))
+SMI=$(smi_mib "$PA")
+echo "  agent: ${AG_MIB} MiB   nvidia-smi: ${SMI:-?} MiB   requested: ${ALLOC_MIB} MiB"
+[[ -n "$SMI" && "$AG_MIB" -eq "$SMI" ]] && pass "agent memory equals nvidia-smi's" || fail "agent ${AG_MIB} MiB vs nvidia-smi ${SMI:-?} MiB"
+grep -qE "GPU task $PA \(.*\) opened an nvidia device" "$LOG" && pass "open event seen for pid $PA" || fail "no open event for pid $PA"
+kill -9 "$PA"; sleep 1
+
+info "2. freeze: ${ALLOC_MIB} MiB over a ${QUOTA_MIB} MiB quota in $(rel "$CG_F"); a neighbour allocates meanwhile"
+T0=$(now_ms)
+start_py frozen "$CG_F"; PF=$PY
+if wait_state "$(rel "$CG_F")" frozen 20 && grep -q "frozen 1" "$CG_F/cgroup.events"; then
+  pass "over quota: frozen ($(( $(now_ms) - T0 )) ms after the process started allocating)"
+else
+  fail "not frozen: $(state_of "$(rel "$CG_F")")"
+fi
+start_py neighbour "$CG_N" && pass "the neighbour allocated while the offender is frozen"; PN=$PY
+echo "  offender holds $(smi_mib "$PF") MiB (frozen), neighbour holds $(smi_mib "$PN") MiB (running)"
+[[ "$(state_of "$(rel "$CG_N")" | awk '{print $2}')" == ok ]] && pass "neighbour state ok" || fail "neighbour state $(state_of "$(rel "$CG_N")")"
+kill -9 "$PF" "$PN" 2>/dev/null; sleep 1
+
+if [[ $SUSPEND -eq 1 ]]; then
+  info "3. suspend: ${ALLOC_MIB} MiB over a ${QUOTA_MIB} MiB quota in $(rel "$CG_S")"
+  start_py suspend "$CG_S"; PS=$PY
+  BEFORE=$(gpu_used_mib)
+  T0=$(now_ms)
+  if wait_state "$(rel "$CG_S")" suspended 60; then
+    pass "suspended in $(( $(now_ms) - T0 - 2000 )) ms after its 2 s grace ($(grep -o 'moved to host memory in [^ ]*' "$LOG" | tail -1))"
+  else
+    fail "not suspended: $(state_of "$(rel "$CG_S")"); $(grep -E 'suspend|lock|checkpoint' "$LOG" | tail -3)"
+  fi
+  sleep 1
+  AFTER=$(gpu_used_mib)
+  echo "  GPU memory used: ${BEFORE} MiB before, ${AFTER} MiB suspended; nvidia-smi for pid $PS: '$(smi_mib "$PS")'"
+  [[ -z "$(smi_mib "$PS")" ]] && pass "NVML no longer lists the suspended process" || fail "NVML still lists pid $PS"
+  (( BEFORE - AFTER >= ALLOC_MIB * 9 / 10 )) && pass "its memory is free for the neighbours ($((BEFORE - AFTER)) MiB)" \
+    || fail "only $((BEFORE - AFTER)) MiB released"
+  T0=$(now_ms)
+  "$AGENT" release "cgroup://$(rel "$CG_S")" --socket "$SOCK" && pass "released"
+  for _ in $(seq 1 200); do [[ -n "$(smi_mib "$PS")" ]] && ! grep -q "frozen 1" "$CG_S/cgroup.events" && break; sleep 0.1; done
+  [[ -n "$(smi_mib "$PS")" ]] && pass "resumed in $(( $(now_ms) - T0 )) ms: NVML lists it again ($(smi_mib "$PS") MiB)" || fail "not resumed"
+  touch "$WORK/check.suspend"
+  for _ in $(seq 1 100); do grep -qE "intact|CORRUPT" "$WORK/py.suspend" && break; sleep 0.1; done
+  grep -q intact "$WORK/py.suspend" && pass "the tensor's contents are intact after suspend and resume" \
+    || fail "tensor check: $(tail -2 "$WORK/py.suspend")"
+  kill -9 "$PS" 2>/dev/null
+fi
+
+curl_metrics() { python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics', timeout=5).read().decode())"; }
+info "metrics"
+curl_metrics | grep -E "^gpushare_(suspend|resume)_duration_seconds_(sum|count)|^gpushare_suspend_fallthroughs|^gpushare_enforcement_latency_seconds_(sum|count)|^gpushare_gpu_isolation_backend" | sed 's/^/  /'
+kill -TERM "$AGENT_PID"; wait "$AGENT_PID"; RC=$?; AGENT_PID=""
+[[ $RC -eq 0 ]] && pass "agent stopped cleanly on SIGTERM" || fail "agent exit status $RC"
 kill "$WATCHDOG" 2>/dev/null
 echo "agent log: $LOG"
 if [[ $FAILS -eq 0 ]]; then echo "RESULT: PASS"; else echo "RESULT: FAIL ($FAILS checks failed)"; exit 1; fi

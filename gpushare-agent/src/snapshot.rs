@@ -378,9 +378,8 @@ impl Publisher {
                         GpuScope::All => fp.values().sum(),
                         GpuScope::Gpu(i) => fp.get(&i).copied().unwrap_or(0),
                     };
-                    if scope == GpuScope::All {
-                        v.used_bytes = v.used_bytes.max(v.suspended_bytes);
-                    }
+                    // Its memory is in host memory: the usage that counts for its quota.
+                    v.used_bytes = v.used_bytes.max(v.suspended_bytes);
                 }
                 if let Some(why) = &ws.suspend_failed {
                     v.detail = format!("suspend fell through ({why})");

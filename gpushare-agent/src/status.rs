@@ -133,6 +133,13 @@ pub fn render_status(snap: &Snapshot) -> String {
             human_secs(w.state_for_secs),
             top.join(", ")
         );
+        if w.suspended_bytes > 0 {
+            let _ = writeln!(
+                out,
+                "    {} of its GPU memory is held in host memory (suspended)",
+                human_bytes(w.suspended_bytes)
+            );
+        }
         if !w.detail.is_empty() {
             let _ = writeln!(out, "    {}", w.detail);
         }

@@ -97,6 +97,7 @@ struct Pace {
     grace: &'static str,
     signal_after: &'static str,
     freeze_after: &'static str,
+    suspend_after: &'static str,
     pause: Duration,
     timeout: Duration,
 }
@@ -112,6 +113,7 @@ impl Pace {
                 grace: "300ms",
                 signal_after: "500ms",
                 freeze_after: "1.5s",
+                suspend_after: "3s",
                 pause: Duration::ZERO,
                 timeout: Duration::from_secs(30),
             }
@@ -123,6 +125,7 @@ impl Pace {
                 grace: "2s",
                 signal_after: "4s",
                 freeze_after: "10s",
+                suspend_after: "20s",
                 pause: Duration::from_secs(10),
                 timeout: Duration::from_secs(60),
             }
@@ -522,10 +525,11 @@ impl Demo {
             "trainer (quota 16 GiB) now allocates 18 GiB ({} holds {grown} bytes for the mock NVML).\n\
              On a real GPU this is where its neighbour notebook, on the same GPU, would start failing\n\
              its allocations. The ladder (set with launch --action): alert, then SIGUSR1 after {},\n\
-             then freeze the cgroup after {} (grace {}).",
+             then freeze the cgroup after {}, then suspend it after {} (grace {}).",
             pid_file.display(),
             self.pace.signal_after,
             self.pace.freeze_after,
+            self.pace.suspend_after,
             self.pace.grace
         ));
         self.wait_for("trainer is signalled (SIGUSR1)", |d| {
@@ -550,11 +554,46 @@ impl Demo {
             self.scope("trainer").join("cgroup.events").display()
         ));
         self.check_neighbours()?;
-        say("notebook and inference were neither signalled nor frozen, and keep running:");
+        let frozen_free = self.gpu_free(1)?;
+        say(&format!(
+            "notebook and inference were neither signalled nor frozen, and keep running. But a frozen\n\
+             trainer still holds its 18 GiB: GPU 1 has only {} free, so notebook still cannot grow.",
+            gib(frozen_free)
+        ));
         self.show_status()?;
         self.pause()?;
 
-        heading("4. An operator releases trainer");
+        heading("4. trainer is suspended: its GPU memory is given back");
+        say(
+            "The suspend step moves trainer's GPU memory to host memory with the CUDA checkpoint API (here\n\
+             the mock libcuda): the agent locks trainer's GPU process, checkpoints it, and keeps it frozen.",
+        );
+        self.wait_for("trainer is suspended", |d| {
+            d.metrics_states()
+                .get(&key("trainer"))
+                .is_some_and(|s| s == "suspended")
+        })?;
+        self.wait_for("GPU 1's memory is free again", |d| {
+            d.gpu_free(1).is_ok_and(|f| f >= frozen_free + 17 * GIB)
+        })?;
+        let suspended_free = self.gpu_free(1)?;
+        say(&format!(
+            "GPU 1 now has {} free (it had {} while trainer was only frozen). notebook grows to its\n\
+             full 6 GiB quota, which it could not before:",
+            gib(suspended_free),
+            gib(frozen_free)
+        ));
+        self.grow("notebook", 6 * GIB)?;
+        self.wait_for("notebook uses 6 GiB and is still ok", |d| {
+            d.metrics_states()
+                .get(&key("notebook"))
+                .is_some_and(|s| s == "ok")
+                && d.used_of("notebook").is_ok_and(|u| u == 6 * GIB)
+        })?;
+        self.show_status()?;
+        self.pause()?;
+
+        heading("5. An operator releases trainer");
         let out = Command::new(&self.agent_bin)
             .args(["release", &key("trainer"), "--socket"])
             .arg(self.path("agent.sock"))
@@ -572,8 +611,11 @@ impl Demo {
         );
         // The job frees what it over-allocated; were it to stay over, the ladder would start again.
         fs::write(&pid_file, (12 * GIB).to_string())?;
-        say("trainer is thawed and frees its extra memory (back to 12 GiB of 16 GiB).");
-        self.wait_for("trainer is thawed and ok", |d| {
+        say(
+            "trainer is resumed (thawed, its memory restored onto GPU 1, unlocked) and frees its extra\n\
+             memory (back to 12 GiB of 16 GiB).",
+        );
+        self.wait_for("trainer is resumed and ok", |d| {
             !d.frozen("trainer")
                 && d.metrics_states()
                     .get(&key("trainer"))
@@ -584,7 +626,7 @@ impl Demo {
         self.show_status()?;
         self.pause()?;
 
-        heading("5. Stop everything");
+        heading("6. Stop everything");
         say(
             "The agent stops first (on SIGTERM it thaws anything it froze). Then each launcher gets SIGTERM,\n\
              passes it to its service, and when the service has exited removes its cgroup and its quota\n\
@@ -615,7 +657,8 @@ impl Demo {
         fs::create_dir_all(self.path("runtime"))?;
         let scenario = format!(
             r#"{{
-  "driver_version": "550.54.15",
+  "driver_version": "570.86.15",
+  "cuda_driver_version": 12080,
   "devices": [
     {{ "uuid": "GPU-0d3e0000-demo-4000-8000-000000000000", "name": "NVIDIA Fake L40S", "memory_total": {} }},
     {{ "uuid": "GPU-0d3e0001-demo-4000-8000-000000000001", "name": "NVIDIA Fake A10", "memory_total": {} }}
@@ -674,8 +717,8 @@ impl Demo {
                 self.pace.grace.into(),
                 "--action".into(),
                 format!(
-                    "alert,signal@{},freeze@{}",
-                    self.pace.signal_after, self.pace.freeze_after
+                    "alert,signal@{},freeze@{},suspend@{}",
+                    self.pace.signal_after, self.pace.freeze_after, self.pace.suspend_after
                 ),
             ]);
         }
@@ -738,6 +781,8 @@ impl Demo {
         let mut cmd = Command::new(&self.agent_bin);
         cmd.arg("--nvml-lib")
             .arg(&self.nvml_lib)
+            .arg("--cuda-lib")
+            .arg(self.nvml_lib.with_file_name("libcuda.so.1"))
             .arg("--quotas")
             .arg(self.path("quotas.toml"))
             .arg("--runtime-quotas")
@@ -804,6 +849,29 @@ impl Demo {
         fs::write(&tmp, bytes.to_string())?;
         fs::rename(&tmp, &file)?;
         Ok((file, bytes))
+    }
+
+    /// Free memory of GPU `index` as the agent last sampled it.
+    fn gpu_free(&self, index: u32) -> Result<u64> {
+        let (_, body) = http_get(&self.listen, "/api/v1/state")?;
+        let v: serde_json::Value = serde_json::from_str(&body)?;
+        v["gpus"]
+            .as_array()
+            .and_then(|g| g.iter().find(|g| g["index"] == index))
+            .and_then(|g| g["memory_free_bytes"].as_u64())
+            .with_context(|| format!("no GPU {index} in the agent's state"))
+    }
+
+    /// A service's GPU memory as the agent sees it (summed over its per-GPU rows).
+    fn used_of(&self, name: &str) -> Result<u64> {
+        let (_, body) = http_get(&self.listen, "/api/v1/state")?;
+        let v: serde_json::Value = serde_json::from_str(&body)?;
+        let rows = v["workloads"].as_array().context("no workloads")?;
+        Ok(rows
+            .iter()
+            .filter(|w| w["workload"] == key(name) && w["gpu_uuid"] != "all")
+            .filter_map(|w| w["used_bytes"].as_u64())
+            .sum())
     }
 
     fn check_neighbours(&mut self) -> Result<()> {
@@ -924,6 +992,10 @@ impl Drop for Demo {
             eprintln!("demo: {e:#}");
         }
     }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / GIB as f64)
 }
 
 fn tail(s: &str, n: usize) -> String {

@@ -1315,7 +1315,17 @@ fn reconcile_suspension(
             true
         }
         (Some(Suspension::Suspended { per_gpu }), None) => {
-            if due(ws, Transition::Resume) {
+            // A restore without room on the GPU fails and can leave the process unrestorable on
+            // real drivers (cuda-checkpoint#44): wait until every GPU has room for its share.
+            let room = per_gpu.iter().all(|(dev, bytes)| {
+                cx.input
+                    .sample
+                    .devices
+                    .iter()
+                    .find(|d| d.index == *dev)
+                    .is_some_and(|d| d.memory_free >= *bytes)
+            });
+            if room && due(ws, Transition::Resume) {
                 let scope = observed.and_then(|o| o.frozen_by).unwrap_or(GpuScope::All);
                 let total = per_gpu.values().sum();
                 let a = cx.act(

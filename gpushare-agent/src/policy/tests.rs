@@ -1193,6 +1193,30 @@ fn an_earlier_runs_suspension_is_kept_while_liable_and_resumed_when_not() {
     );
 }
 
+#[test]
+fn a_suspended_workload_is_never_resumed_onto_a_gpu_without_room_for_it() {
+    let a = docker('a');
+    let toml = quota_for('a', "grace = \"10s\"\nladder = [{ action = \"suspend\" }]");
+    let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
+    sim.at(0, &[(10, 0, Some(3 * GIB))]);
+    assert_eq!(
+        sim.at(10_000, &[(10, 0, Some(3 * GIB))])[0].kind,
+        ActionKind::Suspend
+    );
+    // Released (its ladder starts again from the 10 s grace), but a neighbour took the memory:
+    // only 1 GiB free for its 3 GiB.
+    sim.gpus[0].1 = GIB;
+    sim.releases = vec![key('a')];
+    assert!(sim.at(11_000, &[]).is_empty(), "no restore without room");
+    assert_eq!(reported(&sim, 'a'), "suspended");
+    sim.gpus[0].1 = 4 * GIB;
+    let r = sim.at(12_000, &[]);
+    assert_eq!(
+        r.iter().map(|x| x.kind).collect::<Vec<_>>(),
+        vec![ActionKind::Resume]
+    );
+}
+
 // ---- properties --------------------------------------------------------------------------------
 
 /// Workload pool for the properties: containers a–c, a unit, a plain cgroup, the host.
