@@ -188,6 +188,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
             biased;
             _ = sigint.recv() => { info!("SIGINT received"); break; }
             _ = sigterm.recv() => { info!("SIGTERM received"); break; }
+            // Before the kernel events: a storm of GPU task events must not starve an operator.
+            Some(req) = release_rx.recv() => {
+                let answer = agent.release(&req.workload);
+                if answer.is_ok() { agent.tick(None); }
+                let _ = req.reply.send(answer);
+            }
             ready = readable(&events_fd) => {
                 log::trace!("ring buffer readable");
                 if let Ok(mut guard) = ready { guard.clear_ready(); }
@@ -214,11 +220,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 if agent.quotas_mut().reload(false) { agent.tick(None); }
             }
             _ = quota_poll.tick() => { if agent.quotas_mut().reload(false) { agent.tick(None); } }
-            Some(req) = release_rx.recv() => {
-                let answer = agent.release(&req.workload);
-                if answer.is_ok() { agent.tick(None); }
-                let _ = req.reply.send(answer);
-            }
         }
     }
     agent.shutdown();

@@ -106,13 +106,18 @@ pub fn request(dir: &Path, freezer: Freezer, frozen: bool) -> Result<()> {
 
 /// The v1 freezer mount point, if any (`/sys/fs/cgroup/freezer` on hybrid systems).
 pub fn v1_freezer_root() -> Option<PathBuf> {
+    v1_root("freezer")
+}
+
+/// Where the v1 hierarchy of `controller` is mounted, if it is.
+pub fn v1_root(controller: &str) -> Option<PathBuf> {
     let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
     mountinfo.lines().find_map(|l| {
         let (left, right) = l.split_once(" - ")?;
         let mut r = right.split_whitespace();
         (r.next()? == "cgroup").then_some(())?;
         let opts = r.nth(1)?;
-        opts.split(',').any(|o| o == "freezer").then_some(())?;
+        opts.split(',').any(|o| o == controller).then_some(())?;
         left.split_whitespace().nth(4).map(PathBuf::from)
     })
 }

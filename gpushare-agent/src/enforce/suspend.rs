@@ -188,7 +188,7 @@ fn container_room(dir: &Path, pid: Option<u32>) -> Option<(u64, String)> {
             .any(|c| c == "memory")
             .then(|| path.to_string())
     })?;
-    let root = v1_root("memory")?;
+    let root = freeze::v1_root("memory")?;
     let group = root.join(path.trim_start_matches('/'));
     let limit = read_u64(&group.join("memory.limit_in_bytes"))?;
     let usage = read_u64(&group.join("memory.usage_in_bytes"))?;
@@ -198,18 +198,6 @@ fn container_room(dir: &Path, pid: Option<u32>) -> Option<(u64, String)> {
             limit.saturating_sub(usage),
             format!("the container's memory limit ({})", human(limit)),
         )
-    })
-}
-
-fn v1_root(controller: &str) -> Option<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mountinfo.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        let mut r = right.split_whitespace();
-        (r.next()? == "cgroup").then_some(())?;
-        let opts = r.nth(1)?;
-        opts.split(',').any(|o| o == controller).then_some(())?;
-        left.split_whitespace().nth(4).map(PathBuf::from)
     })
 }
 

@@ -143,13 +143,8 @@ pub fn parse_actions(s: &str) -> Result<Vec<LadderStep>, String> {
             None => *default_after,
             Some(a) => parse_duration(a).map_err(|e| format!("{raw:?}: {e}"))?,
         };
-        let action = match name {
-            "alert" => StepAction::Alert,
-            "signal" => StepAction::Signal(signal.unwrap_or(Signal::USR1)),
-            "freeze" => StepAction::Freeze,
-            "suspend" => StepAction::Suspend,
-            _ => StepAction::Kill(signal.unwrap_or(Signal::KILL)),
-        };
+        let action = StepAction::from_name(name, signal)
+            .ok_or_else(|| format!("unknown action {name:?} in {raw:?}"))?;
         if let Some(prev) = steps.last() {
             if action.rank() < prev.action.rank()
                 || (action.rank() == prev.action.rank() && !matches!(action, StepAction::Signal(_)))

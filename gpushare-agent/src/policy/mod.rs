@@ -990,7 +990,9 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
         }
         // Which liability holds the desired freeze (or none does any more).
         let mut thaw_why = None;
-        let no_longer = |by: GpuScope| -> String {
+        // Why the liability `by` no longer holds the workload; `room`: what an elastic one that
+        // is no longer liable got back.
+        let no_longer = |by: GpuScope, room: &str, ladder: &str| -> String {
             let why = match liabilities.iter().find(|l| l.scope == by) {
                 None => format!("its quota on {by} no longer applies"),
                 Some(l) if !l.over => format!(
@@ -999,11 +1001,11 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
                     ByteSize(l.limit).approx()
                 ),
                 Some(l) if !l.liable => format!(
-                    "the GPU has room for it again: uses {} of its {} quota on {by}",
+                    "{room}: uses {} of its {} quota on {by}",
                     ByteSize(l.usage).approx(),
                     ByteSize(l.limit).approx()
                 ),
-                Some(_) => "its ladder no longer holds it".to_string(),
+                Some(_) => ladder.to_string(),
             };
             format!("thawed because {why}; {}", quota.source)
         };
@@ -1015,7 +1017,11 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
                 .map(|(scope, _)| *scope)
                 .collect();
             if holding.is_empty() {
-                thaw_why = Some(no_longer(by));
+                thaw_why = Some(no_longer(
+                    by,
+                    "the GPU has room for it again",
+                    "its ladder no longer suspends",
+                ));
                 ws.suspended = None;
             } else if !holding.contains(&by) {
                 ws.suspended = Some(holding[0]);
@@ -1038,21 +1044,11 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
                 .map(|(scope, _)| *scope)
                 .collect();
             if holding.is_empty() {
-                let why = match liabilities.iter().find(|l| l.scope == frozen_by) {
-                    None => format!("its quota on {frozen_by} no longer applies"),
-                    Some(l) if !l.over => format!(
-                        "it is back within quota: uses {} of its {} quota on {frozen_by}",
-                        ByteSize(l.usage).approx(),
-                        ByteSize(l.limit).approx()
-                    ),
-                    Some(l) if !l.liable => format!(
-                        "GPU memory pressure is gone, so it may borrow again: uses {} of its {} quota on {frozen_by}",
-                        ByteSize(l.usage).approx(),
-                        ByteSize(l.limit).approx()
-                    ),
-                    Some(_) => "its ladder no longer freezes".to_string(),
-                };
-                thaw_why = Some(format!("thawed because {why}; {}", quota.source));
+                thaw_why = Some(no_longer(
+                    frozen_by,
+                    "GPU memory pressure is gone, so it may borrow again",
+                    "its ladder no longer freezes",
+                ));
                 ws.frozen = None;
             } else if !holding.contains(&frozen_by) {
                 ws.frozen = Some(holding[0]);

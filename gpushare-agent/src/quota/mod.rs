@@ -205,6 +205,22 @@ pub enum StepAction {
 }
 
 impl StepAction {
+    /// Every step's name, in ladder order.
+    pub const NAMES: [&'static str; 5] = ["alert", "signal", "freeze", "suspend", "kill"];
+
+    /// The step named `name` (one of [`Self::NAMES`]), with `signal` for `signal` (default
+    /// SIGUSR1) and `kill` (default SIGKILL) steps.
+    pub fn from_name(name: &str, signal: Option<Signal>) -> Option<Self> {
+        Some(match name {
+            "alert" => Self::Alert,
+            "signal" => Self::Signal(signal.unwrap_or(Signal::USR1)),
+            "freeze" => Self::Freeze,
+            "suspend" => Self::Suspend,
+            "kill" => Self::Kill(signal.unwrap_or(Signal::KILL)),
+            _ => return None,
+        })
+    }
+
     /// `alert`, `signal`, `freeze`, `suspend` or `kill`.
     pub fn name(self) -> &'static str {
         match self {

@@ -145,15 +145,7 @@ impl ChildGroup {
 impl Drop for ChildGroup {
     fn drop(&mut self) {
         let _ = std::fs::write(self.0.join("cgroup.freeze"), "0");
-        if let (Some(parent), Ok(procs)) = (
-            self.0.parent(),
-            std::fs::read_to_string(self.0.join("cgroup.procs")),
-        ) {
-            for pid in procs.lines() {
-                let _ = std::fs::write(parent.join("cgroup.procs"), pid);
-            }
-        }
-        let _ = std::fs::remove_dir(&self.0);
+        crate::util::empty_and_remove(&self.0);
     }
 }
 

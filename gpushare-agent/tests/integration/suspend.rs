@@ -301,7 +301,7 @@ fn a_container_memory_limit_too_small_for_the_checkpoint_skips_the_step() {
     if !require_root("a_container_memory_limit_too_small") {
         return;
     }
-    let Some(mem_root) = v1_root("memory") else {
+    let Some(mem_root) = gpushare_agent::enforce::freeze::v1_root("memory") else {
         gpushare_testkit::loud_skip("no v1 memory controller mounted (pure cgroup v2 host)");
         return;
     };
@@ -383,18 +383,6 @@ fn a_sigkilled_agents_suspensions_are_kept_or_resumed_at_the_next_start() {
     assert!(keep.wait_frozen(false));
 }
 
-fn v1_root(controller: &str) -> Option<std::path::PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mountinfo.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        let mut r = right.split_whitespace();
-        (r.next()? == "cgroup").then_some(())?;
-        let opts = r.nth(1)?;
-        opts.split(',').any(|o| o == controller).then_some(())?;
-        left.split_whitespace().nth(4).map(std::path::PathBuf::from)
-    })
-}
-
 /// A v1 memory group with a limit, holding one process; the process goes back to the root and
 /// the group is removed on drop.
 struct MemGroup(std::path::PathBuf);
@@ -410,15 +398,7 @@ impl MemGroup {
 
 impl Drop for MemGroup {
     fn drop(&mut self) {
-        if let (Some(root), Ok(procs)) = (
-            self.0.parent(),
-            std::fs::read_to_string(self.0.join("cgroup.procs")),
-        ) {
-            for pid in procs.lines() {
-                let _ = std::fs::write(root.join("cgroup.procs"), pid);
-            }
-        }
-        let _ = std::fs::remove_dir(&self.0);
+        crate::util::empty_and_remove(&self.0);
     }
 }
 

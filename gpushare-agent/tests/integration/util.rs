@@ -310,16 +310,22 @@ impl V1Group {
 impl Drop for V1Group {
     fn drop(&mut self) {
         let _ = std::fs::write(self.0.join("freezer.state"), "THAWED");
-        if let (Some(root), Ok(procs)) = (
-            self.0.parent(),
-            std::fs::read_to_string(self.0.join("cgroup.procs")),
-        ) {
-            for pid in procs.lines() {
-                let _ = std::fs::write(root.join("cgroup.procs"), pid);
-            }
-        }
-        let _ = std::fs::remove_dir(&self.0);
+        empty_and_remove(&self.0);
     }
+}
+
+/// Moves a test's cgroup's processes into its parent and removes it (v1 or v2), ignoring errors:
+/// for the Drop of fixtures that put processes into groups of their own.
+pub fn empty_and_remove(dir: &Path) {
+    if let (Some(parent), Ok(procs)) = (
+        dir.parent(),
+        std::fs::read_to_string(dir.join("cgroup.procs")),
+    ) {
+        for pid in procs.lines() {
+            let _ = std::fs::write(parent.join("cgroup.procs"), pid);
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// A child process killed and reaped on drop.

@@ -232,7 +232,7 @@ pub(super) fn ladder_value(
     cx: &mut Cx,
     ladder: &Spanned<Vec<Spanned<StepSpec>>>,
 ) -> Option<Vec<LadderStep>> {
-    const ACTIONS: [&str; 5] = ["alert", "signal", "freeze", "suspend", "kill"];
+    const ACTIONS: [&str; 5] = StepAction::NAMES;
     let errors_before = cx.errors.len();
     let mut steps: Vec<LadderStep> = Vec::new();
     for step in ladder.get_ref() {
@@ -290,12 +290,8 @@ pub(super) fn ladder_value(
                 None => continue,
             },
         };
-        let action = match name {
-            "alert" => StepAction::Alert,
-            "signal" => StepAction::Signal(signal.unwrap_or(Signal::USR1)),
-            "freeze" => StepAction::Freeze,
-            "suspend" => StepAction::Suspend,
-            _ => StepAction::Kill(signal.unwrap_or(Signal::KILL)),
+        let Some(action) = StepAction::from_name(name, signal) else {
+            continue; // unknown names were reported above
         };
         if let Some(prev) = steps.last() {
             let pos = spec.after.as_ref().map_or(step.span(), Spanned::span);
