@@ -2,6 +2,8 @@
 //! mid-run, no driver at start, an unwritable state directory, SIGKILL at random moments, churn.
 
 use std::{
+    io::Write,
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -9,7 +11,7 @@ use std::{
 use gpushare_agent::{
     attribution::{CgroupResolver, ProcessIdentity, cgroupfs, procinfo, tracker::Tracker},
     ebpf::{KernelPrograms, LoadOptions},
-    enforce::{Enforcer, Outcome},
+    enforce::{Enforcer, Outcome, ledger, marks},
     policy::GpuScope,
     snapshot::Snapshot,
 };
@@ -18,7 +20,7 @@ use gpushare_testkit::{
 };
 use serde_json::json;
 
-use crate::util::{AgentProcess, counter_value, usr1_recorder, workload};
+use crate::util::{AgentProcess, agent_dir, counter_value, usr1_recorder, workload};
 
 const GIB: u64 = 1 << 30;
 
@@ -337,11 +339,77 @@ fn no_driver_at_start_keeps_the_agent_running_and_says_so() {
     assert!(agent.log().contains("no NVIDIA driver found"));
 }
 
+/// xorshift64*: a small deterministic generator, so a failing run can be replayed from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Where a SIGKILL lands.
+#[derive(Clone, Copy, Debug)]
+enum Moment {
+    /// At a random time after the agent was started, before or after it is ready.
+    StartUp,
+    /// After the freeze is recorded (ledger and mark) and before `cgroup.freeze` is written (the
+    /// agent's debug-build pause point).
+    BeforeFreeze,
+    /// Around the thaw of a workload back within quota: before it, during it (right after the
+    /// kernel reports the group thawed, before the record is dropped) or after it.
+    DuringThaw,
+    /// At a random time while the freeze is settled.
+    Settled,
+}
+
+/// Whether a group the agent may have frozen is covered by its ledger (`state_dir`) or by a mark
+/// naming that state directory: what a restarted agent or `thaw --all` can undo.
+fn covered(dir: &Path, state_dir: &Path) -> bool {
+    let ledger = std::fs::read_to_string(state_dir.join(ledger::LEDGER_FILE)).unwrap_or_default();
+    let in_ledger = serde_json::from_str::<serde_json::Value>(&ledger).is_ok_and(|v| {
+        v["freezes"].as_array().is_some_and(|fs| {
+            fs.iter()
+                .any(|f| f["cgroup_dir"].as_str() == Some(&*dir.to_string_lossy()))
+        })
+    });
+    in_ledger || marks::read(dir).is_some_and(|m| m.state_dir == state_dir)
+}
+
 #[test]
 fn sigkill_at_random_moments_never_leaves_a_wrong_freeze() {
     if !require_root("sigkill_at_random_moments") {
         return;
     }
+    let seed = std::env::var("GPUSHARE_KILL_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64;
+            nanos ^ (u64::from(std::process::id()) << 32)
+        })
+        | 1;
+    let iterations: usize = std::env::var("GPUSHARE_KILL_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
+    // Straight to stderr, so the seed shows whether the test passes or fails.
+    let _ = writeln!(
+        std::io::stderr(),
+        "sigkill_at_random_moments: seed {seed}, {iterations} iterations \
+         (GPUSHARE_KILL_SEED={seed} GPUSHARE_KILL_ITERATIONS={iterations} replays it)"
+    );
+    let mut rng = Rng(seed);
     let over = TestCgroup::create(&unique("rk-over")).unwrap();
     let under = TestCgroup::create(&unique("rk-under")).unwrap();
     let po = Reaped(
@@ -353,48 +421,145 @@ fn sigkill_at_random_moments_never_leaves_a_wrong_freeze() {
             .spawn(Command::new("sleep").arg("300").stdin(Stdio::null()))
             .unwrap(),
     );
-    let sc = Scenario::create(&scenario(
-        &[(po.0.id(), 3 * GIB), (pu.0.id(), GIB)],
-        json!({}),
-    ))
-    .unwrap();
+    let usage = |over_bytes: u64| scenario(&[(po.0.id(), over_bytes), (pu.0.id(), GIB)], json!({}));
+    let sc = Scenario::create(&usage(3 * GIB)).unwrap();
     let quotas = format!(
         "{}\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"2GiB\"\n",
         freeze_quota(&over),
         under.rel_path()
     );
-    let mut agent = AgentProcess::start(&sc, &quotas, &[]);
-    let iterations = std::env::var("GPUSHARE_KILL_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
-    let mut seed = (std::process::id() as u64 * 2654435761) | 1;
-    for i in 0..iterations {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        std::thread::sleep(Duration::from_millis(seed % 700));
-        agent.sigkill();
-        // Between a crash and the restart, nobody may have thawed or frozen anything wrongly:
-        assert!(
-            !under.is_frozen(),
-            "iteration {i}: the workload under quota is frozen"
-        );
-        agent.restart();
-        agent.wait_for(Duration::from_secs(10), |s| {
-            workload(s, &key(&over), "all").is_some_and(|w| w.state == "frozen")
-        });
-        assert!(
-            over.wait_frozen(true),
-            "iteration {i}: the over-quota workload is left running"
-        );
-        assert!(
-            !under.is_frozen(),
-            "iteration {i}: the workload under quota is frozen"
-        );
+    let dir = agent_dir(&quotas);
+    let state_dir = dir.join("state");
+    let pause = dir.join("pause-before-freeze");
+    let mut agent = AgentProcess::unstarted(dir, &sc, &[], "200ms")
+        .env("GPUSHARE_TEST_PAUSE_BEFORE_FREEZE", pause.to_str().unwrap());
+    // Dropped before the agent: a failing test never leaves the agent waiting at the pause point.
+    struct RemoveOnDrop<'a>(&'a Path);
+    impl Drop for RemoveOnDrop<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(self.0);
+        }
     }
+    let _unpause = RemoveOnDrop(&pause);
+    agent.restart();
+    let over_frozen =
+        |s: &Snapshot| workload(s, &key(&over), "all").is_some_and(|w| w.state == "frozen");
+    agent.wait_for(Duration::from_secs(10), over_frozen);
+
+    // The workload under quota is never frozen, not even for a moment: watched all along.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let under_frozen_seen = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if under.is_frozen() {
+                    under_frozen_seen.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let moments = [
+                Moment::StartUp,
+                Moment::BeforeFreeze,
+                Moment::DuringThaw,
+                Moment::Settled,
+            ];
+            let mut order = moments;
+            for i in 0..iterations {
+                if i % moments.len() == 0 {
+                    // A fresh random order each round, so every moment comes up.
+                    for j in (1..order.len()).rev() {
+                        order.swap(j, rng.below(j as u64 + 1) as usize);
+                    }
+                }
+                let moment = order[i % order.len()];
+                let what = format!("seed {seed}, iteration {i}, kill {moment:?}");
+                match moment {
+                    Moment::StartUp => {
+                        agent.sigkill();
+                        agent.spawn_unready();
+                        std::thread::sleep(Duration::from_millis(rng.below(1500)));
+                    }
+                    Moment::BeforeFreeze => {
+                        // Back within quota (thawed), then over it again with the pause set: the
+                        // agent records the freeze and waits before writing cgroup.freeze.
+                        sc.write(&usage(GIB)).unwrap();
+                        agent.wait_for(Duration::from_secs(10), |s| {
+                            workload(s, &key(&over), "all").is_some_and(|w| w.state == "ok")
+                        });
+                        assert!(over.wait_frozen(false), "{what}: thawed within quota");
+                        std::fs::write(&pause, "").unwrap();
+                        sc.write(&usage(3 * GIB)).unwrap();
+                        let deadline = Instant::now() + Duration::from_secs(10);
+                        while !covered(over.dir(), &state_dir) && !over.is_frozen() {
+                            assert!(
+                                Instant::now() < deadline,
+                                "{what}: the agent never came to freeze\n{}",
+                                agent.log()
+                            );
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                        std::thread::sleep(Duration::from_millis(rng.below(300)));
+                    }
+                    Moment::DuringThaw => {
+                        sc.write(&usage(GIB)).unwrap();
+                        if rng.below(2) == 0 {
+                            std::thread::sleep(Duration::from_millis(rng.below(600)));
+                        } else {
+                            // Right after the kernel reports the thaw: the record may still be
+                            // there.
+                            assert!(over.wait_frozen(false), "{what}: thawed within quota");
+                        }
+                    }
+                    Moment::Settled => {
+                        std::thread::sleep(Duration::from_millis(rng.below(700)));
+                    }
+                }
+                agent.sigkill();
+                let _ = std::fs::remove_file(&pause);
+                // Between a crash and the restart: nothing frozen that the ledger or a mark does
+                // not cover (so a restart or `thaw --all` can undo it).
+                for cg in [&over, &under] {
+                    if cg.is_frozen() {
+                        assert!(
+                            covered(cg.dir(), &state_dir),
+                            "{what}: {} is frozen and neither the ledger nor a mark covers it\n{}",
+                            cg.rel_path(),
+                            agent.log()
+                        );
+                    }
+                }
+                // Over quota again; the restarted agent freezes it again and records it.
+                sc.write(&usage(3 * GIB)).unwrap();
+                agent.restart();
+                agent.wait_for(Duration::from_secs(10), over_frozen);
+                assert!(
+                    over.wait_frozen(true),
+                    "{what}: the over-quota workload is left running"
+                );
+                assert!(
+                    covered(over.dir(), &state_dir),
+                    "{what}: frozen but not recorded after the restart"
+                );
+                assert!(
+                    !under_frozen_seen.load(std::sync::atomic::Ordering::Relaxed),
+                    "{what}: the workload under quota was frozen"
+                );
+            }
+        }));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = result {
+            std::panic::resume_unwind(e);
+        }
+    });
+    assert!(
+        !under_frozen_seen.load(std::sync::atomic::Ordering::Relaxed),
+        "seed {seed}: the workload under quota was frozen"
+    );
     assert_eq!(agent.stop(), Some(0));
     assert!(over.wait_frozen(false), "SIGTERM thaws");
+    assert!(!covered(over.dir(), &state_dir), "and drops its record");
 }
 
 #[test]

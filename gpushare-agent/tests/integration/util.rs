@@ -110,6 +110,12 @@ impl AgentProcess {
         }
     }
 
+    /// Adds a variable to the agent's environment (from its next start).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.envs.push((key.to_string(), value.to_string()));
+        self
+    }
+
     /// Starts it and waits until it is ready. Where the tests run as root the agent must be in
     /// eBPF mode, unless the test asked for `--no-ebpf`: a silent fallback to `/proc` would let
     /// tests of attribution, ioctls and allocation events pass without the kernel programs.
