@@ -88,8 +88,17 @@ fn run(cli: Cli) -> Result<()> {
             args,
         } => {
             setup(&root, true)?;
-            // Every step runs; failures are collected and reported together at the end.
+            // Every step runs; failures are collected and reported together at the end, and so
+            // is every step that did not run: a skip is never silent.
             let mut failed: Vec<String> = Vec::new();
+            let mut skipped: Vec<String> = Vec::new();
+            let mut skip = |what: &str| {
+                eprintln!("\nxtask: !!! SKIPPED {what} !!!\n");
+                skipped.push(what.to_string());
+            };
+            if no_lint {
+                skip("fmt and clippy (--no-lint)");
+            }
             let mut run_step = |name: &str, res: Result<()>| {
                 if let Err(e) = res {
                     eprintln!("xtask: FAILED: {name}: {e:#}");
@@ -123,8 +132,14 @@ fn run(cli: Cli) -> Result<()> {
             if is_root() {
                 step("demo (non-interactive)");
                 run_step("demo", demo::run(&root, true, lib));
+            } else {
+                skip(
+                    "the demo: it needs root (cgroups, a device node, eBPF); run as root, as CI does",
+                );
             }
-            if !no_fuzz {
+            if no_fuzz {
+                skip("the fuzzing run (--no-fuzz)");
+            } else {
                 step("fuzz (bounded: 15 s per target)");
                 run_step(
                     "fuzz",
@@ -145,6 +160,8 @@ fn run(cli: Cli) -> Result<()> {
             if is_root() {
                 // Tests that need root must not skip quietly where root is available.
                 cmd.env("GPUSHARE_REQUIRE_ROOT", "1");
+            } else {
+                skip("the tests that need root (each says SKIPPED above); run as root, as CI does");
             }
             cmd.env("GPUSHARE_REQUIRE_PYENV", "1");
             run_step(
@@ -153,8 +170,14 @@ fn run(cli: Cli) -> Result<()> {
                     .context("running cargo test")
                     .and_then(|s| check(s, "cargo test")),
             );
-            if failed.is_empty() {
+            if failed.is_empty() && skipped.is_empty() {
                 eprintln!("xtask: all checks passed");
+                Ok(())
+            } else if failed.is_empty() {
+                eprintln!(
+                    "xtask: the checks that ran passed; NOT RUN: {}",
+                    skipped.join("; ")
+                );
                 Ok(())
             } else {
                 bail!("failed: {}", failed.join(", "))
