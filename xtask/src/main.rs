@@ -115,6 +115,8 @@ fn run(cli: Cli) -> Result<()> {
                 );
                 step("clippy (eBPF crate, nightly, bpfel)");
                 run_step("clippy (eBPF)", clippy_ebpf(&root));
+                step("fmt and clippy (fuzz/, outside the workspace)");
+                run_step("fmt and clippy (fuzz)", lint_fuzz(&root));
             }
             step("build");
             cargo(&root, &["build"])?;
@@ -332,6 +334,25 @@ fn clippy_ebpf(root: &Path) -> Result<()> {
         .env_remove("RUSTUP_TOOLCHAIN")
         .status()?;
     check(status, "clippy of gpushare-ebpf")
+}
+
+/// fmt and clippy of the fuzz targets, which are outside the workspace (cargo-fuzz builds them
+/// with nightly and sanitizer flags the workspace must never see). Clippy runs on stable, like the
+/// workspace's, in the workspace's target directory so the dependencies it already checked are
+/// reused (the fuzz crate's own lock file pins the same versions).
+fn lint_fuzz(root: &Path) -> Result<()> {
+    let manifest = root.join("fuzz/Cargo.toml");
+    let manifest = manifest
+        .to_str()
+        .context("a workspace path that is not UTF-8")?;
+    cargo(root, &["fmt", "--check", "--manifest-path", manifest])?;
+    let status = Command::new("cargo")
+        .current_dir(root)
+        .args(["clippy", "--manifest-path", manifest, "--all-targets"])
+        .args(["--", "-D", "warnings"])
+        .env("CARGO_TARGET_DIR", root.join("target"))
+        .status()?;
+    check(status, "clippy of fuzz/")
 }
 
 fn install_fake_nvml(root: &Path) -> Result<PathBuf> {
