@@ -594,9 +594,26 @@ fn churn_leaves_no_series_of_exited_workloads_and_no_leaks() {
             .vmrss
             .unwrap_or(0)
     };
+    // The agent's fds, less the pidfds it holds for live processes that are not this test's: the
+    // GPU tasks of tests running beside this one, which it rightly tracks (hundreds, for a
+    // moment, during the ring-buffer storm). A pidfd of an exited process (`Pid: -1`) counts.
+    let ours = std::cell::RefCell::new(std::collections::HashSet::<i64>::new());
     let fds = || {
         std::fs::read_dir(format!("/proc/{agent_pid}/fd"))
             .unwrap()
+            .flatten()
+            .filter(|e| {
+                let info = std::fs::read_to_string(format!(
+                    "/proc/{agent_pid}/fdinfo/{}",
+                    e.file_name().to_string_lossy()
+                ))
+                .unwrap_or_default();
+                let pid = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Pid:"))
+                    .and_then(|p| p.trim().parse::<i64>().ok());
+                !pid.is_some_and(|p| p > 0 && !ours.borrow().contains(&p))
+            })
             .count()
     };
     let root = cgroupfs::find_cgroup2_mount().unwrap();
@@ -616,6 +633,7 @@ fn churn_leaves_no_series_of_exited_workloads_and_no_leaks() {
             cg.spawn(Command::new("sleep").arg("300").stdin(Stdio::null()))
                 .unwrap(),
         );
+        ours.borrow_mut().insert(i64::from(p.0.id()));
         live.push((cg, p, if n.is_multiple_of(3) { 3 * GIB } else { GIB }));
         if live.len() > 8 {
             let (cg, p, _) = live.remove(0);
