@@ -37,7 +37,11 @@ fuzz_target!(|data: &[u8]| {
     check(&mib);
 
     // Every value counts and the smallest wins: repeating the environment changes no limit.
-    let doubled = env_quota(pairs.iter().chain(pairs.iter()).copied(), GpuShareUnit::GiB, &gpus);
+    let doubled = env_quota(
+        pairs.iter().chain(pairs.iter()).copied(),
+        GpuShareUnit::GiB,
+        &gpus,
+    );
     assert_eq!(doubled.quota, gib.quota);
 
     // HAMi's values carry their own units: the GPUShare unit does not matter to them.

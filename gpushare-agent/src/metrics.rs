@@ -437,14 +437,13 @@ impl Collector for SnapshotCollector {
             )],
         )?;
         if self.compat == Compat::Hami {
-            let hami = |w: &WorkloadView| -> Labels {
-                let index = snap
-                    .gpus
-                    .iter()
-                    .find(|g| g.uuid == w.gpu_uuid)
-                    .map(|g| g.index.to_string())
-                    .unwrap_or_default();
-                vec![
+            // HAMi exports per device: one series per container per GPU, so a sum over devices is
+            // the container's total. Rows of all-GPU quotas (`gpu_uuid="all"`, the sum of the
+            // per-GPU rows) and rows of a GPU not in the sample have no device and are left out;
+            // an all-GPU quota has no per-device limit (see README, `--compat hami`).
+            let hami = |w: &WorkloadView| -> Option<Labels> {
+                let gpu = snap.gpus.iter().find(|g| g.uuid == w.gpu_uuid)?;
+                Some(vec![
                     ("namespace", w.namespace.clone()),
                     (
                         "pod",
@@ -455,25 +454,25 @@ impl Collector for SnapshotCollector {
                         },
                     ),
                     ("container", w.container.clone()),
-                    ("vdevice_index", index),
-                    ("device_uuid", w.gpu_uuid.clone()),
-                ]
+                    ("vdevice_index", gpu.index.to_string()),
+                    ("device_uuid", gpu.uuid.clone()),
+                ])
             };
             gauge(
                 &mut e,
                 "hami_vgpu_memory_used_bytes",
-                "HAMi-compatible: GPU memory used by a container",
+                "HAMi-compatible: GPU memory used by a container on one GPU",
                 snap.workloads
                     .iter()
-                    .map(|w| (hami(w), w.used_bytes as f64)),
+                    .filter_map(|w| Some((hami(w)?, w.used_bytes as f64))),
             )?;
             gauge(
                 &mut e,
                 "hami_vgpu_memory_limit_bytes",
-                "HAMi-compatible: GPU memory limit of a container",
+                "HAMi-compatible: GPU memory limit of a container on one GPU (per-GPU quotas)",
                 snap.workloads
                     .iter()
-                    .filter_map(|w| w.quota_bytes.map(|q| (hami(w), q as f64))),
+                    .filter_map(|w| Some((hami(w)?, w.quota_bytes? as f64))),
             )?;
         }
         Ok(())
@@ -516,6 +515,76 @@ mod tests {
         }
         s.counters.enforcement_actions.insert("freeze/ok".into(), 2);
         s
+    }
+
+    /// The HAMi series are per device, with HAMi's labels: a workload under an all-GPU quota on
+    /// two GPUs has one used series per GPU (their sum is its total) and no limit series; a
+    /// per-GPU quota has its limit on its GPU. Nothing is exported for `gpu_uuid="all"` rows.
+    #[test]
+    fn hami_series_are_per_device_with_their_values_and_labels() {
+        let mut s = Snapshot::default();
+        for (index, uuid) in [(0, "GPU-a"), (1, "GPU-b")] {
+            s.gpus.push(GpuView {
+                index,
+                uuid: uuid.into(),
+                name: "H100".into(),
+                memory_total_bytes: 100,
+                healthy: true,
+                ..Default::default()
+            });
+        }
+        let row = |key: &str, gpu: &str, used: u64, quota: Option<u64>| WorkloadView {
+            workload: key.into(),
+            name: "short".into(),
+            namespace: "ns".into(),
+            pod: if key.starts_with("pod") {
+                "train-0".into()
+            } else {
+                String::new()
+            },
+            container: "worker".into(),
+            gpu_uuid: gpu.into(),
+            used_bytes: used,
+            quota_bytes: quota,
+            state: "ok".into(),
+            ..Default::default()
+        };
+        // An all-GPU quota of 50 over 10 + 20 on two GPUs; a per-GPU quota of 15 with 7 used on
+        // GPU-b; a GPU that is not in the sample (degraded).
+        s.workloads = vec![
+            row("pod://u1", "all", 30, Some(50)),
+            row("pod://u1", "GPU-a", 10, None),
+            row("pod://u1", "GPU-b", 20, None),
+            row("docker://c", "GPU-b", 7, Some(15)),
+            row("docker://c", "GPU-gone", 0, Some(15)),
+        ];
+        let shared: SharedSnapshot = Arc::new(RwLock::new(Arc::new(s)));
+        let text = Metrics::new(shared, Compat::Hami).render_prometheus();
+        let series = |name: &str| -> Vec<&str> {
+            text.lines()
+                .filter(|l| l.starts_with(&format!("{name}{{")))
+                .collect()
+        };
+        assert_eq!(
+            series("hami_vgpu_memory_used_bytes"),
+            vec![
+                r#"hami_vgpu_memory_used_bytes{namespace="ns",pod="train-0",container="worker",vdevice_index="0",device_uuid="GPU-a"} 10.0"#,
+                r#"hami_vgpu_memory_used_bytes{namespace="ns",pod="train-0",container="worker",vdevice_index="1",device_uuid="GPU-b"} 20.0"#,
+                r#"hami_vgpu_memory_used_bytes{namespace="ns",pod="short",container="worker",vdevice_index="1",device_uuid="GPU-b"} 7.0"#,
+            ],
+            "{text}"
+        );
+        assert_eq!(
+            series("hami_vgpu_memory_limit_bytes"),
+            vec![
+                r#"hami_vgpu_memory_limit_bytes{namespace="ns",pod="short",container="worker",vdevice_index="1",device_uuid="GPU-b"} 15.0"#,
+            ],
+            "{text}"
+        );
+        // gpushare's own series keep the all-GPU row.
+        assert!(text.contains(
+            r#"gpushare_workload_gpu_memory_quota_bytes{gpu_uuid="all",workload="pod://u1""#
+        ));
     }
 
     #[test]

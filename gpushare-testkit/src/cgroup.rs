@@ -85,11 +85,19 @@ impl TestCgroup {
             .collect()
     }
 
-    /// Whether the kernel reports the group frozen (`cgroup.events`: `frozen 1`).
+    /// Whether the kernel reports the group frozen (`cgroup.events`: `frozen 1`). Panics when the
+    /// file cannot be read (the group is gone, say): an unreadable state is not "thawed".
     pub fn is_frozen(&self) -> bool {
-        fs::read_to_string(self.dir.join("cgroup.events"))
-            .map(|s| s.lines().any(|l| l.trim() == "frozen 1"))
-            .unwrap_or(false)
+        self.try_is_frozen()
+            .unwrap_or_else(|e| panic!("is the test group frozen? {e:#}"))
+    }
+
+    /// Whether the kernel reports the group frozen, or why `cgroup.events` could not be read.
+    pub fn try_is_frozen(&self) -> Result<bool> {
+        let path = self.dir.join("cgroup.events");
+        let events =
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        Ok(events.lines().any(|l| l.trim() == "frozen 1"))
     }
 }
 
@@ -117,6 +125,7 @@ impl TestCgroup {
     }
 
     /// Waits up to 5 s for the kernel to report the group frozen (`true`) or thawed (`false`).
+    /// Panics when the group's state cannot be read.
     pub fn wait_frozen(&self, frozen: bool) -> bool {
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
@@ -138,8 +147,30 @@ impl Drop for TestCgroup {
             }
         }
         let deadline = Instant::now() + Duration::from_secs(5);
-        while fs::remove_dir(&self.dir).is_err() && Instant::now() < deadline {
+        while self.dir.exists() && fs::remove_dir(&self.dir).is_err() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group whose state cannot be read is not reported thawed.
+    #[test]
+    fn an_unreadable_group_state_is_an_error_not_thawed() {
+        if !crate::require_root("an_unreadable_group_state_is_an_error") {
+            return;
+        }
+        let cg = TestCgroup::create(&crate::unique("unreadable")).unwrap();
+        assert!(!cg.is_frozen());
+        fs::remove_dir(cg.dir()).unwrap();
+        let err = cg
+            .try_is_frozen()
+            .expect_err("a removed group has no state");
+        assert!(format!("{err:#}").contains("cgroup.events"), "{err:#}");
+        let panicked = std::panic::catch_unwind(|| cg.is_frozen());
+        assert!(panicked.is_err(), "is_frozen of a removed group answered");
     }
 }

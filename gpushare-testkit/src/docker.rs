@@ -735,11 +735,17 @@ impl Container {
     }
 
     /// Whether the kernel reports the container's v2 group frozen (`frozen 1` in `cgroup.events`).
+    /// Panics when the container has no v2 group or its state cannot be read: an unreadable state
+    /// is not "thawed".
     pub fn is_v2_frozen(&self) -> bool {
-        self.v2_dir.as_ref().is_some_and(|d| {
-            fs::read_to_string(d.join("cgroup.events"))
-                .is_ok_and(|s| s.lines().any(|l| l.trim() == "frozen 1"))
-        })
+        let dir = self
+            .v2_dir
+            .as_ref()
+            .unwrap_or_else(|| panic!("container {} has no cgroup v2 group", self.name));
+        let path = dir.join("cgroup.events");
+        let events =
+            fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        events.lines().any(|l| l.trim() == "frozen 1")
     }
 
     /// Waits up to `timeout` for the v2 group to report frozen (`true`) or not (`false`).

@@ -30,6 +30,15 @@ pub fn require_root(test: &str) -> bool {
     false
 }
 
+/// For a test this machine cannot run (`why`): a loud SKIPPED line; with `GPUSHARE_REQUIRE_ROOT=1`
+/// (CI, where every test is expected to run) it panics instead, so CI cannot skip silently.
+pub fn cannot_run(test: &str, why: &str) {
+    if std::env::var("GPUSHARE_REQUIRE_ROOT").as_deref() == Ok("1") {
+        panic!("{test}: {why}, and GPUSHARE_REQUIRE_ROOT=1 is set (nothing may be skipped)");
+    }
+    loud_skip(&format!("{test}: {why}"));
+}
+
 /// Prints a SKIPPED banner straight to the process's stderr (libtest would hide `eprintln!` of a
 /// passing test).
 pub fn loud_skip(msg: &str) {

@@ -88,8 +88,17 @@ fn run(cli: Cli) -> Result<()> {
             args,
         } => {
             setup(&root, true)?;
-            // Every step runs; failures are collected and reported together at the end.
+            // Every step runs; failures are collected and reported together at the end, and so
+            // is every step that did not run: a skip is never silent.
             let mut failed: Vec<String> = Vec::new();
+            let mut skipped: Vec<String> = Vec::new();
+            let mut skip = |what: &str| {
+                eprintln!("\nxtask: !!! SKIPPED {what} !!!\n");
+                skipped.push(what.to_string());
+            };
+            if no_lint {
+                skip("fmt and clippy (--no-lint)");
+            }
             let mut run_step = |name: &str, res: Result<()>| {
                 if let Err(e) = res {
                     eprintln!("xtask: FAILED: {name}: {e:#}");
@@ -106,6 +115,8 @@ fn run(cli: Cli) -> Result<()> {
                 );
                 step("clippy (eBPF crate, nightly, bpfel)");
                 run_step("clippy (eBPF)", clippy_ebpf(&root));
+                step("fmt and clippy (fuzz/, outside the workspace)");
+                run_step("fmt and clippy (fuzz)", lint_fuzz(&root));
             }
             step("build");
             cargo(&root, &["build"])?;
@@ -123,8 +134,14 @@ fn run(cli: Cli) -> Result<()> {
             if is_root() {
                 step("demo (non-interactive)");
                 run_step("demo", demo::run(&root, true, lib));
+            } else {
+                skip(
+                    "the demo: it needs root (cgroups, a device node, eBPF); run as root, as CI does",
+                );
             }
-            if !no_fuzz {
+            if no_fuzz {
+                skip("the fuzzing run (--no-fuzz)");
+            } else {
                 step("fuzz (bounded: 15 s per target)");
                 run_step(
                     "fuzz",
@@ -145,6 +162,8 @@ fn run(cli: Cli) -> Result<()> {
             if is_root() {
                 // Tests that need root must not skip quietly where root is available.
                 cmd.env("GPUSHARE_REQUIRE_ROOT", "1");
+            } else {
+                skip("the tests that need root (each says SKIPPED above); run as root, as CI does");
             }
             cmd.env("GPUSHARE_REQUIRE_PYENV", "1");
             run_step(
@@ -153,8 +172,14 @@ fn run(cli: Cli) -> Result<()> {
                     .context("running cargo test")
                     .and_then(|s| check(s, "cargo test")),
             );
-            if failed.is_empty() {
+            if failed.is_empty() && skipped.is_empty() {
                 eprintln!("xtask: all checks passed");
+                Ok(())
+            } else if failed.is_empty() {
+                eprintln!(
+                    "xtask: the checks that ran passed; NOT RUN: {}",
+                    skipped.join("; ")
+                );
                 Ok(())
             } else {
                 bail!("failed: {}", failed.join(", "))
@@ -309,6 +334,25 @@ fn clippy_ebpf(root: &Path) -> Result<()> {
         .env_remove("RUSTUP_TOOLCHAIN")
         .status()?;
     check(status, "clippy of gpushare-ebpf")
+}
+
+/// fmt and clippy of the fuzz targets, which are outside the workspace (cargo-fuzz builds them
+/// with nightly and sanitizer flags the workspace must never see). Clippy runs on stable, like the
+/// workspace's, in the workspace's target directory so the dependencies it already checked are
+/// reused (the fuzz crate's own lock file pins the same versions).
+fn lint_fuzz(root: &Path) -> Result<()> {
+    let manifest = root.join("fuzz/Cargo.toml");
+    let manifest = manifest
+        .to_str()
+        .context("a workspace path that is not UTF-8")?;
+    cargo(root, &["fmt", "--check", "--manifest-path", manifest])?;
+    let status = Command::new("cargo")
+        .current_dir(root)
+        .args(["clippy", "--manifest-path", manifest, "--all-targets"])
+        .args(["--", "-D", "warnings"])
+        .env("CARGO_TARGET_DIR", root.join("target"))
+        .status()?;
+    check(status, "clippy of fuzz/")
 }
 
 fn install_fake_nvml(root: &Path) -> Result<PathBuf> {

@@ -213,7 +213,10 @@ mod tests {
     #[test]
     fn resolves_real_cgroup_ids_of_this_machine() {
         let Ok(root) = find_cgroup2_mount() else {
-            eprintln!("SKIPPED: no cgroup2 hierarchy mounted on this machine");
+            gpushare_testkit::cannot_run(
+                "resolves_real_cgroup_ids_of_this_machine",
+                "no cgroup2 hierarchy mounted",
+            );
             return;
         };
         let mut r = CgroupResolver::new(root);

@@ -572,19 +572,29 @@ mod tests {
 
     #[test]
     fn the_init_of_a_real_group_is_found_and_its_environment_read() {
-        // This test process's own cgroup: its init is some process there; reading its environment
-        // works and keeps only quota variables.
-        let Ok(rel) = super::super::cgroupfs::cgroup_path_of_pid(std::process::id()) else {
+        // A group of its own (this test process's group may be the root, whose init, pid 1, can
+        // keep its environment unreadable even to root).
+        if !gpushare_testkit::require_root("the_init_of_a_real_group_is_found") {
             return;
-        };
-        let Ok(root) = super::super::cgroupfs::find_cgroup2_mount() else {
-            return;
-        };
-        let dir = root.join(rel.trim_start_matches('/'));
-        let Some(init) = find_init(&dir) else { return };
-        if let Some(vars) = read_init_environ(init) {
-            assert!(vars.iter().all(|(k, _)| is_quota_var(k)));
         }
+        let cg =
+            gpushare_testkit::TestCgroup::create(&gpushare_testkit::unique("init-env")).unwrap();
+        let mut child = cg
+            .spawn(
+                std::process::Command::new("sleep")
+                    .arg("60")
+                    .env("ALIYUN_COM_GPU_MEM_CONTAINER", "3")
+                    .env("GPUSHARE_TEST_UNRELATED", "x"),
+            )
+            .unwrap();
+        let init = find_init(cg.dir()).expect("a group with a process has an init");
+        assert_eq!(init.pid, child.id());
+        let vars = read_init_environ(init).expect("root reads the init's environment");
+        assert!(
+            vars.contains(&("ALIYUN_COM_GPU_MEM_CONTAINER".into(), "3".into())),
+            "{vars:?}"
+        );
+        assert!(vars.iter().all(|(k, _)| is_quota_var(k)), "{vars:?}");
         let gone = ProcessIdentity {
             pid: init.pid,
             start_ticks: init.start_ticks + 1,
@@ -594,5 +604,6 @@ mod tests {
             None,
             "another process by that pid is not read"
         );
+        let _ = (child.kill(), child.wait());
     }
 }

@@ -65,7 +65,17 @@ impl StateLock {
             .truncate(false)
             .open(&path)
             .map_err(io)?;
-        match file.try_lock() {
+        // A holder that is going away (a process between fork and exec still shares the lock's
+        // open file until its exec closes it) lets go within moments: try for half a second.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+        let mut attempt = file.try_lock();
+        while matches!(attempt, Err(std::fs::TryLockError::WouldBlock))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            attempt = file.try_lock();
+        }
+        match attempt {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
                 let mut pid = String::new();

@@ -1192,18 +1192,23 @@ impl Enforcer {
             .as_ref()
             .context("no cgroup v2 freezer for the group and no v1 freezer mounted")?;
         let pid = pid_hint.context("no process known to find the group's v1 freezer")?;
-        let id = parse_cgroup_path(&v1_freezer_path_of(pid)?);
-        if id.key() != workload && !workload.starts_with("cgroup://") {
-            bail!(
-                "the v1 freezer group of pid {pid} ({}) is not {workload}'s",
-                id.cgroup_path
-            );
-        }
-        self.check_target(&id.cgroup_path)?;
-        Ok((
-            root.join(id.cgroup_path.trim_start_matches('/')),
-            Freezer::V1,
-        ))
+        let v1_path = v1_freezer_path_of(pid)?;
+        let id = parse_cgroup_path(&v1_path);
+        // The v1 group must be the workload's own: the same key for a container, pod or unit;
+        // the workload's root or below it for a plain cgroup (whose root is then frozen).
+        let group = if workload.starts_with("cgroup://") {
+            let root_rel = format!("/{}", rel.trim_matches('/'));
+            if v1_path != root_rel && !v1_path.starts_with(&format!("{root_rel}/")) {
+                bail!("the v1 freezer group of pid {pid} ({v1_path}) is not under {root_rel}");
+            }
+            root_rel
+        } else if id.key() == workload {
+            id.cgroup_path
+        } else {
+            bail!("the v1 freezer group of pid {pid} ({v1_path}) is not {workload}'s");
+        };
+        self.check_target(&group)?;
+        Ok((root.join(group.trim_start_matches('/')), Freezer::V1))
     }
 }
 

@@ -99,6 +99,34 @@ mod tests {
         assert!(bad.is_empty());
     }
 
+    /// The larger of the two records wins whichever list has it: "first wins" or "last wins"
+    /// would each get one of the two pids wrong.
+    #[test]
+    fn compute_and_graphics_records_of_one_pid_merge_by_max_both_ways_round() {
+        let mut bad = Vec::new();
+        let merged = merge_device_processes(
+            &[p(10, Some(100)), p(11, Some(300)), p(12, None)],
+            &[p(10, Some(300)), p(11, Some(100)), p(12, Some(7))],
+            1000,
+            &|_| true,
+            &mut bad,
+        );
+        assert_eq!(
+            merged,
+            vec![p(10, Some(300)), p(11, Some(300)), p(12, Some(7))]
+        );
+        // And within one list (a pid listed twice).
+        let merged = merge_device_processes(
+            &[p(13, Some(5)), p(13, Some(9))],
+            &[],
+            1000,
+            &|_| true,
+            &mut bad,
+        );
+        assert_eq!(merged, vec![p(13, Some(9))]);
+        assert!(bad.is_empty());
+    }
+
     #[test]
     fn garbage_records_are_distrusted_and_counted() {
         let mut bad = Vec::new();

@@ -1,15 +1,17 @@
 //! The attribution pipeline against the real kernel: two cgroups, fake GPU processes opening a
 //! fake nvidia node and issuing ioctls, the eBPF programs and the agent's table.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpushare_agent::{
     attribution::{CgroupResolver, Change, Source, WorkloadKind, cgroupfs, tracker::Tracker},
     ebpf::{KernelPrograms, LoadOptions},
 };
-use gpushare_testkit::{FakeDeviceNode, FakeGpuProcess, TestCgroup, require_root, unique};
+use gpushare_testkit::{
+    FakeDeviceNode, FakeGpuProcess, TestCgroup, nvml::Scenario, require_root, unique,
+};
 
-use crate::util::poll_until;
+use crate::util::{AgentProcess, agent_dir, one_gpu, poll_until, workload};
 
 fn tracker(min_interval_ns: u64) -> Tracker {
     let opts = LoadOptions {
@@ -222,4 +224,40 @@ fn reconcile_recovers_a_gpu_task_whose_open_event_was_missed() {
         t.table().get(pid).is_none()
     });
     assert!(tracker.table().get(pid).is_none());
+}
+
+/// An allocation ioctl makes the agent re-sample at once, not at its next periodic sample: with a
+/// 30 s interval, the usage the mock reports after an `alloc` shows within a few seconds (a bound
+/// that tells "at once" from "30 s later", not a speed claim).
+#[test]
+fn an_allocation_ioctl_makes_the_agent_re_sample_at_once() {
+    if !require_root("an_allocation_ioctl_makes_the_agent_re_sample_at_once") {
+        return;
+    }
+    const GIB: u64 = 1 << 30;
+    const INTERVAL: Duration = Duration::from_secs(30);
+    const BOUND: Duration = Duration::from_secs(3);
+    let node = FakeDeviceNode::create(&unique("resample")).unwrap();
+    let cg = TestCgroup::create(&unique("resample")).unwrap();
+    let mut p = FakeGpuProcess::spawn(Some(&cg), &[node.path()], &[]).unwrap();
+    let key = format!("cgroup://{}", cg.rel_path());
+    let sc = Scenario::create(&one_gpu(&[(p.pid(), GIB)])).unwrap();
+    let started = Instant::now();
+    let agent = AgentProcess::start_in(agent_dir(""), &sc, &[], "30s");
+    let used = |s: &gpushare_agent::snapshot::Snapshot| {
+        workload(s, &key, "GPU-loop").map(|w| w.used_bytes)
+    };
+    // The first sample, at start, sees 1 GiB.
+    agent.wait_for(Duration::from_secs(5), |s| used(s) == Some(GIB));
+    // The process allocates: the mock now reports 3 GiB, and its RM_ALLOC ioctl is traced.
+    sc.write(&one_gpu(&[(p.pid(), 3 * GIB)])).unwrap();
+    let t = Instant::now();
+    p.command("alloc 1").unwrap();
+    agent.wait_for(BOUND, |s| used(s) == Some(3 * GIB));
+    assert!(
+        started.elapsed() < INTERVAL - BOUND,
+        "inconclusive: the periodic sample may have come ({:?} since the start)",
+        started.elapsed()
+    );
+    eprintln!("re-sampled {:?} after the allocation", t.elapsed());
 }

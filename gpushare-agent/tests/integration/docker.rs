@@ -102,12 +102,13 @@ fn docker_three_containers_share_a_gpu_each_attributed_only_the_offender_frozen_
             .all(|x| key_of(s, x.pid()) == Some(x.key().as_str()))
             && workload(s, &b.key(), "all").is_some_and(|w| w.quota_bytes == Some(2 * GIB))
             // The kernel's ioctl counts are read at the start of a step: a task attributed during
-            // the step shows them from the next one.
-            && (s.health.attribution != "ebpf"
-                || [&a, &b, &c].iter().all(|x| {
-                    workload(s, &x.key(), GPU).is_some_and(|w| w.ioctls >= 5)
-                }))
+            // the step shows them from the next one. (The agent is in eBPF mode: `AgentProcess`
+            // checks it.)
+            && [&a, &b, &c].iter().all(|x| {
+                workload(s, &x.key(), GPU).is_some_and(|w| w.ioctls >= 5)
+            })
     });
+    assert_eq!(s.health.attribution, "ebpf");
     for x in [&a, &b, &c] {
         let w = workload(&s, &x.key(), GPU).unwrap_or_else(|| panic!("no row for {}", x.key()));
         assert_eq!(w.container_id, x.id());

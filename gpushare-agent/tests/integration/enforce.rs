@@ -392,3 +392,102 @@ fn a_group_frozen_by_the_v1_freezer_is_someone_elses_and_is_left_alone_at_once()
     drop(p);
     std::fs::remove_dir_all(state).unwrap();
 }
+
+/// The v1 freezer path of the executors. On this hybrid host the agent itself never takes it:
+/// every non-root v2 group has `cgroup.freeze` (kernel 5.2+), a workload's root is the v2 path of
+/// a live process, and the v2 root (the only group without `cgroup.freeze`) is refused and its
+/// `host` workload protected. The executors do take it for a root that has no v2 group, as on a
+/// kernel without the v2 freezer: here, a v2 path with no group and a process in a real v1
+/// freezer group.
+#[test]
+fn without_a_v2_freezer_the_v1_freezer_group_is_frozen_recorded_taken_over_thawed_and_killed() {
+    use gpushare_agent::enforce::freeze::Freezer;
+    if !require_root("the_v1_freezer_path") {
+        return;
+    }
+    let name = unique("gpushare-test-v1");
+    let Some(group) = V1Group::create(&name) else {
+        gpushare_testkit::loud_skip("the v1 freezer path: no v1 freezer mounted (pure v2 host)");
+        return;
+    };
+    let (mut enf, state) = enforcer(false);
+    let p = FakeGpuProcess::spawn(None, &[], &[]).unwrap();
+    group.add(p.pid());
+    let id = procinfo::snapshot(p.pid()).unwrap().identity;
+    // The workload's root has no v2 group, only a v1 freezer group of that path.
+    let rel = format!("/{name}");
+    assert!(!enf.v2_dir(&rel).exists());
+    let key = format!("cgroup://{rel}");
+    // A v1 group that is not the workload's (another path) is never frozen in its place.
+    let elsewhere = format!("/{}", unique("gpushare-test-no-v2-group"));
+    assert_eq!(
+        enf.freeze(
+            &format!("cgroup://{elsewhere}"),
+            &elsewhere,
+            GpuScope::All,
+            Some(p.pid()),
+            "t",
+            Instant::now()
+        ),
+        Outcome::Failed
+    );
+    assert_eq!(group.state(), "THAWED");
+    // No process to find the v1 group by: nothing to freeze, nothing recorded.
+    assert_eq!(
+        enf.freeze(&key, &rel, GpuScope::All, None, "t", Instant::now()),
+        Outcome::Failed
+    );
+    assert!(enf.records().is_empty());
+    // With one: its v1 freezer group is frozen, and recorded as such first.
+    let o = enf.freeze(
+        &key,
+        &rel,
+        GpuScope::All,
+        Some(p.pid()),
+        "t",
+        Instant::now(),
+    );
+    assert_eq!(settled(&mut enf, o), Outcome::Ok);
+    assert_eq!(group.state(), "FROZEN");
+    let rec = enf.record(&group.0).expect("recorded");
+    assert_eq!((rec.freezer, rec.workload.as_str()), (Freezer::V1, &*key));
+    let seen = enf.observe([]);
+    assert!(
+        seen[&key].ours && seen[&key].state == GroupState::Frozen,
+        "{seen:?}"
+    );
+    // A restarted enforcer knows the freeze as its own and thaws it.
+    drop(enf);
+    let mut enf = Enforcer::new(cgroupfs::find_cgroup2_mount().unwrap(), &state, false).unwrap();
+    assert!(
+        enf.record(&group.0).is_some(),
+        "the freeze survives a restart"
+    );
+    let o = enf.thaw(&key, Instant::now());
+    assert!(matches!(o, Outcome::Ok | Outcome::Pending), "{o:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while group.state() != "THAWED" && Instant::now() < deadline {
+        enf.settle();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(group.state(), "THAWED");
+    assert!(enf.record(&group.0).is_none(), "a thaw drops the record");
+    // Killed while v1-frozen: no cgroup.kill there, so SIGKILL to the process and a thaw, without
+    // which a v1-frozen task cannot die.
+    let o = enf.freeze(
+        &key,
+        &rel,
+        GpuScope::All,
+        Some(p.pid()),
+        "t",
+        Instant::now(),
+    );
+    assert_eq!(settled(&mut enf, o), Outcome::Ok);
+    assert_eq!(group.state(), "FROZEN");
+    assert_eq!(enf.kill(&key, &rel, &[Target::from(id)]), Outcome::Ok);
+    assert!(wait_exit(id.pid), "killed while v1-frozen");
+    assert_eq!(group.state(), "THAWED");
+    drop(p);
+    drop(group);
+    std::fs::remove_dir_all(state).unwrap();
+}

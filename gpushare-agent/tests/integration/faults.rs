@@ -2,6 +2,8 @@
 //! mid-run, no driver at start, an unwritable state directory, SIGKILL at random moments, churn.
 
 use std::{
+    io::Write,
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -9,15 +11,16 @@ use std::{
 use gpushare_agent::{
     attribution::{CgroupResolver, ProcessIdentity, cgroupfs, procinfo, tracker::Tracker},
     ebpf::{KernelPrograms, LoadOptions},
-    enforce::{Enforcer, Outcome},
+    enforce::{Enforcer, Outcome, ledger, marks},
     policy::GpuScope,
+    snapshot::Snapshot,
 };
 use gpushare_testkit::{
     FakeDeviceNode, FakeGpuProcess, TestCgroup, nvml::Scenario, require_root, unique,
 };
 use serde_json::json;
 
-use crate::util::{AgentProcess, usr1_recorder, workload};
+use crate::util::{AgentProcess, agent_dir, counter_value, usr1_recorder, workload};
 
 const GIB: u64 = 1 << 30;
 
@@ -85,9 +88,16 @@ fn ring_buffer_overflow_is_counted_and_the_table_is_reconciled() {
         .filter(|p| tracker.table().get(p.pid()).is_some())
         .count();
     assert!(known < 200, "all events arrived despite {lost} lost");
-    // Reconciliation finds the tasks the kernel table holds.
+    // Reconciliation finds the tasks the kernel table holds. It also finds the GPU tasks of tests
+    // running beside this one (the programs see every task on the host): only ours are counted.
+    let ours: std::collections::HashSet<u32> = procs.iter().map(|p| p.pid()).collect();
     let report = tracker.reconcile();
-    assert_eq!(report.added.len(), 200 - known);
+    assert_eq!(
+        report.added.iter().filter(|p| ours.contains(p)).count(),
+        200 - known,
+        "{} of 200 known before reconciling",
+        known
+    );
     for p in &procs {
         let t = tracker.table().get(p.pid()).expect("reconciled");
         assert_eq!(t.cgroup_path.as_deref(), Some(cg.rel_path()));
@@ -179,7 +189,7 @@ fn an_unwritable_state_directory_refuses_freezes_rather_than_freezing_unrecorded
 }
 
 #[test]
-fn nvml_errors_and_a_lost_gpu_mid_run_never_lead_to_enforcement() {
+fn nvml_errors_and_a_lost_gpu_inside_the_grace_period_never_lead_to_enforcement() {
     if !require_root("nvml_errors_mid_run") {
         return;
     }
@@ -188,58 +198,136 @@ fn nvml_errors_and_a_lost_gpu_mid_run_never_lead_to_enforcement() {
     let p = Reaped(cg.spawn(&mut usr1_recorder(&log)).unwrap());
     let pid = p.0.id();
     let sc = Scenario::create(&scenario(&[(pid, GIB)], json!({}))).unwrap();
-    let agent = AgentProcess::start(&sc, &freeze_quota(&cg), &[]);
+    // A grace period long enough to hold a fault inside it, then a freeze.
+    const GRACE: Duration = Duration::from_millis(1500);
+    let quotas = format!(
+        "[defaults]\ngrace = \"{}ms\"\nladder = [ {{ action = \"freeze\" }} ]\n\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"2GiB\"\n",
+        GRACE.as_millis(),
+        cg.rel_path()
+    );
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    let k = key(&cg);
+    let row = |s: &Snapshot| workload(s, &k, "all").map(|w| (w.used_bytes, w.state.clone()));
     agent.wait_for(Duration::from_secs(5), |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.used_bytes == GIB)
+        row(s) == Some((GIB, "ok".into()))
     });
-    let fails = [
-        json!({ "fail": { "nvmlDeviceGetComputeRunningProcesses_v3": 999 } }),
-        json!({ "fail": { "nvmlDeviceGetMemoryInfo_v2": 15 } }),
-        json!({ "fail": { "nvmlDeviceGetCount_v2": 9 } }),
-        json!({ "lost": true }),
+    let freezes = || {
+        counter_value(
+            &agent.get("/metrics").1,
+            "gpushare_enforcement_actions_total",
+            "action=\"freeze\"",
+        )
+    };
+    // (what, how the scenario fails, what `degraded` must name)
+    let faults = [
+        (
+            "the compute process list fails",
+            json!({ "fail": { "nvmlDeviceGetComputeRunningProcesses_v3": 999 } }),
+            &["GPU 0", "nvmlDeviceGetComputeRunningProcesses_v3"][..],
+        ),
+        (
+            "the memory info fails",
+            json!({ "fail": { "nvmlDeviceGetMemoryInfo_v2": 15 } }),
+            &["GPU 0", "nvmlDeviceGetMemoryInfo_v2"][..],
+        ),
+        (
+            "the device count fails",
+            json!({ "fail": { "nvmlDeviceGetCount_v2": 9 } }),
+            &["nvmlDeviceGetCount_v2"][..],
+        ),
+        (
+            "the GPU is lost",
+            json!({ "lost": true }),
+            &["GPU 0", "GPU is lost"][..],
+        ),
     ];
-    for fault in fails {
-        // Over quota, but the data cannot be trusted: fail open.
-        let mut sc_json = scenario(
-            &[(pid, 3 * GIB)],
-            if fault.get("lost").is_some() {
-                fault.clone()
-            } else {
-                json!({})
-            },
-        );
+    for (what, fault, named) in faults {
+        // Over quota on good data: the grace period starts.
+        sc.write(&scenario(&[(pid, 3 * GIB)], json!({}))).unwrap();
+        agent.wait_for(Duration::from_secs(5), |s| {
+            row(s) == Some((3 * GIB, "over_quota".into()))
+        });
+        // Inside the grace period the data goes bad; the failing call would still have said
+        // 3 GiB. Held past the end of the grace period: an agent that kept using the last good
+        // sample would freeze, one that read the error as zero would find the workload back
+        // within quota. Neither may happen: the workload keeps its state, unenforced.
+        let mut bad = scenario(&[(pid, 3 * GIB)], json!({}));
         if let Some(f) = fault.get("fail") {
-            sc_json["fail"] = f.clone();
+            bad["fail"] = f.clone();
         }
-        sc.write(&sc_json).unwrap();
-        let deadline = Instant::now() + Duration::from_millis(1200);
-        while Instant::now() < deadline {
+        if fault.get("lost").is_some() {
+            bad["devices"][0]["lost"] = json!(true);
+        }
+        sc.write(&bad).unwrap();
+        let held = Instant::now();
+        while held.elapsed() < GRACE + Duration::from_secs(1) {
             assert!(
                 !cg.is_frozen(),
-                "froze on failed NVML data ({fault}):\n{}",
+                "{what}: froze on failed NVML data\n{}",
+                agent.log()
+            );
+            let s = agent.state().unwrap();
+            let state = workload(&s, &k, "all").map(|w| w.state.clone());
+            assert_eq!(
+                state.as_deref(),
+                Some("over_quota"),
+                "{what}: the workload's state changed on failed NVML data\n{}",
                 agent.log()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        let s = agent.state().unwrap();
+        let s = agent.wait_next_step();
         assert!(
-            !s.health.degraded.is_empty(),
-            "degraded mode reported for {fault}"
+            s.health
+                .degraded
+                .iter()
+                .any(|d| named.iter().all(|n| d.contains(n))),
+            "{what}: degraded does not name it ({named:?}): {:?}",
+            s.health.degraded
         );
+        assert_eq!(freezes(), 0.0, "{what}: a freeze was counted");
+        assert!(
+            !std::fs::read_to_string(agent.ledger())
+                .unwrap_or_default()
+                .contains(cg.rel_path()),
+            "{what}: a freeze was recorded"
+        );
+        // Good data within quota: back to ok and no longer degraded; the next fault starts a
+        // fresh grace period.
+        sc.write(&scenario(&[(pid, GIB)], json!({}))).unwrap();
+        agent.wait_for(Duration::from_secs(5), |s| {
+            row(s) == Some((GIB, "ok".into())) && s.health.degraded.is_empty()
+        });
     }
     let metrics = agent.get("/metrics").1;
-    assert!(
-        metrics.contains(
-            "gpushare_nvml_errors_total{call=\"nvmlDeviceGetComputeRunningProcesses_v3\"}"
-        ),
-        "{metrics}"
-    );
-    // Good data again: now it is enforced.
+    for call in [
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetCount_v2",
+    ] {
+        assert!(
+            counter_value(
+                &metrics,
+                "gpushare_nvml_errors_total",
+                &format!("call=\"{call}\"")
+            ) > 0.0,
+            "{call} errors counted:\n{metrics}"
+        );
+    }
+    // Good data over quota: the same agent enforces it once the grace period is over, so what
+    // held it above was the faults.
     sc.write(&scenario(&[(pid, 3 * GIB)], json!({}))).unwrap();
-    assert!(
-        cg.wait_frozen(true),
-        "enforced once NVML reads cleanly\n{}",
-        agent.log()
+    agent.wait_for(Duration::from_secs(10), |s| {
+        row(s).is_some_and(|(_, st)| st == "frozen")
+    });
+    assert!(cg.wait_frozen(true), "enforced once NVML reads cleanly");
+    assert_eq!(
+        counter_value(
+            &agent.get("/metrics").1,
+            "gpushare_enforcement_actions_total",
+            "action=\"freeze\",result=\"ok\""
+        ),
+        1.0
     );
     let _ = std::fs::remove_file(log);
 }
@@ -258,11 +346,77 @@ fn no_driver_at_start_keeps_the_agent_running_and_says_so() {
     assert!(agent.log().contains("no NVIDIA driver found"));
 }
 
+/// xorshift64*: a small deterministic generator, so a failing run can be replayed from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Where a SIGKILL lands.
+#[derive(Clone, Copy, Debug)]
+enum Moment {
+    /// At a random time after the agent was started, before or after it is ready.
+    StartUp,
+    /// After the freeze is recorded (ledger and mark) and before `cgroup.freeze` is written (the
+    /// agent's debug-build pause point).
+    BeforeFreeze,
+    /// Around the thaw of a workload back within quota: before it, during it (right after the
+    /// kernel reports the group thawed, before the record is dropped) or after it.
+    DuringThaw,
+    /// At a random time while the freeze is settled.
+    Settled,
+}
+
+/// Whether a group the agent may have frozen is covered by its ledger (`state_dir`) or by a mark
+/// naming that state directory: what a restarted agent or `thaw --all` can undo.
+fn covered(dir: &Path, state_dir: &Path) -> bool {
+    let ledger = std::fs::read_to_string(state_dir.join(ledger::LEDGER_FILE)).unwrap_or_default();
+    let in_ledger = serde_json::from_str::<serde_json::Value>(&ledger).is_ok_and(|v| {
+        v["freezes"].as_array().is_some_and(|fs| {
+            fs.iter()
+                .any(|f| f["cgroup_dir"].as_str() == Some(&*dir.to_string_lossy()))
+        })
+    });
+    in_ledger || marks::read(dir).is_some_and(|m| m.state_dir == state_dir)
+}
+
 #[test]
 fn sigkill_at_random_moments_never_leaves_a_wrong_freeze() {
     if !require_root("sigkill_at_random_moments") {
         return;
     }
+    let seed = std::env::var("GPUSHARE_KILL_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64;
+            nanos ^ (u64::from(std::process::id()) << 32)
+        })
+        | 1;
+    let iterations: usize = std::env::var("GPUSHARE_KILL_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
+    // Straight to stderr, so the seed shows whether the test passes or fails.
+    let _ = writeln!(
+        std::io::stderr(),
+        "sigkill_at_random_moments: seed {seed}, {iterations} iterations \
+         (GPUSHARE_KILL_SEED={seed} GPUSHARE_KILL_ITERATIONS={iterations} replays it)"
+    );
+    let mut rng = Rng(seed);
     let over = TestCgroup::create(&unique("rk-over")).unwrap();
     let under = TestCgroup::create(&unique("rk-under")).unwrap();
     let po = Reaped(
@@ -274,48 +428,145 @@ fn sigkill_at_random_moments_never_leaves_a_wrong_freeze() {
             .spawn(Command::new("sleep").arg("300").stdin(Stdio::null()))
             .unwrap(),
     );
-    let sc = Scenario::create(&scenario(
-        &[(po.0.id(), 3 * GIB), (pu.0.id(), GIB)],
-        json!({}),
-    ))
-    .unwrap();
+    let usage = |over_bytes: u64| scenario(&[(po.0.id(), over_bytes), (pu.0.id(), GIB)], json!({}));
+    let sc = Scenario::create(&usage(3 * GIB)).unwrap();
     let quotas = format!(
         "{}\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"2GiB\"\n",
         freeze_quota(&over),
         under.rel_path()
     );
-    let mut agent = AgentProcess::start(&sc, &quotas, &[]);
-    let iterations = std::env::var("GPUSHARE_KILL_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
-    let mut seed = (std::process::id() as u64 * 2654435761) | 1;
-    for i in 0..iterations {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        std::thread::sleep(Duration::from_millis(seed % 700));
-        agent.sigkill();
-        // Between a crash and the restart, nobody may have thawed or frozen anything wrongly:
-        assert!(
-            !under.is_frozen(),
-            "iteration {i}: the workload under quota is frozen"
-        );
-        agent.restart();
-        agent.wait_for(Duration::from_secs(10), |s| {
-            workload(s, &key(&over), "all").is_some_and(|w| w.state == "frozen")
-        });
-        assert!(
-            over.wait_frozen(true),
-            "iteration {i}: the over-quota workload is left running"
-        );
-        assert!(
-            !under.is_frozen(),
-            "iteration {i}: the workload under quota is frozen"
-        );
+    let dir = agent_dir(&quotas);
+    let state_dir = dir.join("state");
+    let pause = dir.join("pause-before-freeze");
+    let mut agent = AgentProcess::unstarted(dir, &sc, &[], "200ms")
+        .env("GPUSHARE_TEST_PAUSE_BEFORE_FREEZE", pause.to_str().unwrap());
+    // Dropped before the agent: a failing test never leaves the agent waiting at the pause point.
+    struct RemoveOnDrop<'a>(&'a Path);
+    impl Drop for RemoveOnDrop<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(self.0);
+        }
     }
+    let _unpause = RemoveOnDrop(&pause);
+    agent.restart();
+    let over_frozen =
+        |s: &Snapshot| workload(s, &key(&over), "all").is_some_and(|w| w.state == "frozen");
+    agent.wait_for(Duration::from_secs(10), over_frozen);
+
+    // The workload under quota is never frozen, not even for a moment: watched all along.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let under_frozen_seen = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if under.is_frozen() {
+                    under_frozen_seen.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let moments = [
+                Moment::StartUp,
+                Moment::BeforeFreeze,
+                Moment::DuringThaw,
+                Moment::Settled,
+            ];
+            let mut order = moments;
+            for i in 0..iterations {
+                if i % moments.len() == 0 {
+                    // A fresh random order each round, so every moment comes up.
+                    for j in (1..order.len()).rev() {
+                        order.swap(j, rng.below(j as u64 + 1) as usize);
+                    }
+                }
+                let moment = order[i % order.len()];
+                let what = format!("seed {seed}, iteration {i}, kill {moment:?}");
+                match moment {
+                    Moment::StartUp => {
+                        agent.sigkill();
+                        agent.spawn_unready();
+                        std::thread::sleep(Duration::from_millis(rng.below(1500)));
+                    }
+                    Moment::BeforeFreeze => {
+                        // Back within quota (thawed), then over it again with the pause set: the
+                        // agent records the freeze and waits before writing cgroup.freeze.
+                        sc.write(&usage(GIB)).unwrap();
+                        agent.wait_for(Duration::from_secs(10), |s| {
+                            workload(s, &key(&over), "all").is_some_and(|w| w.state == "ok")
+                        });
+                        assert!(over.wait_frozen(false), "{what}: thawed within quota");
+                        std::fs::write(&pause, "").unwrap();
+                        sc.write(&usage(3 * GIB)).unwrap();
+                        let deadline = Instant::now() + Duration::from_secs(10);
+                        while !covered(over.dir(), &state_dir) && !over.is_frozen() {
+                            assert!(
+                                Instant::now() < deadline,
+                                "{what}: the agent never came to freeze\n{}",
+                                agent.log()
+                            );
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                        std::thread::sleep(Duration::from_millis(rng.below(300)));
+                    }
+                    Moment::DuringThaw => {
+                        sc.write(&usage(GIB)).unwrap();
+                        if rng.below(2) == 0 {
+                            std::thread::sleep(Duration::from_millis(rng.below(600)));
+                        } else {
+                            // Right after the kernel reports the thaw: the record may still be
+                            // there.
+                            assert!(over.wait_frozen(false), "{what}: thawed within quota");
+                        }
+                    }
+                    Moment::Settled => {
+                        std::thread::sleep(Duration::from_millis(rng.below(700)));
+                    }
+                }
+                agent.sigkill();
+                let _ = std::fs::remove_file(&pause);
+                // Between a crash and the restart: nothing frozen that the ledger or a mark does
+                // not cover (so a restart or `thaw --all` can undo it).
+                for cg in [&over, &under] {
+                    if cg.is_frozen() {
+                        assert!(
+                            covered(cg.dir(), &state_dir),
+                            "{what}: {} is frozen and neither the ledger nor a mark covers it\n{}",
+                            cg.rel_path(),
+                            agent.log()
+                        );
+                    }
+                }
+                // Over quota again; the restarted agent freezes it again and records it.
+                sc.write(&usage(3 * GIB)).unwrap();
+                agent.restart();
+                agent.wait_for(Duration::from_secs(10), over_frozen);
+                assert!(
+                    over.wait_frozen(true),
+                    "{what}: the over-quota workload is left running"
+                );
+                assert!(
+                    covered(over.dir(), &state_dir),
+                    "{what}: frozen but not recorded after the restart"
+                );
+                assert!(
+                    !under_frozen_seen.load(std::sync::atomic::Ordering::Relaxed),
+                    "{what}: the workload under quota was frozen"
+                );
+            }
+        }));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = result {
+            std::panic::resume_unwind(e);
+        }
+    });
+    assert!(
+        !under_frozen_seen.load(std::sync::atomic::Ordering::Relaxed),
+        "seed {seed}: the workload under quota was frozen"
+    );
     assert_eq!(agent.stop(), Some(0));
     assert!(over.wait_frozen(false), "SIGTERM thaws");
+    assert!(!covered(over.dir(), &state_dir), "and drops its record");
 }
 
 #[test]
@@ -343,9 +594,26 @@ fn churn_leaves_no_series_of_exited_workloads_and_no_leaks() {
             .vmrss
             .unwrap_or(0)
     };
+    // The agent's fds, less the pidfds it holds for live processes that are not this test's: the
+    // GPU tasks of tests running beside this one, which it rightly tracks (hundreds, for a
+    // moment, during the ring-buffer storm). A pidfd of an exited process (`Pid: -1`) counts.
+    let ours = std::cell::RefCell::new(std::collections::HashSet::<i64>::new());
     let fds = || {
         std::fs::read_dir(format!("/proc/{agent_pid}/fd"))
             .unwrap()
+            .flatten()
+            .filter(|e| {
+                let info = std::fs::read_to_string(format!(
+                    "/proc/{agent_pid}/fdinfo/{}",
+                    e.file_name().to_string_lossy()
+                ))
+                .unwrap_or_default();
+                let pid = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Pid:"))
+                    .and_then(|p| p.trim().parse::<i64>().ok());
+                !pid.is_some_and(|p| p > 0 && !ours.borrow().contains(&p))
+            })
             .count()
     };
     let root = cgroupfs::find_cgroup2_mount().unwrap();
@@ -365,6 +633,7 @@ fn churn_leaves_no_series_of_exited_workloads_and_no_leaks() {
             cg.spawn(Command::new("sleep").arg("300").stdin(Stdio::null()))
                 .unwrap(),
         );
+        ours.borrow_mut().insert(i64::from(p.0.id()));
         live.push((cg, p, if n.is_multiple_of(3) { 3 * GIB } else { GIB }));
         if live.len() > 8 {
             let (cg, p, _) = live.remove(0);

@@ -6,7 +6,7 @@ use std::{path::Path, process::Child, time::Duration};
 use gpushare_testkit::{TestCgroup, nvml::Scenario, require_root, unique};
 use serde_json::json;
 
-use crate::util::{AgentProcess, usr1_recorder, workload};
+use crate::util::{AgentProcess, counter_value, usr1_recorder, workload};
 
 const GIB: u64 = 1 << 30;
 const FAST: &str = r#"
@@ -655,4 +655,122 @@ fn a_reload_that_changes_the_gpushare_unit_reaches_running_containers() {
         row(s) == Some((Some(2 << 20), "frozen".to_string()))
     });
     assert!(cg.wait_frozen(true));
+}
+
+#[test]
+fn a_dry_run_decides_and_reports_the_whole_ladder_but_signals_and_freezes_nothing() {
+    if !require_root("a_dry_run_decides_and_reports") {
+        return;
+    }
+    let cg = TestCgroup::create(&unique("dry")).unwrap();
+    let mut a = Proc::start(&cg, &[]);
+    let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
+    let quotas = format!("{FAST}{}", cgroup_quota(&cg, "2GiB"));
+    let agent = AgentProcess::start(&sc, &quotas, &["--dry-run"]);
+    // It reports the state the ladder would have reached...
+    let s = agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "frozen")
+    });
+    assert!(s.health.dry_run);
+    // ... and what it would have done, in the metrics and the log ...
+    let metrics = agent.get("/metrics").1;
+    for action in ["alert", "signal", "freeze"] {
+        assert!(
+            counter_value(
+                &metrics,
+                "gpushare_enforcement_actions_total",
+                &format!("action=\"{action}\",result=\"dry_run\"")
+            ) >= 1.0,
+            "{action} reported as a dry run:\n{metrics}"
+        );
+        assert_eq!(
+            counter_value(
+                &metrics,
+                "gpushare_enforcement_actions_total",
+                &format!("action=\"{action}\",result=\"ok\"")
+            ),
+            0.0,
+            "{action} done in a dry run:\n{metrics}"
+        );
+    }
+    let log = agent.log();
+    assert!(log.contains("dry run: would send signal"), "{log}");
+    assert!(log.contains("dry run: would freeze"), "{log}");
+    // ... while nothing was touched: a few more steps, and still no signal, no freeze, no
+    // record, no mark.
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(!cg.is_frozen(), "frozen in a dry run");
+    assert_eq!(
+        std::fs::read_to_string(cg.dir().join("cgroup.freeze"))
+            .unwrap()
+            .trim(),
+        "0",
+        "cgroup.freeze written in a dry run"
+    );
+    assert_eq!(a.usr1s(), 0, "signalled in a dry run");
+    assert!(a.alive());
+    assert!(!agent.ledger().exists(), "a ledger written in a dry run");
+    assert!(
+        gpushare_agent::enforce::marks::read(cg.dir()).is_none(),
+        "a mark set in a dry run"
+    );
+}
+
+#[test]
+fn keep_frozen_on_exit_leaves_the_freeze_to_the_next_start_which_takes_it_over() {
+    if !require_root("keep_frozen_on_exit") {
+        return;
+    }
+    let cg = TestCgroup::create(&unique("keep")).unwrap();
+    let a = Proc::start(&cg, &[]);
+    let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
+    let quotas = format!(
+        "[defaults]\ngrace = \"200ms\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
+        cgroup_quota(&cg, "2GiB")
+    );
+    let mut agent = AgentProcess::start(&sc, &quotas, &["--keep-frozen-on-exit"]);
+    agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "frozen")
+    });
+    assert!(cg.wait_frozen(true));
+    // SIGTERM: a clean exit that leaves the freeze, recorded and marked, in place.
+    assert_eq!(agent.stop(), Some(0));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        cg.is_frozen(),
+        "thawed on exit despite --keep-frozen-on-exit"
+    );
+    assert!(
+        std::fs::read_to_string(agent.ledger())
+            .unwrap()
+            .contains(cg.rel_path()),
+        "the freeze left in place is recorded"
+    );
+    assert!(gpushare_agent::enforce::marks::read(cg.dir()).is_some());
+    assert!(
+        agent.log().contains("leaving 1 workload(s) frozen"),
+        "{}",
+        agent.log()
+    );
+    // The next start takes it over: reported frozen, counted as adopted, and thawed by it once
+    // the workload is back within quota.
+    agent.restart();
+    agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "frozen")
+            && s.counters.external_changes.get("adopted") == Some(&1)
+    });
+    assert!(cg.is_frozen());
+    sc.write(&scenario(&[(a.pid(), GIB)])).unwrap();
+    agent.wait_for(Duration::from_secs(10), |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "ok")
+    });
+    assert!(
+        cg.wait_frozen(false),
+        "the adopted freeze is the agent's own"
+    );
+    assert!(
+        !std::fs::read_to_string(agent.ledger())
+            .unwrap()
+            .contains(cg.rel_path())
+    );
 }

@@ -77,6 +77,23 @@ fn sampler_follows_the_mock_across_scenario_changes() {
     assert_eq!(s.devices[0].memory_free, 80 * GIB - GIB / 2 - 3 * GIB);
     real_clients_agree_with_the_agent(&scenario, &s);
 
+    // Compute and graphics records of one pid with different values: the larger wins, whichever
+    // list has it (pynvml reads the compute list only, so this is not cross-checked).
+    let mut d0 = device(
+        "GPU-a",
+        json!([{ "pid": pa, "used_memory": GIB }, { "pid": pb, "used_memory": 3 * GIB }]),
+    );
+    d0["graphics_processes"] = json!([
+        { "pid": pa, "used_memory": 2 * GIB }, { "pid": pb, "used_memory": GIB }
+    ]);
+    scenario.write(&json!({ "devices": [d0] })).unwrap();
+    let s = sampler.sample();
+    assert_eq!(
+        procs(&s),
+        vec![(pa, 0, Some(2 * GIB)), (pb, 0, Some(3 * GIB))],
+        "merged by max, graphics larger for one pid, compute for the other"
+    );
+
     // It grows; memory "not available" for the other; a garbage record (R535 stride bug) is dropped.
     let garbage = 0x7ff0_0000u32;
     let d0 = device(

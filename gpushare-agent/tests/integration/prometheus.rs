@@ -232,18 +232,52 @@ fn promtool_accepts_the_agents_metrics_and_the_shipped_alert_rules() {
         return;
     };
     let cg = TestCgroup::create(&unique("promtool")).unwrap();
+    // A second workload, with a quota on GPU 0 only (a per-device limit, as HAMi's are).
+    let per_gpu = TestCgroup::create(&unique("promtool-gpu0")).unwrap();
     let log = std::env::temp_dir().join(unique("usr1"));
     let mut p = cg.spawn(&mut usr1_recorder(&log)).unwrap();
-    let sc = Scenario::create(&scenario(&[(p.id(), 3 * GIB)])).unwrap();
+    let mut q = per_gpu.spawn(&mut usr1_recorder(&log)).unwrap();
+    let sc = Scenario::create(&scenario(&[(p.id(), 3 * GIB), (q.id(), GIB)])).unwrap();
     let quotas = format!(
-        "[defaults]\ngrace = \"200ms\"\nladder = [ {{ action = \"freeze\" }} ]\n\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"2GiB\"\n",
-        cg.rel_path()
+        "[defaults]\ngrace = \"200ms\"\nladder = [ {{ action = \"freeze\" }} ]\n\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"2GiB\"\n\n[[quota]]\ncgroup = \"{}\"\ngpu = 0\ngpu_memory = \"4GiB\"\n",
+        cg.rel_path(),
+        per_gpu.rel_path()
     );
     let agent = AgentProcess::start(&sc, &quotas, &["--compat", "hami"]);
     agent.wait_for(Duration::from_secs(10), |s| {
         s.workloads.iter().any(|w| w.state == "frozen")
     });
     let (_, metrics) = agent.get("/metrics");
+    // HAMi's series: per device, with their labels and values; none for the all-GPU row.
+    let hami = |name: &str| -> Vec<&str> {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .collect()
+    };
+    let labels = |c: &TestCgroup| {
+        format!(
+            "{{namespace=\"\",pod=\"{}\",container=\"\",vdevice_index=\"0\",device_uuid=\"GPU-prom\"}}",
+            c.rel_path()
+        )
+    };
+    assert_eq!(
+        hami("hami_vgpu_memory_used_bytes"),
+        vec![
+            format!("hami_vgpu_memory_used_bytes{} {}.0", labels(&cg), 3 * GIB),
+            format!("hami_vgpu_memory_used_bytes{} {}.0", labels(&per_gpu), GIB),
+        ],
+        "{metrics}"
+    );
+    assert_eq!(
+        hami("hami_vgpu_memory_limit_bytes"),
+        vec![format!(
+            "hami_vgpu_memory_limit_bytes{} {}.0",
+            labels(&per_gpu),
+            4 * GIB
+        )],
+        "only the per-GPU quota has a per-device limit:\n{metrics}"
+    );
     for name in [
         "gpushare_gpu_memory_total_bytes",
         "gpushare_gpu_memory_used_bytes",
@@ -299,6 +333,6 @@ fn promtool_accepts_the_agents_metrics_and_the_shipped_alert_rules() {
         "promtool check rules: {}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let _ = (p.kill(), p.wait());
+    let _ = (p.kill(), p.wait(), q.kill(), q.wait());
     let _ = std::fs::remove_file(log);
 }

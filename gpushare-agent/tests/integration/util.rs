@@ -52,6 +52,7 @@ pub struct AgentProcess {
     /// `127.0.0.1:<port>`.
     pub listen: String,
     extra: Vec<String>,
+    envs: Vec<(String, String)>,
     scenario: PathBuf,
     interval: String,
     starts: u32,
@@ -94,19 +95,49 @@ impl AgentProcess {
         cmd
     }
 
-    fn unstarted(dir: PathBuf, scenario: &Scenario, extra: &[&str], interval: &str) -> Self {
+    /// The agent over a directory made by [`agent_dir`], not started yet: set its environment
+    /// with [`Self::env`], then [`Self::restart`] (waits until ready) or [`Self::spawn_unready`].
+    pub fn unstarted(dir: PathBuf, scenario: &Scenario, extra: &[&str], interval: &str) -> Self {
         Self {
             child: None,
             listen: format!("127.0.0.1:{}", free_port()),
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            envs: Vec::new(),
             scenario: scenario.path().to_path_buf(),
             interval: interval.to_string(),
             starts: 0,
         }
     }
 
+    /// Adds a variable to the agent's environment (from its next start).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.envs.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// Starts it and waits until it is ready. Where the tests run as root the agent must be in
+    /// eBPF mode, unless the test asked for `--no-ebpf`: a silent fallback to `/proc` would let
+    /// tests of attribution, ioctls and allocation events pass without the kernel programs.
     fn spawn(&mut self) {
+        self.spawn_unready();
+        let s = self.wait_for(Duration::from_secs(20), |s| s.health.ready);
+        // SAFETY: geteuid(2) has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if root && !self.extra.iter().any(|a| a == "--no-ebpf") {
+            assert_eq!(
+                s.health.attribution,
+                "ebpf",
+                "the agent is not in eBPF mode (degraded: {:?})\nlog:\n{}",
+                s.health.degraded,
+                self.log()
+            );
+        }
+    }
+
+    /// Starts the process and returns at once (for tests that kill it during start-up).
+    pub fn spawn_unready(&mut self) {
+        assert!(self.child.is_none(), "still running");
         self.starts += 1;
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -126,18 +157,18 @@ impl AgentProcess {
         let child = cmd
             .args(&self.extra)
             .env("RUST_LOG", "info,gpushare_agent=debug")
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .unwrap();
         self.child = Some(child);
-        self.wait_for(Duration::from_secs(20), |s| s.health.ready);
     }
 
-    /// Starts it again after [`Self::sigkill`] or [`Self::stop`], with the same paths.
+    /// Starts it again after [`Self::sigkill`] or [`Self::stop`] (or for the first time, after
+    /// [`Self::unstarted`]), with the same paths, and waits until it is ready.
     pub fn restart(&mut self) {
-        assert!(self.child.is_none(), "still running");
         self.spawn();
     }
 
