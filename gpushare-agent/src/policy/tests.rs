@@ -1283,6 +1283,8 @@ fn quota_strategy() -> impl Strategy<Value = String> {
         prop_oneof![
             Just(""),
             Just("tolerance = \"10%\""),
+            Just("tolerance = \"10%\"\ngrace = \"0s\""),
+            Just("tolerance = \"128MiB\"\ngrace = \"0s\"\nladder = [{ action = \"freeze\" }]"),
             Just("grace = \"0s\""),
             Just("grace = \"0s\"\nladder = [{ action = \"freeze\" }]"),
             Just("grace = \"0s\"\nladder = [{ action = \"freeze\" }, { action = \"suspend\", after = \"1s\" }]"),
@@ -1326,7 +1328,14 @@ fn world() -> impl Strategy<Value = World> {
             (
                 100u32..107,
                 0u32..2,
-                proptest::option::weighted(0.9, 0u64..8192),
+                // Often near a limit (whole GiB), where tolerance decides.
+                proptest::option::weighted(
+                    0.9,
+                    prop_oneof![
+                        0u64..8192,
+                        (1u64..6, -64i64..320).prop_map(|(g, d)| (g as i64 * 1024 + d) as u64),
+                    ],
+                ),
             ),
             0..8,
         ),
@@ -1463,18 +1472,39 @@ fn independent_threshold(q: &ResolvedQuota, scope: GpuScope, s: &GpuSample) -> O
 }
 
 /// Usage of a workload on a scope, recomputed from the raw input.
-fn raw_usage(r: &Replay, s: &GpuSample, key: &str, scope: GpuScope) -> u64 {
+/// A suspended workload's footprint is its usage (its memory is in host memory), per GPU the
+/// larger of the sampled memory and the footprint.
+fn raw_usage(
+    r: &Replay,
+    s: &GpuSample,
+    observed: &BTreeMap<String, ObservedGroup>,
+    key: &str,
+    scope: GpuScope,
+) -> u64 {
     let pids: BTreeSet<u32> = r
         .processes
         .iter()
         .filter(|p| p.workload.key() == key)
         .map(|p| p.identity.pid)
         .collect();
-    s.processes
+    let mut per_dev: BTreeMap<u32, u64> = BTreeMap::new();
+    for p in s.processes.iter().filter(|p| pids.contains(&p.pid)) {
+        *per_dev.entry(p.device_index).or_default() += p.used_bytes.unwrap_or(0);
+    }
+    if let Some(fp) = observed
+        .get(key)
+        .and_then(|o| o.suspension.as_ref())
+        .and_then(Suspension::footprint)
+    {
+        for (dev, bytes) in fp {
+            let e = per_dev.entry(*dev).or_default();
+            *e = (*e).max(*bytes);
+        }
+    }
+    per_dev
         .iter()
-        .filter(|p| pids.contains(&p.pid))
-        .filter(|p| scope == GpuScope::All || scope == GpuScope::Gpu(p.device_index))
-        .map(|p| p.used_bytes.unwrap_or(0))
+        .filter(|(dev, _)| scope == GpuScope::All || scope == GpuScope::Gpu(**dev))
+        .map(|(_, b)| *b)
         .sum()
 }
 
@@ -1488,7 +1518,7 @@ fn is_protected(r: &Replay, meta: &WorkloadMeta, agent: Option<u32>) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     /// (a) Within quota, nothing but Thaw; (b) nothing but Thaw on protected or unquota'd
     /// workloads, and targets only from the input; (c) a degraded device never yields a new
@@ -1530,7 +1560,7 @@ proptest! {
                 let quota = r.quotas.resolve(meta, env).unwrap();
                 let threshold = independent_threshold(&quota, a.gpu, s)
                     .unwrap_or_else(|| panic!("{:?} on {} for {}: no limit of its quota covers it", a.kind, a.workload, a.gpu));
-                let used = raw_usage(&r, s, &a.workload, a.gpu);
+                let used = raw_usage(&r, s, observed, &a.workload, a.gpu);
                 prop_assert!(used > threshold, "{:?} on {} within quota: {used} <= {threshold}", a.kind, a.workload);
                 prop_assert_eq!(a.usage, Some(used));
                 prop_assert!(a.limit.is_some(), "escalations carry their limit");
