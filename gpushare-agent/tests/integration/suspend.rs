@@ -499,3 +499,44 @@ fn where_the_driver_takes_per_cgroup_limits_each_quota_is_also_a_driver_limit_on
     assert_eq!(s.gpus[0].isolation_backend, "soft");
     assert_eq!(driver_limit(&sc, "GPU-susp", cg.dir()), None);
 }
+
+#[test]
+fn check_warns_when_a_ladder_suspends_on_a_node_without_the_checkpoint_api() {
+    let dir = std::env::temp_dir().join(unique("check-suspend"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("quotas.toml");
+    std::fs::write(
+        &file,
+        "[[quota]]\ncgroup = \"/x\"\ngpu_memory = \"1GiB\"\nladder = [ { action = \"freeze\" }, { action = \"suspend\", after = \"10s\" } ]\n",
+    )
+    .unwrap();
+    let run = |lib: &Path| {
+        let out = std::process::Command::new(gpushare_testkit::workspace_bin("gpushare-agent"))
+            .arg("check")
+            .arg(&file)
+            .arg("--cuda-lib")
+            .arg(lib)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let without = run(Path::new("/nonexistent/libcuda.so.1"));
+    assert!(
+        without.contains("warning: a ladder uses `suspend`") && without.contains("falls"),
+        "{without}"
+    );
+    // With a driver that has the API (the mock at CUDA 12.8) there is nothing to warn about.
+    let sc = Scenario::create(&scenario(&[], json!({}))).unwrap();
+    let with = std::process::Command::new(gpushare_testkit::workspace_bin("gpushare-agent"))
+        .arg("check")
+        .arg(&file)
+        .arg("--cuda-lib")
+        .arg(fake_cuda_lib())
+        .env(gpushare_testkit::nvml::SCENARIO_ENV, sc.path())
+        .output()
+        .unwrap();
+    let with = String::from_utf8_lossy(&with.stdout);
+    assert!(!with.contains("`suspend`"), "{with}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
