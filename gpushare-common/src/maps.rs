@@ -13,6 +13,11 @@ pub const EVENTS: &str = "EVENTS";
 /// `HashMap<u64 pid_tgid, u8>`: opens of nvidia paths in flight (enter seen, exit not yet).
 pub const PENDING_OPENS: &str = "PENDING_OPENS";
 
+/// `Array<u64>`, mmap'able: one bit per tgid, set when the tgid may be in `GPU_TASKS`.
+pub const GPU_TGID_BITS: &str = "GPU_TGID_BITS";
+/// Words of `GPU_TGID_BITS` in the object (pid_max 32768); the loader sizes it from pid_max.
+pub const GPU_TGID_WORDS_DEFAULT: u32 = 512;
+
 /// Most GPU tasks tracked at once. Far above what one node runs.
 pub const MAX_GPU_TASKS: u32 = 16_384;
 /// Ring buffer size in bytes (a power of two multiple of the page size).

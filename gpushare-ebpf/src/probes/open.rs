@@ -1,10 +1,14 @@
-//! Opens of nvidia device nodes (`syscalls:sys_{enter,exit}_{openat,open}`).
+//! Opens of nvidia device nodes.
 //!
 //! On enter, the path is compared with `/dev/nvidia`; a match is remembered per thread in
 //! `PENDING_OPENS`. On exit, a successful open of a remembered path makes the tgid a GPU task. Every
 //! open pays a short user-string read on enter and one lookup in a nearly empty map on exit.
+//!
+//! The bodies ([`on_enter`], [`on_exit`]) are shared by the `syscalls:sys_{enter,exit}_open*`
+//! programs here and the generic `sys_enter`/`sys_exit` programs (`syscall.rs`).
 
 use aya_ebpf::{
+    EbpfContext,
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user_str_bytes},
     macros::tracepoint,
     programs::TracePointContext,
@@ -12,46 +16,68 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use gpushare_common::{Counter, EventKind, GpuTask};
 
+use super::args::{Record, SyscallArgs};
 use crate::maps::{
-    GPU_TASKS, PENDING_OPENS, bump, current_cgroup_id, current_comm, now_boot_ns, send,
+    GPU_TASKS, PENDING_OPENS, bump, current_cgroup_id, current_comm, mark_gpu_task, now_boot_ns,
+    send,
 };
 
 const NVIDIA_PREFIX: &[u8] = b"/dev/nvidia";
-/// `sys_enter_openat`: `const char *filename`.
-const OPENAT_FILENAME_OFFSET: usize = 24;
-/// `sys_enter_open`: `const char *filename`.
-const OPEN_FILENAME_OFFSET: usize = 16;
 /// `sys_exit_*`: `long ret`.
 const EXIT_RET_OFFSET: usize = 16;
 
 #[tracepoint]
 pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
-    on_enter(&ctx, OPENAT_FILENAME_OFFSET);
+    on_enter_arg(&Record(&ctx), 1);
+    0
+}
+
+#[tracepoint]
+pub fn sys_enter_openat2(ctx: TracePointContext) -> u32 {
+    on_enter_arg(&Record(&ctx), 1);
     0
 }
 
 #[tracepoint]
 pub fn sys_enter_open(ctx: TracePointContext) -> u32 {
-    on_enter(&ctx, OPEN_FILENAME_OFFSET);
+    on_enter_arg(&Record(&ctx), 0);
     0
 }
 
 #[tracepoint]
 pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
-    on_exit(&ctx);
+    exit_record(&ctx);
+    0
+}
+
+#[tracepoint]
+pub fn sys_exit_openat2(ctx: TracePointContext) -> u32 {
+    exit_record(&ctx);
     0
 }
 
 #[tracepoint]
 pub fn sys_exit_open(ctx: TracePointContext) -> u32 {
-    on_exit(&ctx);
+    exit_record(&ctx);
     0
 }
 
-fn on_enter(ctx: &TracePointContext, filename_offset: usize) {
-    let Ok(filename) = (unsafe { ctx.read_at::<*const u8>(filename_offset) }) else {
-        return;
-    };
+fn exit_record(ctx: &TracePointContext) {
+    let ret: i64 = unsafe { ctx.read_at(EXIT_RET_OFFSET) }.unwrap_or(-1);
+    on_exit(ctx, ret);
+}
+
+/// An open-family syscall whose path is argument `path_arg`.
+#[inline(always)]
+pub fn on_enter_arg(args: &impl SyscallArgs, path_arg: usize) {
+    if let Some(filename) = args.arg(path_arg) {
+        on_enter(filename as *const u8);
+    }
+}
+
+/// Enter of an open of `filename` (a user pointer) by the current thread.
+#[inline(always)]
+pub fn on_enter(filename: *const u8) {
     let mut buf = [0u8; 16];
     let Ok(path) = (unsafe { bpf_probe_read_user_str_bytes(filename, &mut buf) }) else {
         return;
@@ -62,13 +88,14 @@ fn on_enter(ctx: &TracePointContext, filename_offset: usize) {
     let _ = PENDING_OPENS.insert(bpf_get_current_pid_tgid(), 1, 0);
 }
 
-fn on_exit(ctx: &TracePointContext) {
+/// Exit of an open-family syscall of the current thread that returned `ret`.
+#[inline(always)]
+pub fn on_exit<C: EbpfContext>(ctx: &C, ret: i64) {
     let pid_tgid = bpf_get_current_pid_tgid();
     if unsafe { PENDING_OPENS.get(pid_tgid) }.is_none() {
         return;
     }
     let _ = PENDING_OPENS.remove(pid_tgid);
-    let ret: i64 = unsafe { ctx.read_at(EXIT_RET_OFFSET) }.unwrap_or(-1);
     if ret < 0 {
         return;
     }
@@ -82,6 +109,7 @@ fn on_exit(ctx: &TracePointContext) {
         last_alloc_event_ns: 0,
         comm: current_comm(),
     };
+    mark_gpu_task(tgid); // before the entry: an ioctl that finds the entry finds the bit
     if GPU_TASKS.insert(tgid, task, 0).is_err() {
         bump(Counter::TasksDropped);
         warn!(ctx, "gpushare: GPU_TASKS full, tgid {} not tracked", tgid);
