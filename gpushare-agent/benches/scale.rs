@@ -6,7 +6,11 @@
 //!    binary against the mock NVML): CPU share of one core and RSS, over 30 s.
 //!
 //! Needs root and `cargo build --release` (for the agent) and `cargo build` (mock, fake process).
-//! Run: `cargo bench -p gpushare-agent --bench scale` or `cargo xtask bench`.
+//! Run: `cargo bench -p gpushare-agent --bench scale` or `cargo xtask bench`. Arguments after `--`
+//! pick parts: `attribution`, `step`, `footprint` (default: all). `GPUSHARE_BENCH_AGENT_BIN=PATH`
+//! measures the footprint of another agent binary (e.g. an older build, for a before/after);
+//! `GPUSHARE_BENCH_FOOTPRINT_SECS=N` widens the footprint's window (to profile the agent meanwhile).
+//! `GPUSHARE_BENCH_QUICK=1`: small sizes and a short window, figures not to be judged.
 
 use std::{
     process::{Child, Command, Stdio},
@@ -41,9 +45,31 @@ fn main() {
         eprintln!("scale bench: FAILED: needs root; no figure printed");
         std::process::exit(1);
     }
-    attribution_cost();
-    per_sample_cost();
-    footprint();
+    let parts: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let want = |p: &str| parts.is_empty() || parts.iter().any(|a| a == p);
+    if let Some(unknown) = parts
+        .iter()
+        .find(|a| !["attribution", "step", "footprint"].contains(&a.as_str()))
+    {
+        eprintln!("scale bench: FAILED: unknown part {unknown:?} (attribution, step, footprint)");
+        std::process::exit(1);
+    }
+    if want("attribution") {
+        attribution_cost();
+    }
+    if want("step") {
+        per_sample_cost();
+    }
+    if want("footprint") {
+        footprint();
+    }
+}
+
+fn quick() -> bool {
+    std::env::var_os("GPUSHARE_BENCH_QUICK").is_some()
 }
 
 /// One agent step (sample through the mock, attribute, decide, publish) as processes and workloads
@@ -72,7 +98,12 @@ fn per_sample_cost() {
         "{:>10} {:>10} {:>14} {:>16}",
         "processes", "workloads", "step (ms)", "per process (us)"
     );
-    for (procs_n, workloads_n) in [(100usize, 20usize), (1_000, 200), (4_000, 800)] {
+    let sizes: &[(usize, usize)] = if quick() {
+        &[(100, 20)]
+    } else {
+        &[(100, 20), (1_000, 200), (4_000, 800)]
+    };
+    for &(procs_n, workloads_n) in sizes {
         let parent = TestCgroup::create(&unique("step")).unwrap();
         let cgs: Vec<TestCgroup> = (0..workloads_n)
             .map(|i| {
@@ -171,7 +202,12 @@ fn attribution_cost() {
         "N", "eBPF table (us/pass)", "/proc/<pid>/cgroup (us/pass)", "ratio"
     );
     let mut procs = Procs(Vec::new());
-    for n in [10usize, 100, 1_000, 10_000] {
+    let ns: &[usize] = if quick() {
+        &[10, 100]
+    } else {
+        &[10, 100, 1_000, 10_000]
+    };
+    for &n in ns {
         let more = spawn_gpu_procs(n - procs.0.len(), node.path(), &cgs);
         let mut more = more;
         procs.0.append(&mut more.0);
@@ -250,11 +286,20 @@ fn median_us(mut f: impl FnMut() -> usize) -> f64 {
 }
 
 fn footprint() {
-    const PROCS: usize = 1_000;
-    const WORKLOADS: usize = 200;
-    const SECS: u64 = 30;
+    let (procs_n, workloads_n, secs) = if quick() {
+        (100, 20, 3)
+    } else {
+        (1_000, 200, 30)
+    };
+    // A longer window (e.g. to profile the agent meanwhile): GPUSHARE_BENCH_FOOTPRINT_SECS.
+    let secs = std::env::var("GPUSHARE_BENCH_FOOTPRINT_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(secs);
     let release = gpushare_testkit::target_profile_dir();
-    let agent_bin = release.join("gpushare-agent");
+    let agent_bin = std::env::var_os("GPUSHARE_BENCH_AGENT_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| release.join("gpushare-agent"));
     let lib = release.join("../debug/libgpushare_fake_nvml.so");
     if !agent_bin.exists() || !lib.exists() {
         eprintln!(
@@ -265,7 +310,7 @@ fn footprint() {
     let node = FakeDeviceNode::create(&unique("foot")).unwrap();
     let parent = TestCgroup::create(&unique("foot")).unwrap();
     let root = cgroupfs::find_cgroup2_mount().unwrap();
-    let cgs: Vec<TestCgroup> = (0..WORKLOADS)
+    let cgs: Vec<TestCgroup> = (0..workloads_n)
         .map(|i| {
             TestCgroup::create_at(
                 &root,
@@ -274,7 +319,7 @@ fn footprint() {
             .unwrap()
         })
         .collect();
-    let procs = spawn_gpu_procs(PROCS, node.path(), &cgs);
+    let procs = spawn_gpu_procs(procs_n, node.path(), &cgs);
     let devices: Vec<_> = (0..8)
         .map(|d| {
             let list: Vec<_> = procs
@@ -308,22 +353,49 @@ fn footprint() {
             .unwrap();
     std::thread::sleep(Duration::from_secs(5)); // start-up and first samples
     let pid = agent.id() as i32;
+    // Only a working agent's figure counts: it must see every workload.
+    let seen = gpushare_agent::client::request(
+        &gpushare_agent::client::Endpoint::Tcp(&listen),
+        "GET",
+        "/api/v1/state",
+        None,
+    )
+    .ok()
+    .and_then(|(code, body)| (code == 200).then_some(body))
+    .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
+    .and_then(|v| v["workloads"].as_array().map(|w| w.len()))
+    .unwrap_or(0);
+    if seen < workloads_n {
+        eprintln!(
+            "scale bench: FAILED: the agent ({}) shows {seen} of {workloads_n} workloads",
+            agent_bin.display()
+        );
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        std::process::exit(1);
+    }
     let cpu = || {
         let s = procfs::process::Process::new(pid).unwrap().stat().unwrap();
         (s.utime + s.stime) as f64 / procfs::ticks_per_second() as f64
     };
     let (c0, t0) = (cpu(), Instant::now());
-    std::thread::sleep(Duration::from_secs(SECS));
+    std::thread::sleep(Duration::from_secs(secs));
     let (c1, dt) = (cpu(), t0.elapsed().as_secs_f64());
     let status = procfs::process::Process::new(pid)
         .unwrap()
         .status()
         .unwrap();
     println!(
-        "agent footprint, {PROCS} GPU processes in {WORKLOADS} workloads on 8 GPUs, 1 s interval, {SECS} s: CPU {:.2}% of one core, RSS {:.1} MiB (peak {:.1} MiB)",
+        "agent footprint{}, {procs_n} GPU processes in {workloads_n} workloads on 8 GPUs, 1 s interval, {secs} s: CPU {:.2}% of one core, RSS {:.1} MiB (peak {:.1} MiB); load average {}",
+        if quick() { " [QUICK MODE]" } else { "" },
         (c1 - c0) / dt * 100.0,
         status.vmrss.unwrap_or(0) as f64 / 1024.0,
-        status.vmhwm.unwrap_or(0) as f64 / 1024.0
+        status.vmhwm.unwrap_or(0) as f64 / 1024.0,
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     unsafe { libc::kill(pid, libc::SIGTERM) };
     let _ = agent.wait();

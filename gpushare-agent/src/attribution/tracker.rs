@@ -29,6 +29,7 @@ pub struct Tracker {
     table: Attribution,
     mode: Mode,
     scratch: Vec<KernelEvent>,
+    counts: Vec<(u32, gpushare_common::IoctlCounts)>,
     undecodable: u64,
 }
 
@@ -62,6 +63,7 @@ impl Tracker {
             table: Attribution::new(resolver),
             mode: Mode::Ebpf,
             scratch: Vec::new(),
+            counts: Vec::new(),
             undecodable: 0,
         };
         tracker.bootstrap_from_proc();
@@ -75,6 +77,7 @@ impl Tracker {
             table: Attribution::new(resolver),
             mode: Mode::Procfs { reason },
             scratch: Vec::new(),
+            counts: Vec::new(),
             undecodable: 0,
         }
     }
@@ -138,16 +141,15 @@ impl Tracker {
         changes
     }
 
-    /// Copies the kernel's per-task ioctl counts into the table.
+    /// Copies the kernel's per-task ioctl counts into the table (a few batched map reads, not one
+    /// per task).
     pub fn refresh_ioctl_counts(&mut self) {
         let Some(kernel) = self.kernel.as_ref() else {
             return;
         };
-        let pids: Vec<u32> = self.table.tasks().map(|t| t.identity.pid).collect();
-        for pid in pids {
-            if let Some(c) = kernel.ioctl_counts(pid) {
-                self.table.set_ioctl_counts(pid, c);
-            }
+        kernel.all_ioctl_counts(&mut self.counts);
+        for (pid, c) in &self.counts {
+            self.table.set_ioctl_counts(*pid, *c);
         }
     }
 

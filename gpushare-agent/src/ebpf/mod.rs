@@ -408,6 +408,24 @@ impl KernelPrograms {
         )
     }
 
+    /// Every task's ioctl counts, summed over CPUs, into `out` (cleared first). Read every step for
+    /// every GPU task, so it asks the kernel for many entries per syscall (`BPF_MAP_LOOKUP_BATCH`,
+    /// Linux 5.6+) rather than once per task; a kernel without batch lookups gets one per key.
+    pub fn all_ioctl_counts(&self, out: &mut Vec<(u32, IoctlCounts)>) {
+        out.clear();
+        let Some(aya::maps::Map::PerCpuHashMap(data)) = self.ebpf.map(IOCTL_COUNTS) else {
+            return;
+        };
+        if batch_ioctl_counts(data.fd().as_fd(), out).is_err() {
+            out.clear();
+            for tgid in self.ioctl_count_keys() {
+                if let Some(c) = self.ioctl_counts(tgid) {
+                    out.push((tgid, c));
+                }
+            }
+        }
+    }
+
     /// Forgets a task's ioctl counts (after its exit was handled).
     pub fn forget_ioctl_counts(&mut self, tgid: u32) {
         if let Some(map) = self.ebpf.map_mut(IOCTL_COUNTS)
@@ -492,6 +510,85 @@ impl KernelPrograms {
             tasks_dropped: read(Counter::TasksDropped),
             alloc_events_rate_limited: read(Counter::AllocEventsRateLimited),
         }
+    }
+}
+
+/// `union bpf_attr`'s member for the `BPF_MAP_*_BATCH` commands.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// `BPF_MAP_LOOKUP_BATCH` over the per-CPU `IOCTL_COUNTS` map, summing each entry's CPUs.
+fn batch_ioctl_counts(
+    fd: BorrowedFd<'_>,
+    out: &mut Vec<(u32, IoctlCounts)>,
+) -> std::io::Result<()> {
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+    // About 64 KiB of values per call, at least 16 entries.
+    let chunk = (65_536 / (cpus * size_of::<IoctlCounts>())).max(16);
+    let mut keys = vec![0u32; chunk];
+    let mut values = vec![IoctlCounts::default(); chunk * cpus];
+    // The position token of a hash map is a bucket index (u32).
+    let (mut token_in, mut token_out) = (0u32, 0u32);
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first {
+                0
+            } else {
+                (&raw const token_in) as u64
+            },
+            out_batch: (&raw mut token_out) as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: chunk as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            ..Default::default()
+        };
+        // SAFETY: the attr points at buffers of `chunk` keys and `chunk * cpus` values, which is
+        // what the kernel writes for a per-CPU map of 16-byte values.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                size_of::<BatchAttr>(),
+            )
+        };
+        let err = (rc < 0).then(std::io::Error::last_os_error);
+        let done = match &err {
+            None => false,
+            // ENOENT: the last entries came with this call (or there were none).
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+            Some(e) => return Err(std::io::Error::new(e.kind(), e.to_string())),
+        };
+        for (i, tgid) in keys.iter().take(attr.count as usize).enumerate() {
+            let per_cpu = &values[i * cpus..(i + 1) * cpus];
+            out.push((
+                *tgid,
+                per_cpu
+                    .iter()
+                    .fold(IoctlCounts::default(), |acc, c| IoctlCounts {
+                        calls: acc.calls + c.calls,
+                        allocs: acc.allocs + c.allocs,
+                    }),
+            ));
+        }
+        if done {
+            return Ok(());
+        }
+        token_in = token_out;
+        first = false;
     }
 }
 

@@ -300,6 +300,49 @@ impl PidCache {
             .0
             .borrow_mut()
             .entry(pid)
-            .or_insert_with(|| Path::new(&format!("/proc/{pid}")).exists())
+            .or_insert_with(|| pid_exists(pid))
+    }
+}
+
+/// Whether a task with this id exists (what `/proc/<pid>` existing means, threads included):
+/// `kill(pid, 0)`, one syscall with no path to build and walk (a `/proc/<pid>` stat allocates the
+/// path and walks procfs). Asked for every process NVML lists, every sample.
+pub(crate) fn pid_exists(pid: u32) -> bool {
+    // 0 and negative numbers name process groups to kill(2), never one process.
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 sends nothing; it only checks that the target exists.
+    if unsafe { libc::kill(pid, 0) } == 0 {
+        return true;
+    }
+    // EPERM: it exists but is not ours to signal (the agent without CAP_KILL).
+    std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pid_exists;
+
+    #[test]
+    fn pid_existence_matches_proc() {
+        assert!(pid_exists(std::process::id()));
+        assert!(pid_exists(1), "init exists");
+        // A thread id has a /proc entry too, and kill(2) accepts it.
+        let tid = unsafe { libc::gettid() } as u32;
+        assert!(pid_exists(tid));
+        assert!(
+            !pid_exists(0),
+            "0 is a process group to kill(2), never a process"
+        );
+        assert!(!pid_exists(u32::MAX), "a negative pid_t is a process group");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(!pid_exists(pid), "a reaped child is gone");
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
     }
 }
