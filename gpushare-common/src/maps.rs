@@ -30,7 +30,7 @@ pub const DEFAULT_ALLOC_EVENT_MIN_INTERVAL_NS: u64 = 20_000_000;
 
 /// What the kernel keeps per GPU task.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct GpuTask {
     /// cgroup v2 id when the task was last seen opening, exec'ing or allocating.
     pub cgroup_id: u64,

@@ -435,11 +435,20 @@ impl KernelPrograms {
         }
     }
 
-    /// Every tgid the kernel table holds, with its entry.
+    /// Every tgid the kernel table holds, with its entry (batched reads; one per key where the
+    /// kernel lacks batch lookups).
     pub fn gpu_tasks(&self) -> Vec<(u32, GpuTask)> {
         let Some(map) = self.ebpf.map(GPU_TASKS) else {
             return Vec::new();
         };
+        if let aya::maps::Map::HashMap(data) = map {
+            let mut out = Vec::new();
+            if batch_lookup::<GpuTask>(data.fd().as_fd(), 1, |tgid, v| out.push((tgid, v[0])))
+                .is_ok()
+            {
+                return out;
+            }
+        }
         let Ok(map) = HashMap::<_, u32, GpuTask>::try_from(map) else {
             return Vec::new();
         };
@@ -532,12 +541,32 @@ fn batch_ioctl_counts(
     fd: BorrowedFd<'_>,
     out: &mut Vec<(u32, IoctlCounts)>,
 ) -> std::io::Result<()> {
-    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
     let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+    batch_lookup::<IoctlCounts>(fd, cpus, |tgid, per_cpu| {
+        let sum = per_cpu
+            .iter()
+            .fold(IoctlCounts::default(), |acc, c| IoctlCounts {
+                calls: acc.calls + c.calls,
+                allocs: acc.allocs + c.allocs,
+            });
+        out.push((tgid, sum));
+    })
+}
+
+/// Every entry of a hash map with `u32` keys through `BPF_MAP_LOOKUP_BATCH` (Linux 5.6+): `visit`
+/// gets each key with its `per_key` values (the CPUs of a per-CPU map, 1 otherwise). `V` must be
+/// the map's value type, a multiple of 8 bytes (the kernel's per-CPU stride).
+fn batch_lookup<V: Copy + Default>(
+    fd: BorrowedFd<'_>,
+    per_key: usize,
+    mut visit: impl FnMut(u32, &[V]),
+) -> std::io::Result<()> {
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+    const { assert!(size_of::<V>().is_multiple_of(8)) };
     // About 64 KiB of values per call, at least 16 entries.
-    let chunk = (65_536 / (cpus * size_of::<IoctlCounts>())).max(16);
+    let chunk = (65_536 / (per_key * size_of::<V>())).max(16);
     let mut keys = vec![0u32; chunk];
-    let mut values = vec![IoctlCounts::default(); chunk * cpus];
+    let mut values = vec![V::default(); chunk * per_key];
     // The position token of a hash map is a bucket index (u32).
     let (mut token_in, mut token_out) = (0u32, 0u32);
     let mut first = true;
@@ -555,8 +584,8 @@ fn batch_ioctl_counts(
             map_fd: fd.as_raw_fd() as u32,
             ..Default::default()
         };
-        // SAFETY: the attr points at buffers of `chunk` keys and `chunk * cpus` values, which is
-        // what the kernel writes for a per-CPU map of 16-byte values.
+        // SAFETY: the attr points at buffers of `chunk` keys and `chunk * per_key` values of the
+        // map's value type, which is what the kernel writes.
         let rc = unsafe {
             libc::syscall(
                 libc::SYS_bpf,
@@ -572,17 +601,8 @@ fn batch_ioctl_counts(
             Some(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
             Some(e) => return Err(std::io::Error::new(e.kind(), e.to_string())),
         };
-        for (i, tgid) in keys.iter().take(attr.count as usize).enumerate() {
-            let per_cpu = &values[i * cpus..(i + 1) * cpus];
-            out.push((
-                *tgid,
-                per_cpu
-                    .iter()
-                    .fold(IoctlCounts::default(), |acc, c| IoctlCounts {
-                        calls: acc.calls + c.calls,
-                        allocs: acc.allocs + c.allocs,
-                    }),
-            ));
+        for (i, key) in keys.iter().take(attr.count as usize).enumerate() {
+            visit(*key, &values[i * per_key..(i + 1) * per_key]);
         }
         if done {
             return Ok(());

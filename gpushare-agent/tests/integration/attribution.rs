@@ -223,3 +223,56 @@ fn reconcile_recovers_a_gpu_task_whose_open_event_was_missed() {
     });
     assert!(tracker.table().get(pid).is_none());
 }
+
+#[test]
+fn reconcile_replaces_a_confirmed_task_whose_pid_was_reused_while_its_events_waited() {
+    if !require_root("reconcile_replaces_a_reused_pid") {
+        return;
+    }
+    let mut tracker = tracker(0);
+    let node = FakeDeviceNode::create(&unique("reuse")).unwrap();
+    let first = FakeGpuProcess::spawn(None, &[node.path()], &[]).unwrap();
+    let pid = first.pid();
+    poll_until(&mut tracker, Duration::from_secs(5), |t, _| {
+        t.table().get(pid).is_some()
+    });
+    let old = tracker
+        .table()
+        .get(pid)
+        .expect("first process seen")
+        .identity;
+    // A reconcile confirms it (and remembers its kernel entry, so the next one may skip /proc).
+    assert!(tracker.reconcile().removed.is_empty());
+    // It exits and its pid goes to a new GPU process, with no event applied in between (as when
+    // the ring buffer overflowed): only the kernel table tells.
+    first.kill();
+    let mut second = None;
+    for _ in 0..50 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
+        let p = FakeGpuProcess::spawn(None, &[node.path()], &[]).unwrap();
+        if p.pid() == pid {
+            second = Some(p);
+            break;
+        }
+    }
+    let second = second.expect("could not make the pid be reused in 50 tries");
+    // (Other tests' GPU processes come and go too: only this pid is looked at.)
+    let report = tracker.reconcile();
+    assert!(report.removed.contains(&pid), "the old process is gone");
+    assert!(
+        report.added.contains(&pid),
+        "the new one is found in the kernel table"
+    );
+    let now = tracker.table().get(pid).unwrap().identity;
+    assert_ne!(
+        now.start_ticks, old.start_ticks,
+        "the table holds the new process"
+    );
+    assert_eq!(
+        now,
+        gpushare_agent::attribution::procinfo::snapshot(pid)
+            .unwrap()
+            .identity
+    );
+    drop(second);
+}
