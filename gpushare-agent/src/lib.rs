@@ -21,3 +21,4 @@ pub mod run;
 pub mod sample;
 pub mod snapshot;
 pub mod status;
+pub mod trace;

@@ -272,10 +272,12 @@ impl Agent {
         if !self.ledger_reconciled {
             self.reconcile_ledger(&sample, &processes, &mut outcome);
         }
+        crate::trace::decided();
         let t1 = Instant::now();
         for action in &outcome.actions {
             self.execute(action, observed_at);
         }
+        crate::trace::acted(outcome.actions.len());
         let t2 = Instant::now();
         self.policy = outcome.state;
         self.ready = true;

@@ -131,8 +131,10 @@ impl Tracker {
         let mut changes = Vec::with_capacity(self.scratch.len());
         for ev in &self.scratch {
             let change = self.table.apply(ev);
-            if let Change::Removed(pid) = change {
-                kernel.forget_ioctl_counts(pid);
+            match change {
+                Change::Removed(pid) => kernel.forget_ioctl_counts(pid),
+                Change::AllocHint(_) => crate::trace::alloc_event_seen(ev.ktime_boot_ns),
+                _ => {}
             }
             if change != Change::None {
                 changes.push(change);

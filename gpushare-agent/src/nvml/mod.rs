@@ -166,6 +166,7 @@ impl NvmlSampler {
             }
         }
         self.nvml = Some(nvml);
+        crate::trace::sample_done();
         sample
     }
 

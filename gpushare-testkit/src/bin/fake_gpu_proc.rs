@@ -5,6 +5,8 @@
 //!
 //! - `ioctl N`: N ioctls shaped like NV_ESC_RM_CONTROL (not allocations)
 //! - `alloc N`: N ioctls shaped like NV_ESC_RM_ALLOC
+//! - `talloc`: one NV_ESC_RM_ALLOC ioctl, answered `ok <ns>` with CLOCK_BOOTTIME read immediately
+//!   before it (the clock of the eBPF event time), so a bench can time a reaction from the ioctl
 //! - `xfer N`: N NV_ESC_RM_ALLOC requests wrapped in NV_ESC_IOCTL_XFER_CMD
 //! - `mem DIR DEVICE BYTES`: write BYTES to `DIR/<pid>.<DEVICE>` (the mock NVML's per-process memory)
 //! - `exit [CODE]`: exit
@@ -167,6 +169,13 @@ fn main() {
         match words.first().copied() {
             Some("ioctl") => issue(fd, nv_iowr(NV_ESC_RM_CONTROL, 32), n(1), false),
             Some("alloc") => issue(fd, nv_iowr(NV_ESC_RM_ALLOC, 48), n(1), false),
+            Some("talloc") => {
+                let at = boot_time_ns();
+                issue(fd, nv_iowr(NV_ESC_RM_ALLOC, 48), 1, false);
+                let _ = writeln!(out, "ok {at}");
+                let _ = out.flush();
+                continue;
+            }
             Some("xfer") => issue(fd, nv_iowr(NV_ESC_IOCTL_XFER_CMD, 16), n(1), true),
             Some("mem") if words.len() == 4 => {
                 let path = format!("{}/{pid}.{}", words[1], words[2]);
@@ -195,6 +204,17 @@ fn main() {
         let _ = out.flush();
     }
     remove_mem_file();
+}
+
+/// CLOCK_BOOTTIME now, in ns.
+fn boot_time_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn write_mem(path: &str, bytes: u64) -> std::io::Result<()> {
@@ -286,7 +306,7 @@ fn usage(msg: &str) -> ! {
         eprintln!("fake-gpu-proc: {msg}");
     }
     eprintln!(
-        "usage: gpushare-fake-gpu-proc [--device PATH]... [--mem-dir DIR --mem BYTES [--mem-device N] [--grow-to BYTES --grow-after SECS]] [--no-stdin]\n  (commands on stdin: ioctl N | alloc N | xfer N | mem DIR DEV BYTES | exit [CODE])"
+        "usage: gpushare-fake-gpu-proc [--device PATH]... [--mem-dir DIR --mem BYTES [--mem-device N] [--grow-to BYTES --grow-after SECS]] [--no-stdin]\n  (commands on stdin: ioctl N | alloc N | talloc | xfer N | mem DIR DEV BYTES | exit [CODE])"
     );
     std::process::exit(2)
 }
