@@ -196,10 +196,12 @@ fn main() {
         });
     }
     let n = configs.len();
+    let mut foreign = std::collections::BTreeSet::new();
     for round in 0..sizes.rounds {
         for k in 0..n {
             // Rotate the order each round: no configuration always runs first or last.
             let c = &mut configs[(k + round) % n];
+            foreign.extend(foreign_bpf());
             eprint!("\rround {}/{}: {:<24}", round + 1, sizes.rounds, c.name);
             let m = measure(c.programs.as_deref(), c.check, &node, &fake_proc, sizes);
             for (i, v) in m.into_iter().enumerate() {
@@ -222,6 +224,15 @@ fn main() {
             .collect::<Vec<_>>()
             .join(" ")
     );
+    foreign.extend(foreign_bpf());
+    if foreign.is_empty() {
+        println!("no other process held eBPF programs during the run");
+    } else {
+        println!(
+            "WARNING: other processes held eBPF programs during the run (their probes are in every figure, \"bare\" included): {}",
+            foreign.into_iter().collect::<Vec<_>>().join(", ")
+        );
+    }
     if variants {
         print_variants(&configs);
         println!();
@@ -369,6 +380,37 @@ fn measure(
     drop(gpu);
     drop(resident);
     drop(loaded);
+    out
+}
+
+/// Other processes holding eBPF programs or links (e.g. another agent or test run), as "pid comm".
+fn foreign_bpf() -> Vec<String> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        let holds = fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|t| {
+                let t = t.to_string_lossy();
+                t == "anon_inode:bpf-prog" || t == "anon_inode:bpf_link"
+            })
+        });
+        if holds {
+            let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+            out.push(format!("{pid} {}", comm.trim()));
+        }
+    }
     out
 }
 

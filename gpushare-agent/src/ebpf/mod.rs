@@ -75,6 +75,10 @@ pub const PROGRAMS: &[(&str, Attach)] = &[
         "sys_enter_ioctl",
         Attach::TracePoint("syscalls", "sys_enter_ioctl"),
     ),
+    (
+        "sys_enter_openat_noexit",
+        Attach::TracePoint("syscalls", "sys_enter_openat"),
+    ),
     ("btf_sys_enter", Attach::Btf("sys_enter")),
     ("btf_sys_exit", Attach::Btf("sys_exit")),
     ("btf_sys_enter_noexit", Attach::Btf("sys_enter")),
@@ -103,6 +107,16 @@ pub const PROBE_SETS: &[(&str, &[&str], &str)] = &[
             "sys_enter_ioctl",
         ],
         "syscalls:sys_{enter,exit}_open{,at,at2} and syscalls:sys_enter_ioctl",
+    ),
+    (
+        "tracepoints, no exit",
+        &[
+            SCHED[0],
+            SCHED[1],
+            "sys_enter_openat_noexit",
+            "sys_enter_ioctl",
+        ],
+        "syscalls:sys_enter_openat and sys_enter_ioctl only; an open counts at enter (measurement only: takes failed opens)",
     ),
     (
         "tp_btf",

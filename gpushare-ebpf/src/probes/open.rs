@@ -62,6 +62,15 @@ pub fn sys_exit_open(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// As `sys_enter_openat`, but an nvidia open counts at once, with no exit probe to check its result.
+/// Measurement only (the overhead bench's "no exit probe" rows): it takes failed opens too.
+#[tracepoint]
+pub fn sys_enter_openat_noexit(ctx: TracePointContext) -> u32 {
+    on_enter_arg(&Record(&ctx), 1);
+    on_exit(&ctx, 0);
+    0
+}
+
 fn exit_record(ctx: &TracePointContext) {
     let ret: i64 = unsafe { ctx.read_at(EXIT_RET_OFFSET) }.unwrap_or(-1);
     on_exit(ctx, ret);
