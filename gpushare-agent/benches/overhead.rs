@@ -10,6 +10,7 @@
 //! - `--variants`: bare against every probe set of `ebpf::PROBE_SETS` and the sched programs alone
 //!   (the comparison table in docs/performance.md).
 //!
+//! `--sets NAME,NAME` measures only those (with bare); `--rounds N` sets the rounds.
 //! `GPUSHARE_BENCH_QUICK=1`: one round, few iterations, figures not to be judged (a smoke run).
 //! Needs root; fails loudly rather than print a figure it could not measure.
 //!
@@ -132,7 +133,19 @@ fn main() {
     if unsafe { libc::geteuid() } != 0 {
         fail("needs root to load eBPF programs");
     }
-    let variants = std::env::args().any(|a| a == "--variants");
+    let args: Vec<String> = std::env::args().collect();
+    // `--sets A,B`: only these configurations (probe sets or floors, by name), with bare.
+    let only_sets: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--sets")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').map(str::to_string).collect());
+    let variants = only_sets.is_some() || args.iter().any(|a| a == "--variants");
+    let rounds_arg: Option<usize> = args
+        .iter()
+        .position(|a| a == "--rounds")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok());
     let quick = std::env::var_os("GPUSHARE_BENCH_QUICK").is_some();
     let sizes = if quick {
         Sizes {
@@ -143,7 +156,7 @@ fn main() {
         }
     } else {
         Sizes {
-            rounds: 5,
+            rounds: rounds_arg.unwrap_or(5),
             fast: 300_000,
             opens: 50_000,
             spawns: 200,
@@ -194,6 +207,12 @@ fn main() {
             check: true,
             results: vec![Vec::new(); OPS.len()],
         });
+    }
+    if let Some(only) = &only_sets {
+        if let Some(unknown) = only.iter().find(|n| !configs.iter().any(|c| &c.name == *n)) {
+            fail(&format!("no configuration named {unknown:?}"));
+        }
+        configs.retain(|c| c.programs.is_none() || only.contains(&c.name));
     }
     let n = configs.len();
     let mut foreign = std::collections::BTreeSet::new();

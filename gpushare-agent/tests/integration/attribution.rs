@@ -276,3 +276,76 @@ fn reconcile_replaces_a_confirmed_task_whose_pid_was_reused_while_its_events_wai
     );
     drop(second);
 }
+
+#[test]
+fn every_open_syscall_and_a_thread_make_a_gpu_task_and_a_failed_open_does_not() {
+    if !require_root("every_open_syscall") {
+        return;
+    }
+    let mut tracker = tracker(0);
+    let node = FakeDeviceNode::create(&unique("opens")).unwrap();
+    let path = node.path().to_str().unwrap().to_string();
+    // A directory and a missing node whose names match /dev/nvidia*: their opens fail.
+    let dir = format!("/dev/nvidia-gpushare-test-{}", unique("dir"));
+    std::fs::create_dir(&dir).unwrap();
+    let missing = format!("/dev/nvidia-gpushare-test-{}", unique("missing"));
+    let spawn = || FakeGpuProcess::spawn(None, &[], &[]).unwrap();
+    let mut opened = Vec::new();
+    for how in [
+        "open",
+        "openat",
+        "openat2",
+        "openat thread",
+        "openat2 thread",
+    ] {
+        let mut p = spawn();
+        p.send(&format!("open {path} {how}")).unwrap();
+        let answer = p.read_answer().unwrap();
+        assert!(answer.starts_with("ok "), "{how}: {answer}");
+        opened.push((how, p));
+    }
+    let mut failed = Vec::new();
+    for (target, errno) in [(&dir, libc::EISDIR), (&missing, libc::ENOENT)] {
+        for how in ["openat", "openat thread"] {
+            let mut p = spawn();
+            p.send(&format!("open {target} {how}")).unwrap();
+            assert_eq!(
+                p.read_answer().unwrap(),
+                format!("error {errno}"),
+                "{target} {how}"
+            );
+            // ioctls after a failed open are not a GPU task's either.
+            p.command("ioctl 10").unwrap();
+            failed.push(p);
+        }
+    }
+    // A last GPU task, so that once it is seen every earlier event has been drained too.
+    let mut last = spawn();
+    last.send(&format!("open {path} openat")).unwrap();
+    assert!(last.read_answer().unwrap().starts_with("ok "));
+    let seen = poll_until(&mut tracker, Duration::from_secs(5), |t, _| {
+        t.table().get(last.pid()).is_some()
+    });
+    for (how, p) in &opened {
+        assert!(
+            seen.contains(&Change::Added(p.pid())),
+            "open through {how} not seen: {seen:?}"
+        );
+        assert_eq!(tracker.table().get(p.pid()).unwrap().source, Source::Ebpf);
+    }
+    let kernel_tasks = tracker.kernel().unwrap().gpu_tasks();
+    for p in &failed {
+        assert!(
+            tracker.table().get(p.pid()).is_none(),
+            "a failed open made {} a GPU task",
+            p.pid()
+        );
+        assert!(
+            !kernel_tasks.iter().any(|(t, _)| *t == p.pid()),
+            "a failed open left {} in the kernel table",
+            p.pid()
+        );
+        assert!(tracker.kernel().unwrap().ioctl_counts(p.pid()).is_none());
+    }
+    std::fs::remove_dir(&dir).unwrap();
+}

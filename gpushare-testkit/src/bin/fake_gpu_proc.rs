@@ -8,6 +8,9 @@
 //! - `talloc`: one NV_ESC_RM_ALLOC ioctl, answered `ok <ns>` with CLOCK_BOOTTIME read immediately
 //!   before it (the clock of the eBPF event time), so a bench can time a reaction from the ioctl
 //! - `xfer N`: N NV_ESC_RM_ALLOC requests wrapped in NV_ESC_IOCTL_XFER_CMD
+//! - `open PATH [open|openat|openat2] [thread]`: open PATH read-write through that syscall
+//!   (default openat), from a new thread with `thread` (it exits afterwards, the fd stays); answers
+//!   `ok <fd>` or `error <errno>`. The fd is kept open; later ioctls still go to the first device.
 //! - `mem DIR DEVICE BYTES`: write BYTES to `DIR/<pid>.<DEVICE>` (the mock NVML's per-process memory)
 //! - `exit [CODE]`: exit
 //!
@@ -189,6 +192,23 @@ fn main() {
                     continue;
                 }
             }
+            Some("open") if words.len() >= 2 => {
+                let how = words.get(2).copied().unwrap_or("openat").to_string();
+                let path = words[1].to_string();
+                let answer = if words.get(3) == Some(&"thread") {
+                    std::thread::spawn(move || open_with(&path, &how))
+                        .join()
+                        .unwrap_or(Err(libc::EIO))
+                } else {
+                    open_with(&path, &how)
+                };
+                let _ = match answer {
+                    Ok(fd) => writeln!(out, "ok {fd}"),
+                    Err(errno) => writeln!(out, "error {errno}"),
+                };
+                let _ = out.flush();
+                continue;
+            }
             Some("exit") => {
                 remove_mem_file();
                 std::process::exit(n(1) as i32 * (words.len() > 1) as i32)
@@ -204,6 +224,39 @@ fn main() {
         let _ = out.flush();
     }
     remove_mem_file();
+}
+
+/// Opens `path` read-write with the raw syscall `how` (open, openat or openat2); the fd stays open.
+fn open_with(path: &str, how: &str) -> Result<i32, i32> {
+    let c = CString::new(path).map_err(|_| libc::EINVAL)?;
+    let flags = (libc::O_RDWR | libc::O_CLOEXEC) as libc::c_long;
+    // SAFETY: raw open-family syscalls on a NUL-terminated path (and an open_how on the stack).
+    let fd = unsafe {
+        match how {
+            #[cfg(target_arch = "x86_64")]
+            "open" => libc::syscall(libc::SYS_open, c.as_ptr(), flags, 0),
+            "openat2" => {
+                // struct open_how { u64 flags; u64 mode; u64 resolve; }
+                let open_how: [u64; 3] = [flags as u64, 0, 0];
+                libc::syscall(
+                    libc::SYS_openat2,
+                    libc::AT_FDCWD,
+                    c.as_ptr(),
+                    open_how.as_ptr(),
+                    size_of::<[u64; 3]>(),
+                )
+            }
+            "openat" => libc::syscall(libc::SYS_openat, libc::AT_FDCWD, c.as_ptr(), flags, 0),
+            _ => return Err(libc::ENOSYS),
+        }
+    };
+    if fd < 0 {
+        Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO))
+    } else {
+        Ok(fd as i32)
+    }
 }
 
 /// CLOCK_BOOTTIME now, in ns.
@@ -306,7 +359,7 @@ fn usage(msg: &str) -> ! {
         eprintln!("fake-gpu-proc: {msg}");
     }
     eprintln!(
-        "usage: gpushare-fake-gpu-proc [--device PATH]... [--mem-dir DIR --mem BYTES [--mem-device N] [--grow-to BYTES --grow-after SECS]] [--no-stdin]\n  (commands on stdin: ioctl N | alloc N | talloc | xfer N | mem DIR DEV BYTES | exit [CODE])"
+        "usage: gpushare-fake-gpu-proc [--device PATH]... [--mem-dir DIR --mem BYTES [--mem-device N] [--grow-to BYTES --grow-after SECS]] [--no-stdin]\n  (commands on stdin: ioctl N | alloc N | talloc | xfer N | open PATH [open|openat|openat2] [thread] | mem DIR DEV BYTES | exit [CODE])"
     );
     std::process::exit(2)
 }
