@@ -106,6 +106,62 @@ fn parse_start_ticks(stat: &[u8]) -> Option<u64> {
     rest.split(' ').nth(19)?.parse().ok()
 }
 
+/// Where an open of an nvidia node, seen on its entry, stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenState {
+    /// The process holds an nvidia fd: the open succeeded.
+    Opened,
+    /// The opening thread is still in an open-family syscall (or running, so it cannot be told).
+    InProgress,
+    /// The thread has left the open (or is gone) and no nvidia fd is held: it failed.
+    Failed,
+}
+
+/// Open-family syscall numbers of this architecture.
+#[cfg(target_arch = "x86_64")]
+const OPEN_SYSCALLS: [libc::c_long; 3] = [libc::SYS_open, libc::SYS_openat, libc::SYS_openat2];
+#[cfg(not(target_arch = "x86_64"))]
+const OPEN_SYSCALLS: [libc::c_long; 2] = [libc::SYS_openat, libc::SYS_openat2];
+
+/// Where thread `tid`'s open of an nvidia node in process `tgid` stands. The thread's syscall is
+/// read first (`/proc/<tgid>/task/<tid>/syscall`): once it has left the open, an fd it opened is
+/// already in its table. A thread that is running cannot be told apart: `running_is_done` says
+/// whether to judge it by its fds anyway (the caller gives up waiting).
+pub fn open_state(tgid: u32, tid: u32, running_is_done: bool) -> OpenState {
+    let syscall = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/syscall"));
+    let first = syscall
+        .as_deref()
+        .ok()
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or("");
+    if first
+        .parse::<libc::c_long>()
+        .is_ok_and(|nr| OPEN_SYSCALLS.contains(&nr))
+        || (first == "running" && !running_is_done)
+    {
+        return OpenState::InProgress;
+    }
+    // The thread's own table first (it may have unshared it), then the process's.
+    if holds_nvidia_fd_in(&format!("/proc/{tgid}/task/{tid}/fd"))
+        || holds_nvidia_fd_in(&format!("/proc/{tgid}/fd"))
+    {
+        OpenState::Opened
+    } else {
+        OpenState::Failed
+    }
+}
+
+/// Whether the fd directory `dir` (`/proc/<pid>/fd`) holds a link to `/dev/nvidia*`.
+pub fn holds_nvidia_fd_in(dir: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        std::fs::read_link(e.path())
+            .is_ok_and(|t| t.as_os_str().as_encoded_bytes().starts_with(b"/dev/nvidia"))
+    })
+}
+
 /// Every pid in `/proc`.
 pub fn all_pids() -> Vec<u32> {
     let Ok(iter) = procfs::process::all_processes() else {

@@ -52,32 +52,40 @@ pub const PROGRAMS: &[(&str, Attach)] = &[
         Attach::TracePoint("syscalls", "sys_enter_openat"),
     ),
     (
-        "sys_exit_openat",
-        Attach::TracePoint("syscalls", "sys_exit_openat"),
-    ),
-    (
         "sys_enter_openat2",
         Attach::TracePoint("syscalls", "sys_enter_openat2"),
-    ),
-    (
-        "sys_exit_openat2",
-        Attach::TracePoint("syscalls", "sys_exit_openat2"),
     ),
     (
         "sys_enter_open",
         Attach::TracePoint("syscalls", "sys_enter_open"),
     ),
     (
-        "sys_exit_open",
-        Attach::TracePoint("syscalls", "sys_exit_open"),
-    ),
-    (
         "sys_enter_ioctl",
         Attach::TracePoint("syscalls", "sys_enter_ioctl"),
     ),
     (
-        "sys_enter_openat_noexit",
+        "sys_enter_openat_pending",
         Attach::TracePoint("syscalls", "sys_enter_openat"),
+    ),
+    (
+        "sys_enter_openat2_pending",
+        Attach::TracePoint("syscalls", "sys_enter_openat2"),
+    ),
+    (
+        "sys_enter_open_pending",
+        Attach::TracePoint("syscalls", "sys_enter_open"),
+    ),
+    (
+        "sys_exit_openat",
+        Attach::TracePoint("syscalls", "sys_exit_openat"),
+    ),
+    (
+        "sys_exit_openat2",
+        Attach::TracePoint("syscalls", "sys_exit_openat2"),
+    ),
+    (
+        "sys_exit_open",
+        Attach::TracePoint("syscalls", "sys_exit_open"),
     ),
     ("btf_sys_enter", Attach::Btf("sys_enter")),
     ("btf_sys_exit", Attach::Btf("sys_exit")),
@@ -91,32 +99,41 @@ pub const PROGRAMS: &[(&str, Attach)] = &[
 const SCHED: [&str; 2] = ["sched_process_exec", "sched_process_exit"];
 
 /// Ways to see nvidia opens and GPU tasks' ioctls, by name: (name, programs, what it is). The
-/// first is what the agent attaches; the overhead bench (`--variants`) measures them all.
+/// first is what the agent attaches; the overhead bench (`--variants`) measures them all. "no
+/// exit" sets send an open on its entry, unconfirmed, and the agent checks the result
+/// (`attribution::procinfo::open_state`); the others check it in an exit probe.
 pub const PROBE_SETS: &[(&str, &[&str], &str)] = &[
-    (
-        "tracepoints",
-        &[
-            SCHED[0],
-            SCHED[1],
-            "sys_enter_openat",
-            "sys_exit_openat",
-            "sys_enter_openat2",
-            "sys_exit_openat2",
-            "sys_enter_open",
-            "sys_exit_open",
-            "sys_enter_ioctl",
-        ],
-        "syscalls:sys_{enter,exit}_open{,at,at2} and syscalls:sys_enter_ioctl",
-    ),
     (
         "tracepoints, no exit",
         &[
             SCHED[0],
             SCHED[1],
-            "sys_enter_openat_noexit",
+            "sys_enter_openat",
+            "sys_enter_openat2",
+            "sys_enter_open",
             "sys_enter_ioctl",
         ],
-        "syscalls:sys_enter_openat and sys_enter_ioctl only; an open counts at enter (measurement only: takes failed opens)",
+        "syscalls:sys_enter_open{,at,at2} and syscalls:sys_enter_ioctl; the agent checks an open's result",
+    ),
+    (
+        "tracepoints",
+        &[
+            SCHED[0],
+            SCHED[1],
+            "sys_enter_openat_pending",
+            "sys_exit_openat",
+            "sys_enter_openat2_pending",
+            "sys_exit_openat2",
+            "sys_enter_open_pending",
+            "sys_exit_open",
+            "sys_enter_ioctl",
+        ],
+        "syscalls:sys_{enter,exit}_open{,at,at2} and syscalls:sys_enter_ioctl (before this change)",
+    ),
+    (
+        "tp_btf, no exit",
+        &[SCHED[0], SCHED[1], "btf_sys_enter_noexit"],
+        "tp_btf sys_enter only, syscall number tested first; the agent checks an open's result",
     ),
     (
         "tp_btf",
@@ -134,11 +151,6 @@ pub const PROBE_SETS: &[(&str, &[&str], &str)] = &[
             "sys_exit_open",
         ],
         "tp_btf sys_enter; the open's result from syscalls:sys_exit_open{,at,at2}",
-    ),
-    (
-        "tp_btf, no exit",
-        &[SCHED[0], SCHED[1], "btf_sys_enter_noexit"],
-        "tp_btf sys_enter only; an open counts at enter (measurement only: takes failed opens)",
     ),
     (
         "raw_tp",

@@ -242,7 +242,10 @@ fn reconcile_replaces_a_confirmed_task_whose_pid_was_reused_while_its_events_wai
         .expect("first process seen")
         .identity;
     // A reconcile confirms it (and remembers its kernel entry, so the next one may skip /proc).
-    assert!(tracker.reconcile().removed.is_empty());
+    assert!(!tracker.reconcile().removed.contains(&pid));
+    // It lives a while, as GPU processes do: start times have clock-tick resolution (10 ms), and a
+    // reuse within the same tick would be the same identity.
+    std::thread::sleep(Duration::from_millis(50));
     // It exits and its pid goes to a new GPU process, with no event applied in between (as when
     // the ring buffer overflowed): only the kernel table tells.
     first.kill();
@@ -348,4 +351,42 @@ fn every_open_syscall_and_a_thread_make_a_gpu_task_and_a_failed_open_does_not() 
         assert!(tracker.kernel().unwrap().ioctl_counts(p.pid()).is_none());
     }
     std::fs::remove_dir(&dir).unwrap();
+}
+
+#[test]
+fn an_open_still_in_progress_is_waited_for_and_counts_once_it_succeeds() {
+    if !require_root("an_open_still_in_progress") {
+        return;
+    }
+    let mut tracker = tracker(0);
+    // A FIFO named like an nvidia node: opening it read-only blocks until a writer comes, as a
+    // first open of a real GPU can take long.
+    let fifo = format!("/dev/nvidia-gpushare-test-{}", unique("fifo"));
+    let c = std::ffi::CString::new(fifo.clone()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let mut p = FakeGpuProcess::spawn(None, &[], &[]).unwrap();
+    let pid = p.pid();
+    p.send(&format!("open {fifo} openat ro")).unwrap();
+    // The open is entered and stays blocked: the task is neither taken nor dropped.
+    let seen = poll_until(&mut tracker, Duration::from_millis(600), |_, _| false);
+    assert!(!seen.contains(&Change::Added(pid)), "{seen:?}");
+    assert!(tracker.table().get(pid).is_none());
+    assert!(
+        tracker
+            .kernel()
+            .unwrap()
+            .gpu_tasks()
+            .iter()
+            .any(|(t, _)| *t == pid),
+        "the kernel entry of an open in progress stays"
+    );
+    // A writer lets the open complete: now it is a GPU task.
+    let writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    assert!(p.read_answer().unwrap().starts_with("ok "));
+    let seen = poll_until(&mut tracker, Duration::from_secs(5), |t, _| {
+        t.table().get(pid).is_some()
+    });
+    assert!(seen.contains(&Change::Added(pid)), "{seen:?}");
+    drop(writer);
+    std::fs::remove_file(&fifo).unwrap();
 }

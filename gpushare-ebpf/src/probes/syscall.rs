@@ -13,7 +13,7 @@ use aya_ebpf::{
 use super::{
     args::{BtfRegs, RawRegs, nr, open_path_arg},
     ioctl::on_ioctl,
-    open::{on_enter_arg, on_exit},
+    open::{on_enter_pending, on_enter_unconfirmed, on_exit},
 };
 
 /// `TP_PROTO(struct pt_regs *regs, long id)`, BTF-typed.
@@ -28,7 +28,7 @@ pub fn btf_sys_enter(ctx: BtfTracePointContext) -> i32 {
     } else if let Some(path_arg) = open_path_arg(id) {
         let regs = BtfRegs(ctx.arg(0));
         if regs.native() {
-            on_enter_arg(&regs, path_arg);
+            on_enter_pending(&regs, path_arg);
         }
     }
     0
@@ -44,8 +44,8 @@ pub fn btf_sys_exit(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// As [`btf_sys_enter`], but an nvidia open counts at once, with no exit probe to check its
-/// result. Measurement only (the overhead bench's "no exit probe" row): it takes failed opens too.
+/// As [`btf_sys_enter`], but an nvidia open counts at once (unconfirmed: the agent checks the
+/// result), with no exit probe.
 #[btf_tracepoint(function = "sys_enter")]
 pub fn btf_sys_enter_noexit(ctx: BtfTracePointContext) -> i32 {
     let id: i64 = ctx.arg(1);
@@ -57,8 +57,7 @@ pub fn btf_sys_enter_noexit(ctx: BtfTracePointContext) -> i32 {
     } else if let Some(path_arg) = open_path_arg(id) {
         let regs = BtfRegs(ctx.arg(0));
         if regs.native() {
-            on_enter_arg(&regs, path_arg);
-            on_exit(&ctx, 0);
+            on_enter_unconfirmed(&ctx, &regs, path_arg);
         }
     }
     0
@@ -76,7 +75,7 @@ pub fn raw_sys_enter(ctx: RawTracePointContext) -> i32 {
     } else if let Some(path_arg) = open_path_arg(id) {
         let regs = RawRegs(ctx.arg(0));
         if regs.native() {
-            on_enter_arg(&regs, path_arg);
+            on_enter_pending(&regs, path_arg);
         }
     }
     0

@@ -8,9 +8,9 @@
 //! - `talloc`: one NV_ESC_RM_ALLOC ioctl, answered `ok <ns>` with CLOCK_BOOTTIME read immediately
 //!   before it (the clock of the eBPF event time), so a bench can time a reaction from the ioctl
 //! - `xfer N`: N NV_ESC_RM_ALLOC requests wrapped in NV_ESC_IOCTL_XFER_CMD
-//! - `open PATH [open|openat|openat2] [thread]`: open PATH read-write through that syscall
-//!   (default openat), from a new thread with `thread` (it exits afterwards, the fd stays); answers
-//!   `ok <fd>` or `error <errno>`. The fd is kept open; later ioctls still go to the first device.
+//! - `open PATH [open|openat|openat2] [thread] [ro]`: open PATH read-write (read-only with `ro`,
+//!   e.g. to block on a FIFO) through that syscall (default openat), from a new thread with
+//!   `thread` (it exits afterwards, the fd stays); answers `ok <fd>` or `error <errno>`. The fd is kept open; later ioctls still go to the first device.
 //! - `mem DIR DEVICE BYTES`: write BYTES to `DIR/<pid>.<DEVICE>` (the mock NVML's per-process memory)
 //! - `exit [CODE]`: exit
 //!
@@ -195,12 +195,14 @@ fn main() {
             Some("open") if words.len() >= 2 => {
                 let how = words.get(2).copied().unwrap_or("openat").to_string();
                 let path = words[1].to_string();
-                let answer = if words.get(3) == Some(&"thread") {
-                    std::thread::spawn(move || open_with(&path, &how))
+                let opts = words.get(3..).unwrap_or(&[]);
+                let ro = opts.contains(&"ro");
+                let answer = if opts.contains(&"thread") {
+                    std::thread::spawn(move || open_with(&path, &how, ro))
                         .join()
                         .unwrap_or(Err(libc::EIO))
                 } else {
-                    open_with(&path, &how)
+                    open_with(&path, &how, ro)
                 };
                 let _ = match answer {
                     Ok(fd) => writeln!(out, "ok {fd}"),
@@ -227,9 +229,10 @@ fn main() {
 }
 
 /// Opens `path` read-write with the raw syscall `how` (open, openat or openat2); the fd stays open.
-fn open_with(path: &str, how: &str) -> Result<i32, i32> {
+fn open_with(path: &str, how: &str, ro: bool) -> Result<i32, i32> {
     let c = CString::new(path).map_err(|_| libc::EINVAL)?;
-    let flags = (libc::O_RDWR | libc::O_CLOEXEC) as libc::c_long;
+    let mode = if ro { libc::O_RDONLY } else { libc::O_RDWR };
+    let flags = (mode | libc::O_CLOEXEC) as libc::c_long;
     // SAFETY: raw open-family syscalls on a NUL-terminated path (and an open_how on the stack).
     let fd = unsafe {
         match how {
