@@ -9,6 +9,7 @@
 //! Run: `cargo bench -p gpushare-agent --bench scale` or `cargo xtask bench`. Arguments after `--`
 //! pick parts: `attribution`, `step`, `footprint` (default: all). `GPUSHARE_BENCH_AGENT_BIN=PATH`
 //! measures the footprint of another agent binary (e.g. an older build, for a before/after);
+//! `GPUSHARE_BENCH_STEP_PROCS=N` runs one size of the step part;
 //! `GPUSHARE_BENCH_FOOTPRINT_SECS=N` widens the footprint's window (to profile the agent meanwhile).
 //! `GPUSHARE_BENCH_QUICK=1`: small sizes and a short window, figures not to be judged.
 
@@ -68,6 +69,20 @@ fn main() {
     }
 }
 
+/// The mock libnvidia-ml: the optimised build when there is one (`cargo build --release -p
+/// gpushare-fake-nvml`, which `cargo xtask bench` does), else the debug one, whose own cost is
+/// several times higher and is counted in the agent's figures (it runs in the agent's process).
+fn mock_nvml() -> std::path::PathBuf {
+    let release = gpushare_testkit::target_profile_dir().join("libgpushare_fake_nvml.so");
+    let lib = if release.exists() {
+        release
+    } else {
+        gpushare_testkit::target_profile_dir().join("../debug/libgpushare_fake_nvml.so")
+    };
+    eprintln!("scale bench: mock NVML {}", lib.display());
+    lib
+}
+
 fn quick() -> bool {
     std::env::var_os("GPUSHARE_BENCH_QUICK").is_some()
 }
@@ -86,14 +101,14 @@ fn per_sample_cost() {
         metrics::{Compat, Metrics, SharedSnapshot},
         nvml::NvmlSampler,
     };
-    let lib = gpushare_testkit::target_profile_dir().join("../debug/libgpushare_fake_nvml.so");
+    let lib = mock_nvml();
     if !lib.exists() {
         eprintln!("scale bench: FAILED: the mock NVML is not built (`cargo build`)");
         std::process::exit(1);
     }
     let root = cgroupfs::find_cgroup2_mount().unwrap();
     let node = FakeDeviceNode::create(&unique("step")).unwrap();
-    println!("one agent step (sample 8 GPUs, attribute, decide, publish), median of 20 steps");
+    println!("one agent step (sample 8 GPUs, attribute, decide, publish), median of the steps");
     println!(
         "{:>10} {:>10} {:>14} {:>16}",
         "processes", "workloads", "step (ms)", "per process (us)"
@@ -103,7 +118,11 @@ fn per_sample_cost() {
     } else {
         &[(100, 20), (1_000, 200), (4_000, 800)]
     };
-    for &(procs_n, workloads_n) in sizes {
+    // GPUSHARE_BENCH_STEP_PROCS=N: only the size with N processes (e.g. to profile one).
+    let only: Option<usize> = std::env::var("GPUSHARE_BENCH_STEP_PROCS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    for &(procs_n, workloads_n) in sizes.iter().filter(|(p, _)| only.is_none_or(|o| o == *p)) {
         let parent = TestCgroup::create(&unique("step")).unwrap();
         let cgs: Vec<TestCgroup> = (0..workloads_n)
             .map(|i| {
@@ -155,7 +174,12 @@ fn per_sample_cost() {
             eprintln!("scale bench: FAILED: the agent saw {seen} of {workloads_n} workloads");
             std::process::exit(1);
         }
-        let mut v: Vec<f64> = (0..20)
+        // GPUSHARE_BENCH_STEP_COUNT: more steps (e.g. to profile them).
+        let steps: usize = std::env::var("GPUSHARE_BENCH_STEP_COUNT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20);
+        let mut v: Vec<f64> = (0..steps)
             .map(|_| {
                 let t = Instant::now();
                 agent.tick(None);
@@ -300,7 +324,7 @@ fn footprint() {
     let agent_bin = std::env::var_os("GPUSHARE_BENCH_AGENT_BIN")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| release.join("gpushare-agent"));
-    let lib = release.join("../debug/libgpushare_fake_nvml.so");
+    let lib = mock_nvml();
     if !agent_bin.exists() || !lib.exists() {
         eprintln!(
             "scale bench: FAILED: build first: `cargo build --release -p gpushare-agent && cargo build`"
