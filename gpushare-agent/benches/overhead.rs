@@ -10,7 +10,7 @@
 //! - `--variants`: bare against every probe set of `ebpf::PROBE_SETS` and the sched programs alone
 //!   (the comparison table in docs/performance.md).
 //!
-//! `--sets NAME,NAME` measures only those (with bare); `--rounds N` sets the rounds.
+//! `--sets 'NAME;NAME'` measures only those (with bare); `--rounds N` sets the rounds.
 //! `GPUSHARE_BENCH_QUICK=1`: one round, few iterations, figures not to be judged (a smoke run).
 //! Needs root; fails loudly rather than print a figure it could not measure.
 //!
@@ -134,12 +134,12 @@ fn main() {
         fail("needs root to load eBPF programs");
     }
     let args: Vec<String> = std::env::args().collect();
-    // `--sets A,B`: only these configurations (probe sets or floors, by name), with bare.
+    // `--sets 'A;B'`: only these configurations (probe sets or floors, by name), with bare.
     let only_sets: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--sets")
         .and_then(|i| args.get(i + 1))
-        .map(|v| v.split(',').map(str::to_string).collect());
+        .map(|v| v.split(';').map(str::to_string).collect());
     let variants = only_sets.is_some() || args.iter().any(|a| a == "--variants");
     let rounds_arg: Option<usize> = args
         .iter()
