@@ -55,13 +55,18 @@ pub fn alloc_event_min_interval_ns() -> u64 {
     unsafe { core::ptr::read_volatile(&ALLOC_EVENT_MIN_INTERVAL_NS) }
 }
 
+/// `tgid`'s bit: whether it is a GPU task, `None` past the bitmap (look in `GPU_TASKS`).
+#[inline(always)]
+pub fn gpu_task_bit(tgid: u32) -> Option<bool> {
+    GPU_TGID_BITS
+        .get_ptr(tgid >> 6)
+        .map(|word| (unsafe { core::ptr::read_volatile(word) } >> (tgid & 63)) & 1 != 0)
+}
+
 /// Whether `tgid` may be in `GPU_TASKS` (false: it is certainly not).
 #[inline(always)]
 pub fn maybe_gpu_task(tgid: u32) -> bool {
-    match GPU_TGID_BITS.get_ptr(tgid >> 6) {
-        Some(word) => (unsafe { core::ptr::read_volatile(word) } >> (tgid & 63)) & 1 != 0,
-        None => true,
-    }
+    gpu_task_bit(tgid) != Some(false)
 }
 
 /// Sets `tgid`'s bit (before it enters `GPU_TASKS`).

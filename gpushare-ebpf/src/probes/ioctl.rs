@@ -1,6 +1,7 @@
 //! ioctls of GPU tasks.
 //!
-//! A non-GPU task pays one bit test (`GPU_TGID_BITS`). A GPU task has its ioctls counted; an nvidia RM allocation
+//! A non-GPU task pays one bit test (`GPU_TGID_BITS`). A GPU task's plain ioctl is counted in its
+//! per-CPU slot (`IOCTL_COUNTS`, one lookup); only an allocation looks up `GPU_TASKS`. A GPU task has its ioctls counted; an nvidia RM allocation
 //! escape (NV_ESC_RM_ALLOC, also wrapped in NV_ESC_IOCTL_XFER_CMD) sends an `AllocIoctl` event that
 //! wakes the agent, at most once per task per `ALLOC_EVENT_MIN_INTERVAL_NS`.
 //!
@@ -19,7 +20,7 @@ use gpushare_common::{
 
 use super::args::{Record, SyscallArgs};
 use crate::maps::{
-    GPU_TASKS, alloc_event_min_interval_ns, bump, count_ioctl, current_cgroup_id, maybe_gpu_task,
+    GPU_TASKS, alloc_event_min_interval_ns, bump, count_ioctl, current_cgroup_id, gpu_task_bit,
     now_boot_ns, send,
 };
 
@@ -36,18 +37,24 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 pub fn on_ioctl(args: &impl SyscallArgs) {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !maybe_gpu_task(tgid) {
-        return;
+    // Within the bitmap, a set bit is a GPU task (the bit is set before the task enters
+    // GPU_TASKS and cleared after it leaves): a plain ioctl is counted with no table lookup.
+    // Past it (pid_max raised after the load), the table decides.
+    match gpu_task_bit(tgid) {
+        Some(false) => return,
+        Some(true) => {}
+        None if GPU_TASKS.get_ptr(tgid).is_none() => return,
+        None => {}
     }
-    let Some(task) = GPU_TASKS.get_ptr_mut(tgid) else {
-        return;
-    };
     let cmd = args.arg(1).unwrap_or(0) as u32;
     let arg = alloc_escape(args, cmd);
     count_ioctl(tgid, arg != 0);
     if arg == 0 {
         return;
     }
+    let Some(task) = GPU_TASKS.get_ptr_mut(tgid) else {
+        return;
+    };
     let now = now_boot_ns();
     let last = unsafe { (*task).last_alloc_event_ns };
     if last != 0 && now.wrapping_sub(last) < alloc_event_min_interval_ns() {
