@@ -7,9 +7,10 @@
 //!
 //! Needs root and `cargo build --release` (for the agent) and `cargo build` (mock, fake process).
 //! Run: `cargo bench -p gpushare-agent --bench scale` or `cargo xtask bench`. Arguments after `--`
-//! pick parts: `attribution`, `step`, `footprint` (default: all). `GPUSHARE_BENCH_AGENT_BIN=PATH`
-//! measures the footprint of another agent binary (e.g. an older build, for a before/after);
-//! `GPUSHARE_BENCH_STEP_PROCS=N` runs one size of the step part;
+//! pick parts: `attribution`, `step`, `footprint` (default: all). `GPUSHARE_BENCH_AGENT_BIN=A[:B..]`
+//! measures other agent binaries (e.g. before and after a change) in alternating rounds over the
+//! same processes, `GPUSHARE_BENCH_FOOTPRINT_ROUNDS=N` of them (the median is shown);
+//! `GPUSHARE_BENCH_STEP_PROCS=N` runs one size of the step part (`..._STEP_COUNT=N` steps);
 //! `GPUSHARE_BENCH_FOOTPRINT_SECS=N` widens the footprint's window (to profile the agent meanwhile).
 //! `GPUSHARE_BENCH_QUICK=1`: small sizes and a short window, figures not to be judged.
 
@@ -297,6 +298,65 @@ fn attribution_cost() {
     drop(procs);
 }
 
+/// One agent run: start it, check it sees every workload, measure its CPU over `secs`, stop it.
+/// Returns (CPU % of one core, RSS MiB, peak RSS MiB).
+fn footprint_once(
+    bin: &std::path::Path,
+    lib: &std::path::Path,
+    sc: &Scenario,
+    dir: &std::path::Path,
+    workloads_n: usize,
+    secs: u64,
+) -> (f64, f64, f64) {
+    let listen = format!("127.0.0.1:{}", gpushare_testkit::free_port());
+    let mut agent = gpushare_testkit::agent_command(bin, Some(lib), sc.path(), dir, &listen, "1s")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(5)); // start-up and first samples
+    let pid = agent.id() as i32;
+    // Only a working agent's figure counts: it must see every workload.
+    let seen = gpushare_agent::client::request(
+        &gpushare_agent::client::Endpoint::Tcp(&listen),
+        "GET",
+        "/api/v1/state",
+        None,
+    )
+    .ok()
+    .and_then(|(code, body)| (code == 200).then_some(body))
+    .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
+    .and_then(|v| v["workloads"].as_array().map(|w| w.len()))
+    .unwrap_or(0);
+    if seen < workloads_n {
+        eprintln!(
+            "scale bench: FAILED: the agent ({}) shows {seen} of {workloads_n} workloads",
+            bin.display()
+        );
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        std::process::exit(1);
+    }
+    let cpu = || {
+        let s = procfs::process::Process::new(pid).unwrap().stat().unwrap();
+        (s.utime + s.stime) as f64 / procfs::ticks_per_second() as f64
+    };
+    let (c0, t0) = (cpu(), Instant::now());
+    std::thread::sleep(Duration::from_secs(secs));
+    let (c1, dt) = (cpu(), t0.elapsed().as_secs_f64());
+    let status = procfs::process::Process::new(pid)
+        .unwrap()
+        .status()
+        .unwrap();
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let _ = agent.wait();
+    (
+        (c1 - c0) / dt * 100.0,
+        status.vmrss.unwrap_or(0) as f64 / 1024.0,
+        status.vmhwm.unwrap_or(0) as f64 / 1024.0,
+    )
+}
+
 fn median_us(mut f: impl FnMut() -> usize) -> f64 {
     let mut v: Vec<f64> = (0..5)
         .map(|_| {
@@ -321,13 +381,21 @@ fn footprint() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(secs);
     let release = gpushare_testkit::target_profile_dir();
-    let agent_bin = std::env::var_os("GPUSHARE_BENCH_AGENT_BIN")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| release.join("gpushare-agent"));
+    // GPUSHARE_BENCH_AGENT_BIN=A[:B...]: those agent binaries (e.g. before and after a change),
+    // measured in alternating rounds over the same processes; GPUSHARE_BENCH_FOOTPRINT_ROUNDS=N.
+    let bins: Vec<std::path::PathBuf> = match std::env::var_os("GPUSHARE_BENCH_AGENT_BIN") {
+        Some(v) => std::env::split_paths(&v).collect(),
+        None => vec![release.join("gpushare-agent")],
+    };
+    let rounds: usize = std::env::var("GPUSHARE_BENCH_FOOTPRINT_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     let lib = mock_nvml();
-    if !agent_bin.exists() || !lib.exists() {
+    if bins.iter().any(|b| !b.exists()) || !lib.exists() {
         eprintln!(
-            "scale bench: FAILED: build first: `cargo build --release -p gpushare-agent && cargo build`"
+            "scale bench: FAILED: build first: `cargo build --release -p gpushare-agent -p gpushare-fake-nvml && cargo build` ({bins:?})"
         );
         std::process::exit(1);
     }
@@ -367,62 +435,46 @@ fn footprint() {
         ),
     )
     .unwrap();
-    let listen = format!("127.0.0.1:{}", gpushare_testkit::free_port());
-    let mut agent =
-        gpushare_testkit::agent_command(&agent_bin, Some(&lib), sc.path(), &dir, &listen, "1s")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-    std::thread::sleep(Duration::from_secs(5)); // start-up and first samples
-    let pid = agent.id() as i32;
-    // Only a working agent's figure counts: it must see every workload.
-    let seen = gpushare_agent::client::request(
-        &gpushare_agent::client::Endpoint::Tcp(&listen),
-        "GET",
-        "/api/v1/state",
-        None,
-    )
-    .ok()
-    .and_then(|(code, body)| (code == 200).then_some(body))
-    .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
-    .and_then(|v| v["workloads"].as_array().map(|w| w.len()))
-    .unwrap_or(0);
-    if seen < workloads_n {
-        eprintln!(
-            "scale bench: FAILED: the agent ({}) shows {seen} of {workloads_n} workloads",
-            agent_bin.display()
-        );
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        std::process::exit(1);
+    let mut cpu_pct: Vec<Vec<f64>> = vec![Vec::new(); bins.len()];
+    let mut rss = vec![(0.0, 0.0); bins.len()];
+    for round in 0..rounds {
+        for (i, bin) in bins.iter().enumerate() {
+            eprint!(
+                "\rfootprint round {}/{rounds}: {}",
+                round + 1,
+                bin.display()
+            );
+            let (pct, now, peak) = footprint_once(bin, &lib, &sc, &dir, workloads_n, secs);
+            cpu_pct[i].push(pct);
+            rss[i] = (now, peak);
+        }
     }
-    let cpu = || {
-        let s = procfs::process::Process::new(pid).unwrap().stat().unwrap();
-        (s.utime + s.stime) as f64 / procfs::ticks_per_second() as f64
-    };
-    let (c0, t0) = (cpu(), Instant::now());
-    std::thread::sleep(Duration::from_secs(secs));
-    let (c1, dt) = (cpu(), t0.elapsed().as_secs_f64());
-    let status = procfs::process::Process::new(pid)
-        .unwrap()
-        .status()
-        .unwrap();
-    println!(
-        "agent footprint{}, {procs_n} GPU processes in {workloads_n} workloads on 8 GPUs, 1 s interval, {secs} s: CPU {:.2}% of one core, RSS {:.1} MiB (peak {:.1} MiB); load average {}",
-        if quick() { " [QUICK MODE]" } else { "" },
-        (c1 - c0) / dt * 100.0,
-        status.vmrss.unwrap_or(0) as f64 / 1024.0,
-        status.vmhwm.unwrap_or(0) as f64 / 1024.0,
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    let _ = agent.wait();
+    eprintln!();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    for (i, bin) in bins.iter().enumerate() {
+        let v = &mut cpu_pct[i];
+        v.sort_by(|a, b| a.total_cmp(b));
+        println!(
+            "agent footprint{}, {procs_n} GPU processes in {workloads_n} workloads on 8 GPUs, 1 s interval, {secs} s x {rounds}: CPU {:.2}% of one core (median; rounds {}), RSS {:.1} MiB (peak {:.1} MiB); load average {}{}",
+            if quick() { " [QUICK MODE]" } else { "" },
+            v[v.len() / 2],
+            v.iter()
+                .map(|x| format!("{x:.2}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            rss[i].0,
+            rss[i].1,
+            load.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" "),
+            if bins.len() > 1 {
+                format!(" [{}]", bin.display())
+            } else {
+                String::new()
+            }
+        );
+    }
     drop(procs);
     let _ = std::fs::remove_dir_all(&dir);
 }
