@@ -11,7 +11,8 @@
 //! kernel event, the agent draining it, the re-sample done, the decision, the freeze settled.
 //!
 //! Needs root and `cargo build` first. Run: `cargo bench -p gpushare-agent --bench latency`.
-//! `GPUSHARE_BENCH_QUICK=1`: 3 rounds, figures not to be judged.
+//! `GPUSHARE_BENCH_QUICK=1`: 3 rounds, figures not to be judged. `GPUSHARE_BENCH_AGENT_BIN=PATH`:
+//! another agent build (one without the reaction trace gets the totals, then the bench fails).
 
 use std::{
     process::{Child, Stdio},
@@ -35,7 +36,10 @@ fn main() {
         std::process::exit(1);
     }
     let debug = gpushare_testkit::target_profile_dir().join("../debug");
-    let agent_bin = debug.join("gpushare-agent");
+    // GPUSHARE_BENCH_AGENT_BIN: another agent build (e.g. an older one, for a before and after).
+    let agent_bin = std::env::var_os("GPUSHARE_BENCH_AGENT_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| debug.join("gpushare-agent"));
     let lib = debug.join("libgpushare_fake_nvml.so");
     if !agent_bin.exists() || !lib.exists() || !debug.join("gpushare-fake-gpu-proc").exists() {
         eprintln!(

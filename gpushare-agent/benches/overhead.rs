@@ -10,6 +10,8 @@
 //! - `--variants`: bare against every probe set of `ebpf::PROBE_SETS` and the sched programs alone
 //!   (the comparison table in docs/performance.md).
 //!
+//! `--agent-bins A:B` adds agent binaries as configurations (each runs, with its own programs, against
+//! an empty mock GPU while the operations are measured): an older build's, for a before and after.
 //! `--sets 'NAME;NAME'` measures only those (with bare); `--rounds N` sets the rounds.
 //! `GPUSHARE_BENCH_QUICK=1`: one round, few iterations, figures not to be judged (a smoke run).
 //! Needs root; fails loudly rather than print a figure it could not measure.
@@ -118,6 +120,9 @@ const OPS: &[Op] = &[
 struct Config {
     name: String,
     programs: Option<Vec<&'static str>>,
+    /// An agent binary to run instead (its own programs, e.g. an older build's, for a before and
+    /// after in one run).
+    agent: Option<std::path::PathBuf>,
     /// Whether the programs must see the GPU tasks (a probe set; not a floor).
     check: bool,
     /// Per op, one figure per round.
@@ -170,6 +175,7 @@ fn main() {
     let mut configs = vec![Config {
         name: "bare".into(),
         programs: None,
+        agent: None,
         check: false,
         results: vec![Vec::new(); OPS.len()],
     }];
@@ -188,6 +194,7 @@ fn main() {
             configs.push(Config {
                 name: name.into(),
                 programs: Some(progs.to_vec()),
+                agent: None,
                 check: false,
                 results: vec![Vec::new(); OPS.len()],
             });
@@ -196,6 +203,7 @@ fn main() {
             configs.push(Config {
                 name: name.to_string(),
                 programs: Some(progs.to_vec()),
+                agent: None,
                 check: true,
                 results: vec![Vec::new(); OPS.len()],
             });
@@ -204,6 +212,7 @@ fn main() {
         configs.push(Config {
             name: format!("with programs ({})", PROBE_SETS[0].0),
             programs: Some(PROBE_SETS[0].1.to_vec()),
+            agent: None,
             check: true,
             results: vec![Vec::new(); OPS.len()],
         });
@@ -214,15 +223,36 @@ fn main() {
         }
         configs.retain(|c| c.programs.is_none() || only.contains(&c.name));
     }
+    // `--agent-bins A:B`: each agent binary runs as a configuration of its own.
+    if let Some(bins) = args
+        .iter()
+        .position(|a| a == "--agent-bins")
+        .and_then(|i| args.get(i + 1))
+    {
+        for bin in std::env::split_paths(bins) {
+            if !bin.exists() {
+                fail(&format!("no agent binary {}", bin.display()));
+            }
+            configs.push(Config {
+                name: format!("agent {}", bin.display()),
+                programs: None,
+                agent: Some(bin),
+                check: false,
+                results: vec![Vec::new(); OPS.len()],
+            });
+        }
+    }
     let n = configs.len();
     let mut foreign = std::collections::BTreeSet::new();
     for round in 0..sizes.rounds {
         for k in 0..n {
             // Rotate the order each round: no configuration always runs first or last.
             let c = &mut configs[(k + round) % n];
-            foreign.extend(foreign_bpf());
+            foreign.extend(foreign_bpf(&[]));
             eprint!("\rround {}/{}: {:<24}", round + 1, sizes.rounds, c.name);
+            let agent = c.agent.as_deref().map(RunningAgent::start);
             let m = measure(c.programs.as_deref(), c.check, &node, &fake_proc, sizes);
+            drop(agent);
             for (i, v) in m.into_iter().enumerate() {
                 c.results[i].push(v);
             }
@@ -243,7 +273,7 @@ fn main() {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    foreign.extend(foreign_bpf());
+    foreign.extend(foreign_bpf(&[]));
     if foreign.is_empty() {
         println!("no other process held eBPF programs during the run");
     } else {
@@ -402,8 +432,64 @@ fn measure(
     out
 }
 
+/// An agent binary running against an empty mock GPU, stopped on drop.
+struct RunningAgent {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+    _scenario: gpushare_testkit::nvml::Scenario,
+}
+
+impl RunningAgent {
+    fn start(bin: &Path) -> Self {
+        let lib = gpushare_testkit::nvml::fake_nvml_lib();
+        let scenario =
+            gpushare_testkit::nvml::Scenario::create(&serde_json::json!({ "devices": [] }))
+                .unwrap_or_else(|e| fail(&format!("mock NVML scenario: {e:#}")));
+        let dir = std::env::temp_dir().join(unique("overhead-agent"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("quotas.toml"), "").unwrap();
+        let listen = format!("127.0.0.1:{}", gpushare_testkit::free_port());
+        let child =
+            gpushare_testkit::agent_command(bin, Some(&lib), scenario.path(), &dir, &listen, "1s")
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| fail(&format!("starting {}: {e}", bin.display())));
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        while gpushare_agent::client::request(
+            &gpushare_agent::client::Endpoint::Tcp(&listen),
+            "GET",
+            "/healthz",
+            None,
+        )
+        .map(|r| r.0)
+        .ok()
+            != Some(200)
+        {
+            if Instant::now() > deadline {
+                fail(&format!("{} did not become ready", bin.display()));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Self {
+            child,
+            dir,
+            _scenario: scenario,
+        }
+    }
+}
+
+impl Drop for RunningAgent {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// Other processes holding eBPF programs or links (e.g. another agent or test run), as "pid comm".
-fn foreign_bpf() -> Vec<String> {
+fn foreign_bpf(ours: &[u32]) -> Vec<String> {
     let me = std::process::id();
     let mut out = Vec::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
@@ -413,7 +499,7 @@ fn foreign_bpf() -> Vec<String> {
         let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
-        if pid == me {
+        if pid == me || ours.contains(&pid) {
             continue;
         }
         let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
