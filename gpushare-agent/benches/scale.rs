@@ -292,7 +292,7 @@ fn attribution_cost() {
     }
     let k = tracker.kernel_counters();
     println!(
-        "  (kernel events lost while starting 10,000 GPU processes: {}; recovered by reconciliation)",
+        "  (kernel events lost while starting them: {}; recovered by reconciliation)",
         k.events_lost
     );
     drop(procs);
