@@ -6,7 +6,13 @@
 //!    binary against the mock NVML): CPU share of one core and RSS, over 30 s.
 //!
 //! Needs root and `cargo build --release` (for the agent) and `cargo build` (mock, fake process).
-//! Run: `cargo bench -p gpushare-agent --bench scale` or `cargo xtask bench`.
+//! Run: `cargo bench -p gpushare-agent --bench scale` or `cargo xtask bench`. Arguments after `--`
+//! pick parts: `attribution`, `step`, `footprint` (default: all). `GPUSHARE_BENCH_AGENT_BIN=A[:B..]`
+//! measures other agent binaries (e.g. before and after a change) in alternating rounds over the
+//! same processes, `GPUSHARE_BENCH_FOOTPRINT_ROUNDS=N` of them (the median is shown);
+//! `GPUSHARE_BENCH_STEP_PROCS=N` runs one size of the step part (`..._STEP_COUNT=N` steps);
+//! `GPUSHARE_BENCH_FOOTPRINT_SECS=N` widens the footprint's window (to profile the agent meanwhile).
+//! `GPUSHARE_BENCH_QUICK=1`: small sizes and a short window, figures not to be judged.
 
 use std::{
     process::{Child, Command, Stdio},
@@ -41,9 +47,45 @@ fn main() {
         eprintln!("scale bench: FAILED: needs root; no figure printed");
         std::process::exit(1);
     }
-    attribution_cost();
-    per_sample_cost();
-    footprint();
+    let parts: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let want = |p: &str| parts.is_empty() || parts.iter().any(|a| a == p);
+    if let Some(unknown) = parts
+        .iter()
+        .find(|a| !["attribution", "step", "footprint"].contains(&a.as_str()))
+    {
+        eprintln!("scale bench: FAILED: unknown part {unknown:?} (attribution, step, footprint)");
+        std::process::exit(1);
+    }
+    if want("attribution") {
+        attribution_cost();
+    }
+    if want("step") {
+        per_sample_cost();
+    }
+    if want("footprint") {
+        footprint();
+    }
+}
+
+/// The mock libnvidia-ml: the optimised build when there is one (`cargo build --release -p
+/// gpushare-fake-nvml`, which `cargo xtask bench` does), else the debug one, whose own cost is
+/// several times higher and is counted in the agent's figures (it runs in the agent's process).
+fn mock_nvml() -> std::path::PathBuf {
+    let release = gpushare_testkit::target_profile_dir().join("libgpushare_fake_nvml.so");
+    let lib = if release.exists() {
+        release
+    } else {
+        gpushare_testkit::target_profile_dir().join("../debug/libgpushare_fake_nvml.so")
+    };
+    eprintln!("scale bench: mock NVML {}", lib.display());
+    lib
+}
+
+fn quick() -> bool {
+    std::env::var_os("GPUSHARE_BENCH_QUICK").is_some()
 }
 
 /// One agent step (sample through the mock, attribute, decide, publish) as processes and workloads
@@ -60,19 +102,28 @@ fn per_sample_cost() {
         metrics::{Compat, Metrics, SharedSnapshot},
         nvml::NvmlSampler,
     };
-    let lib = gpushare_testkit::target_profile_dir().join("../debug/libgpushare_fake_nvml.so");
+    let lib = mock_nvml();
     if !lib.exists() {
         eprintln!("scale bench: FAILED: the mock NVML is not built (`cargo build`)");
         std::process::exit(1);
     }
     let root = cgroupfs::find_cgroup2_mount().unwrap();
     let node = FakeDeviceNode::create(&unique("step")).unwrap();
-    println!("one agent step (sample 8 GPUs, attribute, decide, publish), median of 20 steps");
+    println!("one agent step (sample 8 GPUs, attribute, decide, publish), median of the steps");
     println!(
         "{:>10} {:>10} {:>14} {:>16}",
         "processes", "workloads", "step (ms)", "per process (us)"
     );
-    for (procs_n, workloads_n) in [(100usize, 20usize), (1_000, 200), (4_000, 800)] {
+    let sizes: &[(usize, usize)] = if quick() {
+        &[(100, 20)]
+    } else {
+        &[(100, 20), (1_000, 200), (4_000, 800)]
+    };
+    // GPUSHARE_BENCH_STEP_PROCS=N: only the size with N processes (e.g. to profile one).
+    let only: Option<usize> = std::env::var("GPUSHARE_BENCH_STEP_PROCS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    for &(procs_n, workloads_n) in sizes.iter().filter(|(p, _)| only.is_none_or(|o| o == *p)) {
         let parent = TestCgroup::create(&unique("step")).unwrap();
         let cgs: Vec<TestCgroup> = (0..workloads_n)
             .map(|i| {
@@ -124,7 +175,12 @@ fn per_sample_cost() {
             eprintln!("scale bench: FAILED: the agent saw {seen} of {workloads_n} workloads");
             std::process::exit(1);
         }
-        let mut v: Vec<f64> = (0..20)
+        // GPUSHARE_BENCH_STEP_COUNT: more steps (e.g. to profile them).
+        let steps: usize = std::env::var("GPUSHARE_BENCH_STEP_COUNT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20);
+        let mut v: Vec<f64> = (0..steps)
             .map(|_| {
                 let t = Instant::now();
                 agent.tick(None);
@@ -171,7 +227,12 @@ fn attribution_cost() {
         "N", "eBPF table (us/pass)", "/proc/<pid>/cgroup (us/pass)", "ratio"
     );
     let mut procs = Procs(Vec::new());
-    for n in [10usize, 100, 1_000, 10_000] {
+    let ns: &[usize] = if quick() {
+        &[10, 100]
+    } else {
+        &[10, 100, 1_000, 10_000]
+    };
+    for &n in ns {
         let more = spawn_gpu_procs(n - procs.0.len(), node.path(), &cgs);
         let mut more = more;
         procs.0.append(&mut more.0);
@@ -231,10 +292,69 @@ fn attribution_cost() {
     }
     let k = tracker.kernel_counters();
     println!(
-        "  (kernel events lost while starting 10,000 GPU processes: {}; recovered by reconciliation)",
+        "  (kernel events lost while starting them: {}; recovered by reconciliation)",
         k.events_lost
     );
     drop(procs);
+}
+
+/// One agent run: start it, check it sees every workload, measure its CPU over `secs`, stop it.
+/// Returns (CPU % of one core, RSS MiB, peak RSS MiB).
+fn footprint_once(
+    bin: &std::path::Path,
+    lib: &std::path::Path,
+    sc: &Scenario,
+    dir: &std::path::Path,
+    workloads_n: usize,
+    secs: u64,
+) -> (f64, f64, f64) {
+    let listen = format!("127.0.0.1:{}", gpushare_testkit::free_port());
+    let mut agent = gpushare_testkit::agent_command(bin, Some(lib), sc.path(), dir, &listen, "1s")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(5)); // start-up and first samples
+    let pid = agent.id() as i32;
+    // Only a working agent's figure counts: it must see every workload.
+    let seen = gpushare_agent::client::request(
+        &gpushare_agent::client::Endpoint::Tcp(&listen),
+        "GET",
+        "/api/v1/state",
+        None,
+    )
+    .ok()
+    .and_then(|(code, body)| (code == 200).then_some(body))
+    .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
+    .and_then(|v| v["workloads"].as_array().map(|w| w.len()))
+    .unwrap_or(0);
+    if seen < workloads_n {
+        eprintln!(
+            "scale bench: FAILED: the agent ({}) shows {seen} of {workloads_n} workloads",
+            bin.display()
+        );
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        std::process::exit(1);
+    }
+    let cpu = || {
+        let s = procfs::process::Process::new(pid).unwrap().stat().unwrap();
+        (s.utime + s.stime) as f64 / procfs::ticks_per_second() as f64
+    };
+    let (c0, t0) = (cpu(), Instant::now());
+    std::thread::sleep(Duration::from_secs(secs));
+    let (c1, dt) = (cpu(), t0.elapsed().as_secs_f64());
+    let status = procfs::process::Process::new(pid)
+        .unwrap()
+        .status()
+        .unwrap();
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let _ = agent.wait();
+    (
+        (c1 - c0) / dt * 100.0,
+        status.vmrss.unwrap_or(0) as f64 / 1024.0,
+        status.vmhwm.unwrap_or(0) as f64 / 1024.0,
+    )
 }
 
 fn median_us(mut f: impl FnMut() -> usize) -> f64 {
@@ -250,22 +370,39 @@ fn median_us(mut f: impl FnMut() -> usize) -> f64 {
 }
 
 fn footprint() {
-    const PROCS: usize = 1_000;
-    const WORKLOADS: usize = 200;
-    const SECS: u64 = 30;
+    let (procs_n, workloads_n, secs) = if quick() {
+        (100, 20, 3)
+    } else {
+        (1_000, 200, 30)
+    };
+    // A longer window (e.g. to profile the agent meanwhile): GPUSHARE_BENCH_FOOTPRINT_SECS.
+    let secs = std::env::var("GPUSHARE_BENCH_FOOTPRINT_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(secs);
     let release = gpushare_testkit::target_profile_dir();
-    let agent_bin = release.join("gpushare-agent");
-    let lib = release.join("../debug/libgpushare_fake_nvml.so");
-    if !agent_bin.exists() || !lib.exists() {
+    // GPUSHARE_BENCH_AGENT_BIN=A[:B...]: those agent binaries (e.g. before and after a change),
+    // measured in alternating rounds over the same processes; GPUSHARE_BENCH_FOOTPRINT_ROUNDS=N.
+    let bins: Vec<std::path::PathBuf> = match std::env::var_os("GPUSHARE_BENCH_AGENT_BIN") {
+        Some(v) => std::env::split_paths(&v).collect(),
+        None => vec![release.join("gpushare-agent")],
+    };
+    let rounds: usize = std::env::var("GPUSHARE_BENCH_FOOTPRINT_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let lib = mock_nvml();
+    if bins.iter().any(|b| !b.exists()) || !lib.exists() {
         eprintln!(
-            "scale bench: FAILED: build first: `cargo build --release -p gpushare-agent && cargo build`"
+            "scale bench: FAILED: build first: `cargo build --release -p gpushare-agent -p gpushare-fake-nvml && cargo build` ({bins:?})"
         );
         std::process::exit(1);
     }
     let node = FakeDeviceNode::create(&unique("foot")).unwrap();
     let parent = TestCgroup::create(&unique("foot")).unwrap();
     let root = cgroupfs::find_cgroup2_mount().unwrap();
-    let cgs: Vec<TestCgroup> = (0..WORKLOADS)
+    let cgs: Vec<TestCgroup> = (0..workloads_n)
         .map(|i| {
             TestCgroup::create_at(
                 &root,
@@ -274,7 +411,7 @@ fn footprint() {
             .unwrap()
         })
         .collect();
-    let procs = spawn_gpu_procs(PROCS, node.path(), &cgs);
+    let procs = spawn_gpu_procs(procs_n, node.path(), &cgs);
     let devices: Vec<_> = (0..8)
         .map(|d| {
             let list: Vec<_> = procs
@@ -298,35 +435,46 @@ fn footprint() {
         ),
     )
     .unwrap();
-    let listen = format!("127.0.0.1:{}", gpushare_testkit::free_port());
-    let mut agent =
-        gpushare_testkit::agent_command(&agent_bin, Some(&lib), sc.path(), &dir, &listen, "1s")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-    std::thread::sleep(Duration::from_secs(5)); // start-up and first samples
-    let pid = agent.id() as i32;
-    let cpu = || {
-        let s = procfs::process::Process::new(pid).unwrap().stat().unwrap();
-        (s.utime + s.stime) as f64 / procfs::ticks_per_second() as f64
-    };
-    let (c0, t0) = (cpu(), Instant::now());
-    std::thread::sleep(Duration::from_secs(SECS));
-    let (c1, dt) = (cpu(), t0.elapsed().as_secs_f64());
-    let status = procfs::process::Process::new(pid)
-        .unwrap()
-        .status()
-        .unwrap();
-    println!(
-        "agent footprint, {PROCS} GPU processes in {WORKLOADS} workloads on 8 GPUs, 1 s interval, {SECS} s: CPU {:.2}% of one core, RSS {:.1} MiB (peak {:.1} MiB)",
-        (c1 - c0) / dt * 100.0,
-        status.vmrss.unwrap_or(0) as f64 / 1024.0,
-        status.vmhwm.unwrap_or(0) as f64 / 1024.0
-    );
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    let _ = agent.wait();
+    let mut cpu_pct: Vec<Vec<f64>> = vec![Vec::new(); bins.len()];
+    let mut rss = vec![(0.0, 0.0); bins.len()];
+    for round in 0..rounds {
+        for (i, bin) in bins.iter().enumerate() {
+            eprint!(
+                "\rfootprint round {}/{rounds}: {}",
+                round + 1,
+                bin.display()
+            );
+            let (pct, now, peak) = footprint_once(bin, &lib, &sc, &dir, workloads_n, secs);
+            cpu_pct[i].push(pct);
+            rss[i] = (now, peak);
+        }
+    }
+    eprintln!();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    for (i, bin) in bins.iter().enumerate() {
+        let v = &mut cpu_pct[i];
+        v.sort_by(|a, b| a.total_cmp(b));
+        println!(
+            "agent footprint{}, {procs_n} GPU processes in {workloads_n} workloads on 8 GPUs, 1 s interval, {secs} s x {rounds}: CPU {:.2}% of one core (median; rounds {}), RSS {:.1} MiB (peak {:.1} MiB); load average {}{}",
+            if quick() { " [QUICK MODE]" } else { "" },
+            v[v.len() / 2],
+            v.iter()
+                .map(|x| format!("{x:.2}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            rss[i].0,
+            rss[i].1,
+            load.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" "),
+            if bins.len() > 1 {
+                format!(" [{}]", bin.display())
+            } else {
+                String::new()
+            }
+        );
+    }
     drop(procs);
     let _ = std::fs::remove_dir_all(&dir);
 }

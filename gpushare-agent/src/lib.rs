@@ -22,3 +22,4 @@ pub mod run;
 pub mod sample;
 pub mod snapshot;
 pub mod status;
+pub mod trace;

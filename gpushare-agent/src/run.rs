@@ -134,7 +134,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // Quota files: inotify on their directories, and a slow poll as a backstop.
     let (qtx, mut qrx) = mpsc::channel::<()>(4);
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok() {
+        if res.is_ok_and(|e| crate::agent::quota_store::is_config_change(&e)) {
             let _ = qtx.try_send(());
         }
     })

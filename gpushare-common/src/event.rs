@@ -41,6 +41,11 @@ impl EventKind {
     }
 }
 
+/// `GpuOpen`'s `arg` flag: sent when the open was entered, before its result was known; the low 32
+/// bits name the opening thread. Userspace checks that the open succeeded (an nvidia fd in the
+/// thread's table once it has left the open) before it takes the task as a GPU task.
+pub const GPU_OPEN_UNCONFIRMED: u64 = 1 << 32;
+
 /// One ring-buffer record. Fixed size: every kind uses the same layout.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -54,7 +59,9 @@ pub struct Event {
     /// `bpf_ktime_get_boot_ns()` when the event fired (CLOCK_BOOTTIME, ns).
     pub ktime_boot_ns: u64,
     /// Kind-specific: the ioctl request for `AllocIoctl` (the wrapped escape number when it came through
-    /// NV_ESC_IOCTL_XFER_CMD, with bit 32 set), 0 otherwise.
+    /// NV_ESC_IOCTL_XFER_CMD, with bit 32 set); for `GpuOpen`, 0 when an exit probe saw the open
+    /// succeed, or [`GPU_OPEN_UNCONFIRMED`] | the opening thread's id when it was sent on the
+    /// open's entry (userspace checks the result); 0 otherwise.
     pub arg: u64,
     /// The task's comm, NUL-padded.
     pub comm: [u8; COMM_LEN],

@@ -13,5 +13,5 @@ pub mod event;
 pub mod ioctl;
 pub mod maps;
 
-pub use event::{Event, EventKind};
+pub use event::{Event, EventKind, GPU_OPEN_UNCONFIRMED};
 pub use maps::{Counter, GpuTask, IoctlCounts};

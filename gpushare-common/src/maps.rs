@@ -13,6 +13,11 @@ pub const EVENTS: &str = "EVENTS";
 /// `HashMap<u64 pid_tgid, u8>`: opens of nvidia paths in flight (enter seen, exit not yet).
 pub const PENDING_OPENS: &str = "PENDING_OPENS";
 
+/// `Array<u64>`, mmap'able: one bit per tgid, set when the tgid may be in `GPU_TASKS`.
+pub const GPU_TGID_BITS: &str = "GPU_TGID_BITS";
+/// Words of `GPU_TGID_BITS` in the object (pid_max 32768); the loader sizes it from pid_max.
+pub const GPU_TGID_WORDS_DEFAULT: u32 = 512;
+
 /// Most GPU tasks tracked at once. Far above what one node runs.
 pub const MAX_GPU_TASKS: u32 = 16_384;
 /// Ring buffer size in bytes (a power of two multiple of the page size).
@@ -25,7 +30,7 @@ pub const DEFAULT_ALLOC_EVENT_MIN_INTERVAL_NS: u64 = 20_000_000;
 
 /// What the kernel keeps per GPU task.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct GpuTask {
     /// cgroup v2 id when the task was last seen opening, exec'ing or allocating.
     pub cgroup_id: u64,

@@ -9,6 +9,9 @@
 //! answer (a new GPU task, an allocation) force a wakeup.
 #![no_std]
 #![no_main]
+// BPF inline assembly (for the atomic or/and of `maps::GPU_TGID_BITS`) is a nightly feature; the
+// programs are built with nightly anyway.
+#![feature(asm_experimental_arch)]
 
 mod maps;
 mod probes;

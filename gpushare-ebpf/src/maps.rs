@@ -3,11 +3,14 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_ktime_get_boot_ns},
     macros::map,
-    maps::{HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use gpushare_common::{
     Counter, Event, EventKind, GpuTask, IoctlCounts,
-    maps::{COUNTER_SLOTS, DEFAULT_ALLOC_EVENT_MIN_INTERVAL_NS, EVENTS_BYTES, MAX_GPU_TASKS},
+    maps::{
+        COUNTER_SLOTS, DEFAULT_ALLOC_EVENT_MIN_INTERVAL_NS, EVENTS_BYTES, GPU_TGID_WORDS_DEFAULT,
+        MAX_GPU_TASKS,
+    },
 };
 
 /// `bpf_ringbuf_submit` flag: do not wake the reader (it drains on a timer).
@@ -17,6 +20,18 @@ pub const BPF_RB_FORCE_WAKEUP: u64 = 2;
 
 #[map(name = "GPU_TASKS")]
 pub static GPU_TASKS: HashMap<u32, GpuTask> = HashMap::with_max_entries(MAX_GPU_TASKS, 0);
+
+/// `BPF_F_MMAPABLE`: the agent maps `GPU_TGID_BITS` and sets its own bits atomically.
+const BPF_F_MMAPABLE: u32 = 1 << 10;
+
+/// One bit per tgid (word `tgid / 64`, bit `tgid % 64`): set when the tgid may be a GPU task.
+/// Checked before the `GPU_TASKS` lookup, so a task that is not one pays an inlined array read
+/// instead of a hash lookup. Set before a task enters `GPU_TASKS`, cleared after it leaves, by the
+/// kernel and by the agent (mmap), both with atomic ops. A tgid past its end (pid_max raised after
+/// the load) is looked up in `GPU_TASKS`.
+#[map(name = "GPU_TGID_BITS")]
+pub static GPU_TGID_BITS: Array<u64> =
+    Array::with_max_entries(GPU_TGID_WORDS_DEFAULT, BPF_F_MMAPABLE);
 
 #[map(name = "IOCTL_COUNTS")]
 pub static IOCTL_COUNTS: PerCpuHashMap<u32, IoctlCounts> =
@@ -38,6 +53,55 @@ static ALLOC_EVENT_MIN_INTERVAL_NS: u64 = DEFAULT_ALLOC_EVENT_MIN_INTERVAL_NS;
 pub fn alloc_event_min_interval_ns() -> u64 {
     // Volatile so the compiler keeps the load the loader's value is patched into.
     unsafe { core::ptr::read_volatile(&ALLOC_EVENT_MIN_INTERVAL_NS) }
+}
+
+/// `tgid`'s bit: whether it is a GPU task, `None` past the bitmap (look in `GPU_TASKS`).
+#[inline(always)]
+pub fn gpu_task_bit(tgid: u32) -> Option<bool> {
+    GPU_TGID_BITS
+        .get_ptr(tgid >> 6)
+        .map(|word| (unsafe { core::ptr::read_volatile(word) } >> (tgid & 63)) & 1 != 0)
+}
+
+/// Whether `tgid` may be in `GPU_TASKS` (false: it is certainly not).
+#[inline(always)]
+pub fn maybe_gpu_task(tgid: u32) -> bool {
+    gpu_task_bit(tgid) != Some(false)
+}
+
+/// Sets `tgid`'s bit (before it enters `GPU_TASKS`).
+#[inline(always)]
+pub fn mark_gpu_task(tgid: u32) {
+    if let Some(word) = GPU_TGID_BITS.get_ptr_mut(tgid >> 6) {
+        // SAFETY: a pointer into the map value the lookup returned.
+        unsafe { atomic_or(word, 1 << (tgid & 63)) };
+    }
+}
+
+/// Clears `tgid`'s bit (after it left `GPU_TASKS`).
+#[inline(always)]
+pub fn unmark_gpu_task(tgid: u32) {
+    if let Some(word) = GPU_TGID_BITS.get_ptr_mut(tgid >> 6) {
+        // SAFETY: a pointer into the map value the lookup returned.
+        unsafe { atomic_and(word, !(1 << (tgid & 63))) };
+    }
+}
+
+/// `*word |= bits`, atomically (BPF_ATOMIC | BPF_OR). The bpfel target has no compare-and-swap, so
+/// `core::sync::atomic` offers no `fetch_or`; the instruction is written out.
+#[inline(always)]
+unsafe fn atomic_or(word: *mut u64, bits: u64) {
+    unsafe {
+        core::arch::asm!("lock *(u64 *)({0} + 0) |= {1}", in(reg) word, in(reg) bits, options(nostack))
+    };
+}
+
+/// `*word &= bits`, atomically (BPF_ATOMIC | BPF_AND).
+#[inline(always)]
+unsafe fn atomic_and(word: *mut u64, bits: u64) {
+    unsafe {
+        core::arch::asm!("lock *(u64 *)({0} + 0) &= {1}", in(reg) word, in(reg) bits, options(nostack))
+    };
 }
 
 pub fn bump(counter: Counter) {

@@ -71,7 +71,18 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Setup => setup(&root, false),
         Cmd::Run { args } => {
             setup(&root, true)?;
-            cargo(&root, &["build", "--release", "-p", "gpushare-agent"])?;
+            // The mock NVML optimised too: it runs inside the agent's process in the footprint.
+            cargo(
+                &root,
+                &[
+                    "build",
+                    "--release",
+                    "-p",
+                    "gpushare-agent",
+                    "-p",
+                    "gpushare-fake-nvml",
+                ],
+            )?;
             let bin = root.join("target/release/gpushare-agent");
             let mut cmd = as_root(&bin);
             cmd.args(&args);
@@ -188,7 +199,18 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench => {
             setup(&root, true)?;
             cargo(&root, &["build"])?;
-            cargo(&root, &["build", "--release", "-p", "gpushare-agent"])?;
+            // The mock NVML optimised too: it runs inside the agent's process in the footprint.
+            cargo(
+                &root,
+                &[
+                    "build",
+                    "--release",
+                    "-p",
+                    "gpushare-agent",
+                    "-p",
+                    "gpushare-fake-nvml",
+                ],
+            )?;
             install_fake_nvml(&root)?;
             for (package, bench) in [
                 ("gpushare-agent", "overhead"),

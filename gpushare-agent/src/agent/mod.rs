@@ -197,8 +197,10 @@ impl Agent {
         let obs = self.observe(trigger.unwrap_or(t0));
         let t1 = Instant::now();
         let outcome = self.decide(&obs);
+        crate::trace::decided();
         let t2 = Instant::now();
         let done = self.act(&outcome.actions, &obs);
+        crate::trace::acted(outcome.actions.len());
         self.count_external(&outcome.stats);
         self.policy = outcome.state;
         for (workload, transition) in done {

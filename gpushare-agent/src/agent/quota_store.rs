@@ -27,6 +27,17 @@ use crate::quota::{
 /// Where in the state directory the last good configuration's files are kept.
 pub const KEPT_DIR: &str = "last-good-quotas";
 
+/// Whether a file-watch event on the quota directories can mean a changed configuration. Opens
+/// cannot, and must not count: notify reports them (IN_OPEN), and every reload opens the drop-in
+/// directories to list them, so counting them made each reload trigger the next one (about ten a
+/// second, each holding the event loop in its 100 ms settle wait).
+pub fn is_config_change(event: &notify::Event) -> bool {
+    !matches!(
+        event.kind,
+        notify::EventKind::Access(notify::event::AccessKind::Open(_))
+    )
+}
+
 /// Where quota files live.
 #[derive(Clone, Debug)]
 pub struct QuotaPaths {
@@ -456,5 +467,53 @@ mod tests {
         d.write(&format!("state/{KEPT_DIR}/quotas.toml"), BAD);
         d.write("etc/quotas.toml", BAD);
         assert!(d.store().observe_only());
+    }
+}
+
+#[cfg(test)]
+mod watch_tests {
+    use std::{sync::mpsc, time::Duration};
+
+    use notify::Watcher;
+
+    use super::*;
+
+    /// Events that pass [`is_config_change`] within a short settle time.
+    fn changes(rx: &mpsc::Receiver<notify::Event>) -> Vec<notify::Event> {
+        std::thread::sleep(Duration::from_millis(300));
+        rx.try_iter().filter(is_config_change).collect()
+    }
+
+    #[test]
+    fn reading_the_configuration_is_not_a_change_but_writing_it_is() {
+        let dir = std::env::temp_dir().join(format!("gpushare-qs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("quotas.d")).unwrap();
+        std::fs::create_dir_all(dir.join("runtime")).unwrap();
+        std::fs::write(dir.join("quotas.toml"), "").unwrap();
+        std::fs::write(dir.join("runtime/a.toml"), "").unwrap();
+        let paths = QuotaPaths::new(dir.join("quotas.toml"), Some(dir.join("runtime")));
+        let (tx, rx) = mpsc::channel();
+        let mut w = notify::recommended_watcher(move |r: notify::Result<notify::Event>| {
+            if let Ok(e) = r {
+                let _ = tx.send(e);
+            }
+        })
+        .unwrap();
+        for d in paths.watch_dirs() {
+            w.watch(&d, notify::RecursiveMode::NonRecursive).unwrap();
+        }
+        let before = paths.fingerprint();
+        let seen = changes(&rx);
+        assert!(
+            seen.is_empty(),
+            "reading the files is not a change: {seen:?}"
+        );
+        std::fs::write(dir.join("runtime/b.toml"), "x").unwrap();
+        assert!(!changes(&rx).is_empty(), "a new drop-in is a change");
+        assert_ne!(paths.fingerprint(), before);
+        std::fs::write(dir.join("quotas.toml"), "y").unwrap();
+        assert!(!changes(&rx).is_empty(), "an edited main file is a change");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

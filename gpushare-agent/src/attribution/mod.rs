@@ -131,6 +131,11 @@ pub struct Attribution {
     tasks: BTreeMap<u32, GpuTaskEntry>,
     resolver: CgroupResolver,
     stats: AttributionStats,
+    /// Per task, the first-open time of its kernel entry when a reconcile last found the task
+    /// alive in `/proc`: while the kernel still holds that very entry, the task has not exited
+    /// (the kernel drops the entry when the last thread exits, and a new one has a new time), so
+    /// the next reconcile needs no `/proc` read for it.
+    confirmed: std::collections::HashMap<u32, (ProcessIdentity, u64)>,
 }
 
 impl Attribution {
@@ -140,6 +145,7 @@ impl Attribution {
             tasks: BTreeMap::new(),
             resolver,
             stats: AttributionStats::default(),
+            confirmed: std::collections::HashMap::new(),
         }
     }
 
@@ -380,12 +386,34 @@ impl Attribution {
     /// pids removed from the userspace table, so the caller can clear kernel state for them.
     pub fn reconcile(&mut self, kernel_tasks: &[(u32, GpuTask)]) -> ReconcileReport {
         let mut report = ReconcileReport::default();
-        let gone: Vec<u32> = self
-            .tasks
-            .values()
-            .filter(|t| !Self::alive(t))
-            .map(|t| t.identity.pid)
+        let kernel_since: std::collections::HashMap<u32, u64> = kernel_tasks
+            .iter()
+            .map(|(tgid, t)| (*tgid, t.first_open_boot_ns))
             .collect();
+        let confirmed = std::mem::take(&mut self.confirmed);
+        let mut gone = Vec::new();
+        for t in self.tasks.values() {
+            let pid = t.identity.pid;
+            let since = kernel_since.get(&pid).copied();
+            // A held pidfd says exactly whether the process lives (no `/proc` read); without
+            // one, an entry the last reconcile confirmed and the kernel still holds unchanged
+            // needs no read either.
+            let alive = match &t.pidfd {
+                Some(fd) => !fd.has_exited(),
+                None => {
+                    let unchanged = since.is_some()
+                        && confirmed.get(&pid) == Some(&(t.identity, since.unwrap_or(0)));
+                    unchanged || procinfo::is_same_process(t.identity)
+                }
+            };
+            if alive {
+                if let Some(since) = since {
+                    self.confirmed.insert(pid, (t.identity, since));
+                }
+            } else {
+                gone.push(pid);
+            }
+        }
         for pid in gone {
             self.tasks.remove(&pid);
             self.stats.reconciled_removed += 1;

@@ -88,9 +88,103 @@ pub fn open_verified(pid: u32) -> Result<(ProcSnapshot, Option<super::pidfd::Pid
 
 /// Whether `/proc/<pid>` still is the process `identity` names.
 pub fn is_same_process(identity: ProcessIdentity) -> bool {
-    procfs::process::Process::new(identity.pid as i32)
-        .and_then(|p| p.stat())
-        .is_ok_and(|s| s.starttime == identity.start_ticks)
+    start_ticks(identity.pid) == Some(identity.start_ticks)
+}
+
+/// The start time (`/proc/<pid>/stat` field 22, clock ticks since boot) of `pid`, or `None` when
+/// it is gone. Asked for every known task on each reconcile and before every signal, so it is
+/// three syscalls on a stack buffer (open, read, close) and no allocation, where the procfs crate
+/// opens the `/proc/<pid>` directory, stats both, and parses every field into owned values.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    use std::io::Write;
+    let mut path = [0u8; 32];
+    let mut cursor = std::io::Cursor::new(&mut path[..]);
+    write!(cursor, "/proc/{pid}/stat\0").ok()?;
+    // SAFETY: a NUL-terminated path in a stack buffer; the fd is closed below.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr().cast(),
+            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // Field 22 comes after pid, a comm of at most 64 bytes (kernel threads' names) and 19 numbers.
+    let mut buf = [0u8; 1024];
+    // SAFETY: reading into a stack buffer of the given length.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    // SAFETY: the fd opened above.
+    unsafe { libc::close(fd) };
+    if n <= 0 {
+        return None;
+    }
+    parse_start_ticks(&buf[..n as usize])
+}
+
+/// Field 22 of a `/proc/<pid>/stat` line. The comm (field 2) is in parentheses and may hold
+/// spaces and parentheses itself, so fields are counted from the last `)`.
+fn parse_start_ticks(stat: &[u8]) -> Option<u64> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    // After ") ": field 3 (state) is the first; field 22 is the 20th.
+    let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+/// Where an open of an nvidia node, seen on its entry, stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenState {
+    /// The process holds an nvidia fd: the open succeeded.
+    Opened,
+    /// The opening thread is still in an open-family syscall (or running, so it cannot be told).
+    InProgress,
+    /// The thread has left the open (or is gone) and no nvidia fd is held: it failed.
+    Failed,
+}
+
+/// Open-family syscall numbers of this architecture.
+#[cfg(target_arch = "x86_64")]
+const OPEN_SYSCALLS: [libc::c_long; 3] = [libc::SYS_open, libc::SYS_openat, libc::SYS_openat2];
+#[cfg(not(target_arch = "x86_64"))]
+const OPEN_SYSCALLS: [libc::c_long; 2] = [libc::SYS_openat, libc::SYS_openat2];
+
+/// Where thread `tid`'s open of an nvidia node in process `tgid` stands. The thread's syscall is
+/// read first (`/proc/<tgid>/task/<tid>/syscall`): once it has left the open, an fd it opened is
+/// already in its table. A thread that is running cannot be told apart: `running_is_done` says
+/// whether to judge it by its fds anyway (the caller gives up waiting).
+pub fn open_state(tgid: u32, tid: u32, running_is_done: bool) -> OpenState {
+    let syscall = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/syscall"));
+    let first = syscall
+        .as_deref()
+        .ok()
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or("");
+    if first
+        .parse::<libc::c_long>()
+        .is_ok_and(|nr| OPEN_SYSCALLS.contains(&nr))
+        || (first == "running" && !running_is_done)
+    {
+        return OpenState::InProgress;
+    }
+    // The thread's own table first (it may have unshared it), then the process's.
+    if holds_nvidia_fd_in(&format!("/proc/{tgid}/task/{tid}/fd"))
+        || holds_nvidia_fd_in(&format!("/proc/{tgid}/fd"))
+    {
+        OpenState::Opened
+    } else {
+        OpenState::Failed
+    }
+}
+
+/// Whether the fd directory `dir` (`/proc/<pid>/fd`) holds a link to `/dev/nvidia*`.
+pub fn holds_nvidia_fd_in(dir: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        std::fs::read_link(e.path())
+            .is_ok_and(|t| t.as_os_str().as_encoded_bytes().starts_with(b"/dev/nvidia"))
+    })
 }
 
 /// Every pid in `/proc`.
@@ -119,6 +213,43 @@ mod tests {
             !is_same_process(other),
             "a different start time is a different process"
         );
+    }
+
+    #[test]
+    fn start_time_is_field_22_even_when_the_comm_holds_spaces_and_parentheses() {
+        let line = b"4242 (a) b (c) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10 18446744073709551615";
+        assert_eq!(parse_start_ticks(line), Some(987_654));
+        assert_eq!(parse_start_ticks(b"1 (init) S 1"), None, "too short");
+        assert_eq!(parse_start_ticks(b"garbage"), None);
+        // A real process whose comm has both: the fast reader agrees with the procfs crate.
+        let dir = std::env::temp_dir().join(format!("gpushare-comm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let odd = dir.join("x) y (z");
+        std::fs::copy("/bin/sleep", &odd).unwrap();
+        let mut child = std::process::Command::new(&odd).arg("5").spawn().unwrap();
+        let pid = child.id();
+        let want = procfs::process::Process::new(pid as i32)
+            .unwrap()
+            .stat()
+            .unwrap();
+        assert_eq!(want.comm, "x) y (z", "the comm really holds them");
+        assert_eq!(start_ticks(pid), Some(want.starttime));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(start_ticks(pid), None, "a reaped process has no start time");
+        std::fs::remove_dir_all(&dir).unwrap();
+        // Every process on the machine: the same answer as the procfs crate.
+        for p in procfs::process::all_processes().unwrap().flatten() {
+            if let Ok(st) = p.stat() {
+                let fast = start_ticks(p.pid as u32);
+                assert!(
+                    fast == Some(st.starttime) || fast.is_none(),
+                    "pid {}: {fast:?} vs {}",
+                    p.pid,
+                    st.starttime
+                );
+            }
+        }
     }
 
     #[test]

@@ -1,13 +1,16 @@
 //! The attribution pipeline: kernel programs (when they load) feeding the [`Attribution`] table,
 //! or `/proc` alone when they cannot.
 
-use std::fs;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use gpushare_common::GpuTask;
+use gpushare_common::{EventKind, GPU_OPEN_UNCONFIRMED, GpuTask};
 use log::{info, warn};
 
-use super::{Attribution, CgroupResolver, Change, ReconcileReport, Source, cgroupfs};
+use super::{
+    Attribution, CgroupResolver, Change, ReconcileReport, Source, cgroupfs,
+    procinfo::{OpenState, open_state},
+};
 use crate::ebpf::{KernelCounters, KernelEvent, KernelPrograms, LoadOptions};
 
 /// How GPU tasks are found.
@@ -29,8 +32,16 @@ pub struct Tracker {
     table: Attribution,
     mode: Mode,
     scratch: Vec<KernelEvent>,
+    counts: Vec<(u32, gpushare_common::IoctlCounts)>,
     undecodable: u64,
+    /// Opens sent on their entry whose result is not known yet: (event, when first checked).
+    unconfirmed: Vec<(KernelEvent, Instant)>,
+    failed_opens: u64,
 }
+
+/// How long a thread that keeps running after an unconfirmed open is waited for before its fds
+/// alone decide (a thread blocked in the open is waited for as long as it stays there).
+const RUNNING_OPEN_WAIT: Duration = Duration::from_secs(10);
 
 impl Tracker {
     /// Loads the eBPF programs; on failure falls back to `/proc` and says so once, clearly.
@@ -62,7 +73,10 @@ impl Tracker {
             table: Attribution::new(resolver),
             mode: Mode::Ebpf,
             scratch: Vec::new(),
+            counts: Vec::new(),
             undecodable: 0,
+            unconfirmed: Vec::new(),
+            failed_opens: 0,
         };
         tracker.bootstrap_from_proc();
         tracker
@@ -75,7 +89,10 @@ impl Tracker {
             table: Attribution::new(resolver),
             mode: Mode::Procfs { reason },
             scratch: Vec::new(),
+            counts: Vec::new(),
             undecodable: 0,
+            unconfirmed: Vec::new(),
+            failed_opens: 0,
         }
     }
 
@@ -117,7 +134,13 @@ impl Tracker {
             .unwrap_or_default()
     }
 
-    /// Drains pending kernel events into the table and returns what changed.
+    /// Opens of nvidia nodes that turned out to have failed (their kernel entries were dropped).
+    pub fn failed_opens(&self) -> u64 {
+        self.failed_opens
+    }
+
+    /// Drains pending kernel events into the table and returns what changed. An open sent on its
+    /// entry is taken only once its result is known (checked now and at each later poll).
     pub fn poll(&mut self) -> Vec<Change> {
         let Some(kernel) = self.kernel.as_mut() else {
             return Vec::new();
@@ -126,46 +149,124 @@ impl Tracker {
         self.scratch.clear();
         self.undecodable += kernel.drain_events(&mut self.scratch) as u64;
         let mut changes = Vec::with_capacity(self.scratch.len());
-        for ev in &self.scratch {
-            let change = self.table.apply(ev);
-            if let Change::Removed(pid) = change {
-                kernel.forget_ioctl_counts(pid);
+        let events = std::mem::take(&mut self.scratch);
+        for ev in &events {
+            if ev.kind == EventKind::GpuOpen && ev.arg & GPU_OPEN_UNCONFIRMED != 0 {
+                if self.table.get(ev.tgid).is_none()
+                    && !self.unconfirmed.iter().any(|(e, _)| e.tgid == ev.tgid)
+                {
+                    self.unconfirmed.push((ev.clone(), Instant::now()));
+                }
+                continue;
             }
-            if change != Change::None {
-                changes.push(change);
+            if ev.kind == EventKind::GpuExit {
+                self.unconfirmed.retain(|(e, _)| e.tgid != ev.tgid);
             }
+            self.apply(ev, &mut changes);
         }
+        self.scratch = events;
+        self.check_unconfirmed(&mut changes);
         changes
     }
 
-    /// Copies the kernel's per-task ioctl counts into the table.
+    fn apply(&mut self, ev: &KernelEvent, changes: &mut Vec<Change>) {
+        let change = self.table.apply(ev);
+        match change {
+            Change::Removed(pid) => {
+                if let Some(k) = self.kernel.as_mut() {
+                    k.forget_ioctl_counts(pid)
+                }
+            }
+            Change::AllocHint(_) => crate::trace::alloc_event_seen(ev.ktime_boot_ns),
+            _ => {}
+        }
+        if change != Change::None {
+            changes.push(change);
+        }
+    }
+
+    /// Decides the unconfirmed opens whose result is known: a held nvidia fd makes a GPU task; a
+    /// failed open's kernel entry is dropped, then the fds are looked at once more, since another
+    /// open may have been entered while the entry still stood (it then sent nothing).
+    fn check_unconfirmed(&mut self, changes: &mut Vec<Change>) {
+        let pending = std::mem::take(&mut self.unconfirmed);
+        for (ev, since) in pending {
+            let tid = (ev.arg & 0xffff_ffff) as u32;
+            let waited_enough = since.elapsed() >= RUNNING_OPEN_WAIT;
+            let mut state = open_state(ev.tgid, tid, waited_enough);
+            if state == OpenState::Failed
+                && let Some(kernel) = self.kernel.as_mut()
+            {
+                kernel.forget_gpu_task(ev.tgid);
+                state = open_state(ev.tgid, tid, true);
+                if state != OpenState::Failed {
+                    // Put the entry back: the task's ioctls count again.
+                    kernel.track_task(ev.tgid, ev.cgroup_id, &ev.comm);
+                }
+            }
+            match state {
+                OpenState::Opened => {
+                    let confirmed = KernelEvent {
+                        arg: 0,
+                        ..ev.clone()
+                    };
+                    self.apply(&confirmed, changes);
+                }
+                OpenState::InProgress => self.unconfirmed.push((ev, since)),
+                OpenState::Failed => {
+                    self.failed_opens += 1;
+                    log::debug!("GPU task {}: its nvidia open failed", ev.tgid);
+                }
+            }
+        }
+    }
+
+    /// Copies the kernel's per-task ioctl counts into the table (a few batched map reads, not one
+    /// per task).
     pub fn refresh_ioctl_counts(&mut self) {
         let Some(kernel) = self.kernel.as_ref() else {
             return;
         };
-        let pids: Vec<u32> = self.table.tasks().map(|t| t.identity.pid).collect();
-        for pid in pids {
-            if let Some(c) = kernel.ioctl_counts(pid) {
-                self.table.set_ioctl_counts(pid, c);
-            }
+        kernel.all_ioctl_counts(&mut self.counts);
+        for (pid, c) in &self.counts {
+            self.table.set_ioctl_counts(*pid, *c);
         }
     }
 
     /// Reconciles the table with the kernel and `/proc`, and clears kernel state of dead tasks.
     pub fn reconcile(&mut self) -> ReconcileReport {
-        let kernel_tasks: Vec<(u32, GpuTask)> = self
+        let mut kernel_tasks: Vec<(u32, GpuTask)> = self
             .kernel
             .as_ref()
             .map(|k| k.gpu_tasks())
             .unwrap_or_default();
-        let report = self.table.reconcile(&kernel_tasks);
+        // Entries the table does not know may be opens sent on their entry whose event was lost:
+        // only a process holding an nvidia fd (or whose open is still being decided) counts.
+        let mut not_gpu = Vec::new();
+        kernel_tasks.retain(|(tgid, _)| {
+            if self.table.get(*tgid).is_some() || holds_nvidia_fd(*tgid) {
+                return true;
+            }
+            if !self.unconfirmed.iter().any(|(e, _)| e.tgid == *tgid) {
+                not_gpu.push(*tgid);
+            }
+            false
+        });
+        let mut report = self.table.reconcile(&kernel_tasks);
+        report.stale_kernel_entries.extend(not_gpu);
         if let Some(kernel) = self.kernel.as_mut() {
             for pid in report.removed.iter().chain(&report.stale_kernel_entries) {
                 kernel.forget_gpu_task(*pid);
             }
             // Counts of tasks nobody tracks any more (exit handled, or never known).
-            for pid in kernel.ioctl_count_keys() {
-                if self.table.get(pid).is_none() && !kernel_tasks.iter().any(|(t, _)| *t == pid) {
+            let in_kernel: std::collections::HashSet<u32> =
+                kernel_tasks.iter().map(|(t, _)| *t).collect();
+            kernel.all_ioctl_counts(&mut self.counts);
+            for &(pid, _) in &self.counts {
+                if self.table.get(pid).is_none()
+                    && !in_kernel.contains(&pid)
+                    && !self.unconfirmed.iter().any(|(e, _)| e.tgid == pid)
+                {
                     kernel.forget_ioctl_counts(pid);
                 }
             }
@@ -205,13 +306,7 @@ impl Tracker {
 
 /// Whether `/proc/<pid>/fd` holds a link to `/dev/nvidia*`.
 pub fn holds_nvidia_fd(pid: u32) -> bool {
-    let Ok(entries) = fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    entries.flatten().any(|e| {
-        fs::read_link(e.path())
-            .is_ok_and(|t| t.as_os_str().as_encoded_bytes().starts_with(b"/dev/nvidia"))
-    })
+    super::procinfo::holds_nvidia_fd_in(&format!("/proc/{pid}/fd"))
 }
 
 impl Source {

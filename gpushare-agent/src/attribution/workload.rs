@@ -105,19 +105,24 @@ impl WorkloadId {
     /// The stable string used in labels, quotas and the API: `docker://<id>`, `pod://<uid>`,
     /// `unit://<name>`, `cgroup://<path>`, `host`.
     pub fn key(&self) -> String {
-        match &self.kind {
+        // Asked several times per task and per step: built with one allocation of the right size,
+        // not through `format!`.
+        let (scheme, id) = match &self.kind {
             WorkloadKind::Container {
                 runtime,
                 container_id,
                 ..
-            } => {
-                format!("{}://{}", runtime.as_str(), container_id)
-            }
-            WorkloadKind::Pod { pod_uid, .. } => format!("pod://{pod_uid}"),
-            WorkloadKind::SystemdUnit { unit } => format!("unit://{unit}"),
-            WorkloadKind::Cgroup => format!("cgroup://{}", self.cgroup_path),
-            WorkloadKind::Host => "host".to_string(),
-        }
+            } => (runtime.as_str(), container_id.as_str()),
+            WorkloadKind::Pod { pod_uid, .. } => ("pod", pod_uid.as_str()),
+            WorkloadKind::SystemdUnit { unit } => ("unit", unit.as_str()),
+            WorkloadKind::Cgroup => ("cgroup", self.cgroup_path.as_str()),
+            WorkloadKind::Host => return "host".to_string(),
+        };
+        let mut key = String::with_capacity(scheme.len() + 3 + id.len());
+        key.push_str(scheme);
+        key.push_str("://");
+        key.push_str(id);
+        key
     }
 
     /// A short name for humans: the 12-character container id, the unit, or the path.

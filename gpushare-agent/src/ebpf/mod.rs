@@ -7,13 +7,16 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use anyhow::{Context, Result};
 use aya::{
-    Ebpf, EbpfLoader,
+    Btf, Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::TracePoint,
+    programs::{BtfTracePoint, RawTracePoint, TracePoint},
 };
 use gpushare_common::{
     Counter, GpuTask, IoctlCounts,
-    maps::{COUNTERS, EVENTS, GLOBAL_ALLOC_EVENT_MIN_INTERVAL_NS, GPU_TASKS, IOCTL_COUNTS},
+    maps::{
+        COUNTERS, EVENTS, GLOBAL_ALLOC_EVENT_MIN_INTERVAL_NS, GPU_TASKS, GPU_TGID_BITS,
+        IOCTL_COUNTS,
+    },
 };
 use log::{info, warn};
 
@@ -22,23 +25,155 @@ pub use self::decode::{DecodeError, KernelEvent, decode};
 /// The compiled eBPF object, embedded at build time.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gpushare"));
 
-/// (program, tracepoint category, tracepoint name). Program names are the eBPF functions' names.
-pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
-    ("sched_process_exec", "sched", "sched_process_exec"),
-    ("sched_process_exit", "sched", "sched_process_exit"),
-    ("sys_enter_openat", "syscalls", "sys_enter_openat"),
-    ("sys_exit_openat", "syscalls", "sys_exit_openat"),
-    ("sys_enter_open", "syscalls", "sys_enter_open"),
-    ("sys_exit_open", "syscalls", "sys_exit_open"),
-    ("sys_enter_ioctl", "syscalls", "sys_enter_ioctl"),
+/// How a program attaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attach {
+    /// A tracepoint (`category:name`, the perf-event interface; for `syscalls:*`, the kernel builds
+    /// an argument record first).
+    TracePoint(&'static str, &'static str),
+    /// A raw tracepoint (`raw_tp`), untyped arguments.
+    Raw(&'static str),
+    /// A BTF-typed raw tracepoint (`tp_btf`).
+    Btf(&'static str),
+}
+
+/// Every program of the object, by name (the eBPF function's name), and where it attaches.
+pub const PROGRAMS: &[(&str, Attach)] = &[
+    (
+        "sched_process_exec",
+        Attach::TracePoint("sched", "sched_process_exec"),
+    ),
+    (
+        "sched_process_exit",
+        Attach::TracePoint("sched", "sched_process_exit"),
+    ),
+    (
+        "sys_enter_openat",
+        Attach::TracePoint("syscalls", "sys_enter_openat"),
+    ),
+    (
+        "sys_enter_openat2",
+        Attach::TracePoint("syscalls", "sys_enter_openat2"),
+    ),
+    (
+        "sys_enter_open",
+        Attach::TracePoint("syscalls", "sys_enter_open"),
+    ),
+    (
+        "sys_enter_ioctl",
+        Attach::TracePoint("syscalls", "sys_enter_ioctl"),
+    ),
+    (
+        "sys_enter_openat_pending",
+        Attach::TracePoint("syscalls", "sys_enter_openat"),
+    ),
+    (
+        "sys_enter_openat2_pending",
+        Attach::TracePoint("syscalls", "sys_enter_openat2"),
+    ),
+    (
+        "sys_enter_open_pending",
+        Attach::TracePoint("syscalls", "sys_enter_open"),
+    ),
+    (
+        "sys_exit_openat",
+        Attach::TracePoint("syscalls", "sys_exit_openat"),
+    ),
+    (
+        "sys_exit_openat2",
+        Attach::TracePoint("syscalls", "sys_exit_openat2"),
+    ),
+    (
+        "sys_exit_open",
+        Attach::TracePoint("syscalls", "sys_exit_open"),
+    ),
+    ("btf_sys_enter", Attach::Btf("sys_enter")),
+    ("btf_sys_exit", Attach::Btf("sys_exit")),
+    ("btf_sys_enter_noexit", Attach::Btf("sys_enter")),
+    ("raw_sys_enter", Attach::Raw("sys_enter")),
+    ("raw_sys_exit", Attach::Raw("sys_exit")),
+    ("floor_btf_sys_enter", Attach::Btf("sys_enter")),
 ];
+
+/// The process-lifetime programs every probe set attaches.
+const SCHED: [&str; 2] = ["sched_process_exec", "sched_process_exit"];
+
+/// Ways to see nvidia opens and GPU tasks' ioctls, by name: (name, programs, what it is). The
+/// first is what the agent attaches; the overhead bench (`--variants`) measures them all. "no
+/// exit" sets send an open on its entry, unconfirmed, and the agent checks the result
+/// (`attribution::procinfo::open_state`); the others check it in an exit probe.
+pub const PROBE_SETS: &[(&str, &[&str], &str)] = &[
+    (
+        "tracepoints, no exit",
+        &[
+            SCHED[0],
+            SCHED[1],
+            "sys_enter_openat",
+            "sys_enter_openat2",
+            "sys_enter_open",
+            "sys_enter_ioctl",
+        ],
+        "syscalls:sys_enter_open{,at,at2} and syscalls:sys_enter_ioctl; the agent checks an open's result",
+    ),
+    (
+        "tracepoints",
+        &[
+            SCHED[0],
+            SCHED[1],
+            "sys_enter_openat_pending",
+            "sys_exit_openat",
+            "sys_enter_openat2_pending",
+            "sys_exit_openat2",
+            "sys_enter_open_pending",
+            "sys_exit_open",
+            "sys_enter_ioctl",
+        ],
+        "syscalls:sys_{enter,exit}_open{,at,at2} and syscalls:sys_enter_ioctl (before this change)",
+    ),
+    (
+        "tp_btf, no exit",
+        &[SCHED[0], SCHED[1], "btf_sys_enter_noexit"],
+        "tp_btf sys_enter only, syscall number tested first; the agent checks an open's result",
+    ),
+    (
+        "tp_btf",
+        &[SCHED[0], SCHED[1], "btf_sys_enter", "btf_sys_exit"],
+        "tp_btf sys_enter and sys_exit, syscall number tested first",
+    ),
+    (
+        "tp_btf+tp_exit",
+        &[
+            SCHED[0],
+            SCHED[1],
+            "btf_sys_enter",
+            "sys_exit_openat",
+            "sys_exit_openat2",
+            "sys_exit_open",
+        ],
+        "tp_btf sys_enter; the open's result from syscalls:sys_exit_open{,at,at2}",
+    ),
+    (
+        "raw_tp",
+        &[SCHED[0], SCHED[1], "raw_sys_enter", "raw_sys_exit"],
+        "raw_tp sys_enter and sys_exit, syscall number tested first, registers by probe read",
+    ),
+];
+
+/// The programs of probe set `name`.
+pub fn probe_set(name: &str) -> Option<&'static [&'static str]> {
+    PROBE_SETS
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, progs, _)| *progs)
+}
 
 /// Options for [`KernelPrograms::load`].
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
     /// Least time between two allocation events of one task, ns.
     pub alloc_event_min_interval_ns: u64,
-    /// Attach only these programs (by name); all when `None`. Benchmarks use it.
+    /// Attach these programs (by name, see [`PROGRAMS`]); the agent's probe set (the first of
+    /// [`PROBE_SETS`]) when `None`. Benchmarks use it to compare probe sets.
     pub only: Option<Vec<&'static str>>,
     /// Ring-buffer size in bytes (a power of two, at least a page); the built-in size when `None`.
     /// Tests shrink it to provoke overflows.
@@ -72,6 +207,88 @@ pub struct KernelPrograms {
     events: RingBuf<MapData>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     attached: Vec<&'static str>,
+    tgid_bits: TgidBits,
+}
+
+/// `GPU_TGID_BITS`, mapped into the agent: it sets and clears its own tasks' bits with the same
+/// atomic ops the kernel uses, so neither side loses the other's update.
+struct TgidBits {
+    words: *mut u64,
+    len: usize,
+}
+
+impl TgidBits {
+    /// Words for `pid_max`, in whole pages (512 words).
+    fn words_for(pid_max: u32) -> u32 {
+        pid_max.div_ceil(64).div_ceil(512).max(1) * 512
+    }
+
+    fn map(fd: BorrowedFd<'_>, words: u32) -> Result<Self> {
+        let len = words as usize * 8;
+        // SAFETY: a shared mapping of an mmap'able BPF array of `len` bytes; unmapped on drop.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()).context("mapping GPU_TGID_BITS");
+        }
+        Ok(Self {
+            words: p.cast(),
+            len,
+        })
+    }
+
+    fn word(&self, tgid: u32) -> Option<&std::sync::atomic::AtomicU64> {
+        let i = (tgid / 64) as usize;
+        // SAFETY: in bounds of the mapping, 8-byte aligned (page-aligned base); shared with the
+        // kernel, which only touches it atomically too.
+        (i < self.len / 8)
+            .then(|| unsafe { std::sync::atomic::AtomicU64::from_ptr(self.words.add(i)) })
+    }
+
+    fn set(&self, tgid: u32) {
+        if let Some(w) = self.word(tgid) {
+            w.fetch_or(1 << (tgid % 64), std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    fn clear(&self, tgid: u32) {
+        if let Some(w) = self.word(tgid) {
+            w.fetch_and(!(1 << (tgid % 64)), std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    fn get(&self, tgid: u32) -> bool {
+        self.word(tgid)
+            .is_none_or(|w| w.load(std::sync::atomic::Ordering::SeqCst) >> (tgid % 64) & 1 != 0)
+    }
+}
+
+// SAFETY: the mapping is only accessed through atomics, so sharing it between threads is sound.
+unsafe impl Send for TgidBits {}
+// SAFETY: as above.
+unsafe impl Sync for TgidBits {}
+
+impl Drop for TgidBits {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`.
+        unsafe { libc::munmap(self.words.cast(), self.len) };
+    }
+}
+
+/// The kernel's pid_max (the largest tgid + 1); the 64-bit limit when unreadable.
+fn pid_max() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(4_194_304)
 }
 
 impl KernelPrograms {
@@ -81,6 +298,8 @@ impl KernelPrograms {
         if let Some(bytes) = opts.events_bytes {
             loader.map_max_entries(EVENTS, bytes);
         }
+        let tgid_words = TgidBits::words_for(pid_max());
+        loader.map_max_entries(GPU_TGID_BITS, tgid_words);
         let mut ebpf = loader
             .override_global(
                 GLOBAL_ALLOC_EVENT_MIN_INTERVAL_NS,
@@ -99,32 +318,63 @@ impl KernelPrograms {
                 None
             }
         };
+        let wanted: Vec<&'static str> = match &opts.only {
+            Some(only) => only.clone(),
+            None => PROBE_SETS[0].1.to_vec(),
+        };
+        let mut btf = None;
         let mut attached = Vec::new();
-        for &(prog, category, name) in TRACEPOINTS {
-            if let Some(only) = &opts.only
-                && !only.contains(&prog)
-            {
+        for &(prog, attach) in PROGRAMS {
+            if !wanted.contains(&prog) {
                 continue;
             }
-            let program: &mut TracePoint = ebpf
+            let program = ebpf
                 .program_mut(prog)
-                .with_context(|| format!("program {prog} missing from the eBPF object"))?
-                .try_into()?;
-            program
-                .load()
-                .with_context(|| format!("loading program {prog}"))?;
-            program
-                .attach(category, name)
-                .with_context(|| format!("attaching {prog} to tracepoint {category}:{name}"))?;
+                .with_context(|| format!("program {prog} missing from the eBPF object"))?;
+            match attach {
+                Attach::TracePoint(category, name) => {
+                    let p: &mut TracePoint = program.try_into()?;
+                    p.load()
+                        .with_context(|| format!("loading program {prog}"))?;
+                    p.attach(category, name).with_context(|| {
+                        format!("attaching {prog} to tracepoint {category}:{name}")
+                    })?;
+                }
+                Attach::Raw(name) => {
+                    let p: &mut RawTracePoint = program.try_into()?;
+                    p.load()
+                        .with_context(|| format!("loading program {prog}"))?;
+                    p.attach(name)
+                        .with_context(|| format!("attaching {prog} to raw tracepoint {name}"))?;
+                }
+                Attach::Btf(name) => {
+                    if btf.is_none() {
+                        btf = Some(Btf::from_sys_fs().context("reading the kernel's BTF")?);
+                    }
+                    let p: &mut BtfTracePoint = program.try_into()?;
+                    p.load(name, btf.as_ref().expect("read above"))
+                        .with_context(|| format!("loading program {prog}"))?;
+                    p.attach()
+                        .with_context(|| format!("attaching {prog} to tp_btf {name}"))?;
+                }
+            }
             attached.push(prog);
         }
+        if let Some(unknown) = wanted.iter().find(|w| !attached.contains(w)) {
+            anyhow::bail!("no program named {unknown} in the eBPF object");
+        }
         let events = RingBuf::try_from(ebpf.take_map(EVENTS).context("map EVENTS missing")?)?;
+        let tgid_bits = match ebpf.map(GPU_TGID_BITS) {
+            Some(aya::maps::Map::Array(data)) => TgidBits::map(data.fd().as_fd(), tgid_words)?,
+            _ => anyhow::bail!("map {GPU_TGID_BITS} missing or not an array"),
+        };
         info!("eBPF programs loaded and attached: {}", attached.join(", "));
         Ok(Self {
             ebpf,
             events,
             logger,
             attached,
+            tgid_bits,
         })
     }
 
@@ -184,6 +434,24 @@ impl KernelPrograms {
         )
     }
 
+    /// Every task's ioctl counts, summed over CPUs, into `out` (cleared first). Read every step for
+    /// every GPU task, so it asks the kernel for many entries per syscall (`BPF_MAP_LOOKUP_BATCH`,
+    /// Linux 5.6+) rather than once per task; a kernel without batch lookups gets one per key.
+    pub fn all_ioctl_counts(&self, out: &mut Vec<(u32, IoctlCounts)>) {
+        out.clear();
+        let Some(aya::maps::Map::PerCpuHashMap(data)) = self.ebpf.map(IOCTL_COUNTS) else {
+            return;
+        };
+        if batch_ioctl_counts(data.fd().as_fd(), out).is_err() {
+            out.clear();
+            for tgid in self.ioctl_count_keys() {
+                if let Some(c) = self.ioctl_counts(tgid) {
+                    out.push((tgid, c));
+                }
+            }
+        }
+    }
+
     /// Forgets a task's ioctl counts (after its exit was handled).
     pub fn forget_ioctl_counts(&mut self, tgid: u32) {
         if let Some(map) = self.ebpf.map_mut(IOCTL_COUNTS)
@@ -193,11 +461,20 @@ impl KernelPrograms {
         }
     }
 
-    /// Every tgid the kernel table holds, with its entry.
+    /// Every tgid the kernel table holds, with its entry (batched reads; one per key where the
+    /// kernel lacks batch lookups).
     pub fn gpu_tasks(&self) -> Vec<(u32, GpuTask)> {
         let Some(map) = self.ebpf.map(GPU_TASKS) else {
             return Vec::new();
         };
+        if let aya::maps::Map::HashMap(data) = map {
+            let mut out = Vec::new();
+            if batch_lookup::<GpuTask>(data.fd().as_fd(), 1, |tgid, v| out.push((tgid, v[0])))
+                .is_ok()
+            {
+                return out;
+            }
+        }
         let Ok(map) = HashMap::<_, u32, GpuTask>::try_from(map) else {
             return Vec::new();
         };
@@ -211,7 +488,13 @@ impl KernelPrograms {
         {
             let _ = map.remove(&tgid);
         }
+        self.tgid_bits.clear(tgid); // after the entry left
         self.forget_ioctl_counts(tgid);
+    }
+
+    /// Whether `tgid`'s bit in `GPU_TGID_BITS` is set (the kernel then looks it up in `GPU_TASKS`).
+    pub fn tgid_marked(&self, tgid: u32) -> bool {
+        self.tgid_bits.get(tgid)
     }
 
     /// Adds a task found through `/proc` to the kernel table, so its ioctls are counted.
@@ -225,6 +508,7 @@ impl KernelPrograms {
             last_alloc_event_ns: 0,
             comm: raw_comm,
         };
+        self.tgid_bits.set(tgid); // before the entry: whoever finds the entry finds the bit
         if let Some(map) = self.ebpf.map_mut(GPU_TASKS)
             && let Ok(mut map) = HashMap::<_, u32, GpuTask>::try_from(map)
         {
@@ -261,6 +545,96 @@ impl KernelPrograms {
             tasks_dropped: read(Counter::TasksDropped),
             alloc_events_rate_limited: read(Counter::AllocEventsRateLimited),
         }
+    }
+}
+
+/// `union bpf_attr`'s member for the `BPF_MAP_*_BATCH` commands.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// `BPF_MAP_LOOKUP_BATCH` over the per-CPU `IOCTL_COUNTS` map, summing each entry's CPUs.
+fn batch_ioctl_counts(
+    fd: BorrowedFd<'_>,
+    out: &mut Vec<(u32, IoctlCounts)>,
+) -> std::io::Result<()> {
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+    batch_lookup::<IoctlCounts>(fd, cpus, |tgid, per_cpu| {
+        let sum = per_cpu
+            .iter()
+            .fold(IoctlCounts::default(), |acc, c| IoctlCounts {
+                calls: acc.calls + c.calls,
+                allocs: acc.allocs + c.allocs,
+            });
+        out.push((tgid, sum));
+    })
+}
+
+/// Every entry of a hash map with `u32` keys through `BPF_MAP_LOOKUP_BATCH` (Linux 5.6+): `visit`
+/// gets each key with its `per_key` values (the CPUs of a per-CPU map, 1 otherwise). `V` must be
+/// the map's value type, a multiple of 8 bytes (the kernel's per-CPU stride).
+fn batch_lookup<V: Copy + Default>(
+    fd: BorrowedFd<'_>,
+    per_key: usize,
+    mut visit: impl FnMut(u32, &[V]),
+) -> std::io::Result<()> {
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+    const { assert!(size_of::<V>().is_multiple_of(8)) };
+    // About 64 KiB of values per call, at least 16 entries.
+    let chunk = (65_536 / (per_key * size_of::<V>())).max(16);
+    let mut keys = vec![0u32; chunk];
+    let mut values = vec![V::default(); chunk * per_key];
+    // The position token of a hash map is a bucket index (u32).
+    let (mut token_in, mut token_out) = (0u32, 0u32);
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first {
+                0
+            } else {
+                (&raw const token_in) as u64
+            },
+            out_batch: (&raw mut token_out) as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: chunk as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            ..Default::default()
+        };
+        // SAFETY: the attr points at buffers of `chunk` keys and `chunk * per_key` values of the
+        // map's value type, which is what the kernel writes.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                size_of::<BatchAttr>(),
+            )
+        };
+        let err = (rc < 0).then(std::io::Error::last_os_error);
+        let done = match &err {
+            None => false,
+            // ENOENT: the last entries came with this call (or there were none).
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+            Some(e) => return Err(std::io::Error::new(e.kind(), e.to_string())),
+        };
+        for (i, key) in keys.iter().take(attr.count as usize).enumerate() {
+            visit(*key, &values[i * per_key..(i + 1) * per_key]);
+        }
+        if done {
+            return Ok(());
+        }
+        token_in = token_out;
+        first = false;
     }
 }
 

@@ -261,3 +261,170 @@ fn an_allocation_ioctl_makes_the_agent_re_sample_at_once() {
     );
     eprintln!("re-sampled {:?} after the allocation", t.elapsed());
 }
+
+#[test]
+fn reconcile_replaces_a_confirmed_task_whose_pid_was_reused_while_its_events_waited() {
+    if !require_root("reconcile_replaces_a_reused_pid") {
+        return;
+    }
+    let mut tracker = tracker(0);
+    let node = FakeDeviceNode::create(&unique("reuse")).unwrap();
+    let first = FakeGpuProcess::spawn(None, &[node.path()], &[]).unwrap();
+    let pid = first.pid();
+    poll_until(&mut tracker, Duration::from_secs(5), |t, _| {
+        t.table().get(pid).is_some()
+    });
+    let old = tracker
+        .table()
+        .get(pid)
+        .expect("first process seen")
+        .identity;
+    // A reconcile confirms it (and remembers its kernel entry, so the next one may skip /proc).
+    assert!(!tracker.reconcile().removed.contains(&pid));
+    // It lives a while, as GPU processes do: start times have clock-tick resolution (10 ms), and a
+    // reuse within the same tick would be the same identity.
+    std::thread::sleep(Duration::from_millis(50));
+    // It exits and its pid goes to a new GPU process, with no event applied in between (as when
+    // the ring buffer overflowed): only the kernel table tells.
+    first.kill();
+    let mut second = None;
+    for _ in 0..50 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
+        let p = FakeGpuProcess::spawn(None, &[node.path()], &[]).unwrap();
+        if p.pid() == pid {
+            second = Some(p);
+            break;
+        }
+    }
+    let second = second.expect("could not make the pid be reused in 50 tries");
+    // (Other tests' GPU processes come and go too: only this pid is looked at.)
+    let report = tracker.reconcile();
+    assert!(report.removed.contains(&pid), "the old process is gone");
+    assert!(
+        report.added.contains(&pid),
+        "the new one is found in the kernel table"
+    );
+    let now = tracker.table().get(pid).unwrap().identity;
+    assert_ne!(
+        now.start_ticks, old.start_ticks,
+        "the table holds the new process"
+    );
+    assert_eq!(
+        now,
+        gpushare_agent::attribution::procinfo::snapshot(pid)
+            .unwrap()
+            .identity
+    );
+    drop(second);
+}
+
+#[test]
+fn every_open_syscall_and_a_thread_make_a_gpu_task_and_a_failed_open_does_not() {
+    if !require_root("every_open_syscall") {
+        return;
+    }
+    let mut tracker = tracker(0);
+    let node = FakeDeviceNode::create(&unique("opens")).unwrap();
+    let path = node.path().to_str().unwrap().to_string();
+    // A directory and a missing node whose names match /dev/nvidia*: their opens fail.
+    let dir = format!("/dev/nvidia-gpushare-test-{}", unique("dir"));
+    std::fs::create_dir(&dir).unwrap();
+    let missing = format!("/dev/nvidia-gpushare-test-{}", unique("missing"));
+    let spawn = || FakeGpuProcess::spawn(None, &[], &[]).unwrap();
+    let mut opened = Vec::new();
+    for how in [
+        "open",
+        "openat",
+        "openat2",
+        "openat thread",
+        "openat2 thread",
+    ] {
+        let mut p = spawn();
+        p.send(&format!("open {path} {how}")).unwrap();
+        let answer = p.read_answer().unwrap();
+        assert!(answer.starts_with("ok "), "{how}: {answer}");
+        opened.push((how, p));
+    }
+    let mut failed = Vec::new();
+    for (target, errno) in [(&dir, libc::EISDIR), (&missing, libc::ENOENT)] {
+        for how in ["openat", "openat thread"] {
+            let mut p = spawn();
+            p.send(&format!("open {target} {how}")).unwrap();
+            assert_eq!(
+                p.read_answer().unwrap(),
+                format!("error {errno}"),
+                "{target} {how}"
+            );
+            // ioctls after a failed open are not a GPU task's either.
+            p.command("ioctl 10").unwrap();
+            failed.push(p);
+        }
+    }
+    // A last GPU task, so that once it is seen every earlier event has been drained too.
+    let mut last = spawn();
+    last.send(&format!("open {path} openat")).unwrap();
+    assert!(last.read_answer().unwrap().starts_with("ok "));
+    let seen = poll_until(&mut tracker, Duration::from_secs(5), |t, _| {
+        t.table().get(last.pid()).is_some()
+    });
+    for (how, p) in &opened {
+        assert!(
+            seen.contains(&Change::Added(p.pid())),
+            "open through {how} not seen: {seen:?}"
+        );
+        assert_eq!(tracker.table().get(p.pid()).unwrap().source, Source::Ebpf);
+    }
+    let kernel_tasks = tracker.kernel().unwrap().gpu_tasks();
+    for p in &failed {
+        assert!(
+            tracker.table().get(p.pid()).is_none(),
+            "a failed open made {} a GPU task",
+            p.pid()
+        );
+        assert!(
+            !kernel_tasks.iter().any(|(t, _)| *t == p.pid()),
+            "a failed open left {} in the kernel table",
+            p.pid()
+        );
+        assert!(tracker.kernel().unwrap().ioctl_counts(p.pid()).is_none());
+    }
+    std::fs::remove_dir(&dir).unwrap();
+}
+
+#[test]
+fn an_open_still_in_progress_is_waited_for_and_counts_once_it_succeeds() {
+    if !require_root("an_open_still_in_progress") {
+        return;
+    }
+    let mut tracker = tracker(0);
+    // A FIFO named like an nvidia node: opening it read-only blocks until a writer comes, as a
+    // first open of a real GPU can take long.
+    let fifo = format!("/dev/nvidia-gpushare-test-{}", unique("fifo"));
+    let c = std::ffi::CString::new(fifo.clone()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let mut p = FakeGpuProcess::spawn(None, &[], &[]).unwrap();
+    let pid = p.pid();
+    p.send(&format!("open {fifo} openat ro")).unwrap();
+    // The open is entered and stays blocked: the task is neither taken nor dropped.
+    let seen = poll_until(&mut tracker, Duration::from_millis(600), |_, _| false);
+    assert!(!seen.contains(&Change::Added(pid)), "{seen:?}");
+    assert!(tracker.table().get(pid).is_none());
+    assert!(
+        tracker
+            .kernel()
+            .unwrap()
+            .gpu_tasks()
+            .iter()
+            .any(|(t, _)| *t == pid),
+        "the kernel entry of an open in progress stays"
+    );
+    // A writer lets the open complete: now it is a GPU task.
+    let writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    assert!(p.read_answer().unwrap().starts_with("ok "));
+    let seen = poll_until(&mut tracker, Duration::from_secs(5), |t, _| {
+        t.table().get(pid).is_some()
+    });
+    assert!(seen.contains(&Change::Added(pid)), "{seen:?}");
+    drop(writer);
+    std::fs::remove_file(&fifo).unwrap();
+}

@@ -5,7 +5,12 @@
 //!
 //! - `ioctl N`: N ioctls shaped like NV_ESC_RM_CONTROL (not allocations)
 //! - `alloc N`: N ioctls shaped like NV_ESC_RM_ALLOC
+//! - `talloc`: one NV_ESC_RM_ALLOC ioctl, answered `ok <ns>` with CLOCK_BOOTTIME read immediately
+//!   before it (the clock of the eBPF event time), so a bench can time a reaction from the ioctl
 //! - `xfer N`: N NV_ESC_RM_ALLOC requests wrapped in NV_ESC_IOCTL_XFER_CMD
+//! - `open PATH [open|openat|openat2] [thread] [ro]`: open PATH read-write (read-only with `ro`,
+//!   e.g. to block on a FIFO) through that syscall (default openat), from a new thread with
+//!   `thread` (it exits afterwards, the fd stays); answers `ok <fd>` or `error <errno>`. The fd is kept open; later ioctls still go to the first device.
 //! - `mem DIR DEVICE BYTES`: write BYTES to `DIR/<pid>.<DEVICE>` (the mock NVML's per-process memory)
 //! - `exit [CODE]`: exit
 //!
@@ -167,6 +172,13 @@ fn main() {
         match words.first().copied() {
             Some("ioctl") => issue(fd, nv_iowr(NV_ESC_RM_CONTROL, 32), n(1), false),
             Some("alloc") => issue(fd, nv_iowr(NV_ESC_RM_ALLOC, 48), n(1), false),
+            Some("talloc") => {
+                let at = boot_time_ns();
+                issue(fd, nv_iowr(NV_ESC_RM_ALLOC, 48), 1, false);
+                let _ = writeln!(out, "ok {at}");
+                let _ = out.flush();
+                continue;
+            }
             Some("xfer") => issue(fd, nv_iowr(NV_ESC_IOCTL_XFER_CMD, 16), n(1), true),
             Some("mem") if words.len() == 4 => {
                 let path = format!("{}/{pid}.{}", words[1], words[2]);
@@ -179,6 +191,25 @@ fn main() {
                     let _ = out.flush();
                     continue;
                 }
+            }
+            Some("open") if words.len() >= 2 => {
+                let how = words.get(2).copied().unwrap_or("openat").to_string();
+                let path = words[1].to_string();
+                let opts = words.get(3..).unwrap_or(&[]);
+                let ro = opts.contains(&"ro");
+                let answer = if opts.contains(&"thread") {
+                    std::thread::spawn(move || open_with(&path, &how, ro))
+                        .join()
+                        .unwrap_or(Err(libc::EIO))
+                } else {
+                    open_with(&path, &how, ro)
+                };
+                let _ = match answer {
+                    Ok(fd) => writeln!(out, "ok {fd}"),
+                    Err(errno) => writeln!(out, "error {errno}"),
+                };
+                let _ = out.flush();
+                continue;
             }
             Some("exit") => {
                 remove_mem_file();
@@ -195,6 +226,51 @@ fn main() {
         let _ = out.flush();
     }
     remove_mem_file();
+}
+
+/// Opens `path` read-write with the raw syscall `how` (open, openat or openat2); the fd stays open.
+fn open_with(path: &str, how: &str, ro: bool) -> Result<i32, i32> {
+    let c = CString::new(path).map_err(|_| libc::EINVAL)?;
+    let mode = if ro { libc::O_RDONLY } else { libc::O_RDWR };
+    let flags = (mode | libc::O_CLOEXEC) as libc::c_long;
+    // SAFETY: raw open-family syscalls on a NUL-terminated path (and an open_how on the stack).
+    let fd = unsafe {
+        match how {
+            #[cfg(target_arch = "x86_64")]
+            "open" => libc::syscall(libc::SYS_open, c.as_ptr(), flags, 0),
+            "openat2" => {
+                // struct open_how { u64 flags; u64 mode; u64 resolve; }
+                let open_how: [u64; 3] = [flags as u64, 0, 0];
+                libc::syscall(
+                    libc::SYS_openat2,
+                    libc::AT_FDCWD,
+                    c.as_ptr(),
+                    open_how.as_ptr(),
+                    size_of::<[u64; 3]>(),
+                )
+            }
+            "openat" => libc::syscall(libc::SYS_openat, libc::AT_FDCWD, c.as_ptr(), flags, 0),
+            _ => return Err(libc::ENOSYS),
+        }
+    };
+    if fd < 0 {
+        Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO))
+    } else {
+        Ok(fd as i32)
+    }
+}
+
+/// CLOCK_BOOTTIME now, in ns.
+fn boot_time_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn write_mem(path: &str, bytes: u64) -> std::io::Result<()> {
@@ -286,7 +362,7 @@ fn usage(msg: &str) -> ! {
         eprintln!("fake-gpu-proc: {msg}");
     }
     eprintln!(
-        "usage: gpushare-fake-gpu-proc [--device PATH]... [--mem-dir DIR --mem BYTES [--mem-device N] [--grow-to BYTES --grow-after SECS]] [--no-stdin]\n  (commands on stdin: ioctl N | alloc N | xfer N | mem DIR DEV BYTES | exit [CODE])"
+        "usage: gpushare-fake-gpu-proc [--device PATH]... [--mem-dir DIR --mem BYTES [--mem-device N] [--grow-to BYTES --grow-after SECS]] [--no-stdin]\n  (commands on stdin: ioctl N | alloc N | talloc | xfer N | open PATH [open|openat|openat2] [thread] | mem DIR DEV BYTES | exit [CODE])"
     );
     std::process::exit(2)
 }
