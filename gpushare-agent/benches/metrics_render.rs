@@ -13,6 +13,15 @@ const PROCESSES: usize = 10_000;
 const GPUS: usize = 8;
 const ITERS: usize = 30;
 
+/// `GPUSHARE_BENCH_QUICK=1`: a few iterations, figures not to be judged (a smoke run).
+fn iters() -> usize {
+    if std::env::var_os("GPUSHARE_BENCH_QUICK").is_some() {
+        3
+    } else {
+        ITERS
+    }
+}
+
 fn main() {
     let mut s = Snapshot::default();
     for g in 0..GPUS {
@@ -62,7 +71,7 @@ fn main() {
     ] {
         let bytes = f().len();
         let lines = f().lines().count();
-        let mut v: Vec<f64> = (0..ITERS)
+        let mut v: Vec<f64> = (0..iters())
             .map(|_| {
                 let t = Instant::now();
                 std::hint::black_box(f());

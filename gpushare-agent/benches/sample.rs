@@ -3,6 +3,7 @@
 //! makes, measured side by side in one run.
 //!
 //! Run: `cargo bench -p gpushare-agent --bench sample` (after `cargo build`), or `cargo xtask bench`.
+//! `GPUSHARE_BENCH_QUICK=1`: a few iterations, figures not to be judged (a smoke run).
 
 use std::time::Instant;
 
@@ -13,6 +14,14 @@ use serde_json::json;
 const DEVICES: usize = 8;
 const PROCS: usize = 64;
 const ITERS: usize = 2_000;
+
+fn iters() -> usize {
+    if std::env::var_os("GPUSHARE_BENCH_QUICK").is_some() {
+        20
+    } else {
+        ITERS
+    }
+}
 
 fn main() {
     let lib = gpushare_testkit::target_profile_dir().join("../debug/libgpushare_fake_nvml.so");
@@ -71,7 +80,8 @@ fn main() {
         std::hint::black_box(sampler.sample());
     });
     println!(
-        "one full sample, {DEVICES} GPUs x {n_procs} processes, through the mock ({ITERS} iterations, median):"
+        "one full sample, {DEVICES} GPUs x {n_procs} processes, through the mock ({} iterations, median):",
+        iters()
     );
     println!("  nvml-wrapper calls alone          {:>9.1} us", bare);
     println!(
@@ -82,7 +92,7 @@ fn main() {
 }
 
 fn time(mut f: impl FnMut()) -> f64 {
-    let mut v: Vec<f64> = (0..ITERS)
+    let mut v: Vec<f64> = (0..iters())
         .map(|_| {
             let t = Instant::now();
             f();

@@ -183,6 +183,27 @@ fn run(cli: Cli) -> Result<()> {
                     .context("running cargo test")
                     .and_then(|s| check(s, "cargo test")),
             );
+            // Each bench once in its quick mode (a few iterations, figures not judged), so a
+            // bench that no longer works fails the run. Debug builds: the tests' build serves.
+            for (package, bench, needs_root) in BENCHES {
+                if needs_root && !is_root() {
+                    skip(&format!("bench {package}/{bench} (quick): it needs root"));
+                    continue;
+                }
+                step(&format!(
+                    "bench {package}/{bench} (quick mode, figures not judged)"
+                ));
+                let mut cmd = Command::new("cargo");
+                cmd.current_dir(&root)
+                    .args(["test", "--quiet", "-p", package, "--bench", bench])
+                    .env("GPUSHARE_BENCH_QUICK", "1");
+                run_step(
+                    &format!("bench {package}/{bench} (quick)"),
+                    cmd.status()
+                        .context("running a bench")
+                        .and_then(|s| check(s, &format!("bench {bench}"))),
+                );
+            }
             if failed.is_empty() && skipped.is_empty() {
                 eprintln!("xtask: all checks passed");
                 Ok(())
@@ -212,14 +233,7 @@ fn run(cli: Cli) -> Result<()> {
                 ],
             )?;
             install_fake_nvml(&root)?;
-            for (package, bench) in [
-                ("gpushare-agent", "overhead"),
-                ("gpushare-agent", "sample"),
-                ("gpushare-fake-nvml", "sample"),
-                ("gpushare-agent", "metrics_render"),
-                ("gpushare-agent", "latency"),
-                ("gpushare-agent", "scale"),
-            ] {
+            for (package, bench, _) in BENCHES {
                 step(&format!("bench {package}/{bench}"));
                 let mut cmd = as_root_cargo(&root);
                 cmd.args(["bench", "--quiet", "-p", package, "--bench", bench]);
@@ -282,6 +296,17 @@ fn as_root(bin: &Path) -> Command {
         c
     }
 }
+
+/// The benchmarks: package, bench, whether it needs root (eBPF, cgroups). `cargo xtask bench` runs
+/// them in full; `cargo xtask test` runs each once in quick mode.
+const BENCHES: [(&str, &str, bool); 6] = [
+    ("gpushare-agent", "overhead", true),
+    ("gpushare-agent", "sample", false),
+    ("gpushare-fake-nvml", "sample", false),
+    ("gpushare-agent", "metrics_render", false),
+    ("gpushare-agent", "latency", true),
+    ("gpushare-agent", "scale", true),
+];
 
 fn as_root_cargo(root: &Path) -> Command {
     let mut c = if is_root() {
