@@ -266,15 +266,20 @@ impl Publisher {
                 .map(|d| d.uuid.clone())
                 .unwrap_or_default()
         };
-        let by_pid: HashMap<u32, &AttributedProcess> =
-            r.processes.iter().map(|p| (p.identity.pid, p)).collect();
+        // Each process's workload key, built once.
+        let keyed: Vec<(String, &AttributedProcess)> =
+            r.processes.iter().map(|p| (p.workload.key(), p)).collect();
+        let by_pid: HashMap<u32, &str> = keyed
+            .iter()
+            .map(|(k, p)| (p.identity.pid, k.as_str()))
+            .collect();
         // ioctl totals per workload (monotonic while the workload has tasks).
         let mut live_workloads = HashSet::new();
         for t in r.table.tasks() {
-            let Some(p) = by_pid.get(&t.identity.pid) else {
+            let Some(&key) = by_pid.get(&t.identity.pid) else {
                 continue;
             };
-            let key = p.workload.key();
+            let key = key.to_string();
             live_workloads.insert(key.clone());
             let prev = self
                 .ioctl_seen
@@ -291,10 +296,12 @@ impl Publisher {
         let mut unattributed: BTreeMap<String, u64> = BTreeMap::new();
         let mut processes = Vec::new();
         for p in &sample.processes {
-            let key = by_pid.get(&p.pid).map(|a| a.workload.key());
-            match &key {
+            let key = by_pid.get(&p.pid).copied();
+            match key {
                 Some(k) => {
-                    let e = usage.entry((k.clone(), p.device_uuid.clone())).or_default();
+                    let e = usage
+                        .entry((k.to_string(), p.device_uuid.clone()))
+                        .or_default();
                     e.0 += p.used_bytes.unwrap_or(0);
                     e.1.push(p.pid);
                 }
@@ -306,15 +313,14 @@ impl Publisher {
             processes.push(ProcessView {
                 pid: p.pid,
                 comm: table.get(p.pid).map(|t| t.comm.clone()).unwrap_or_default(),
-                workload: key.unwrap_or_default(),
+                workload: key.unwrap_or_default().to_string(),
                 gpu_uuid: p.device_uuid.clone(),
                 used_bytes: p.used_bytes,
             });
         }
-        let metas: HashMap<String, &crate::quota::WorkloadMeta> = r
-            .processes
+        let metas: HashMap<&str, &crate::quota::WorkloadMeta> = keyed
             .iter()
-            .map(|p| (p.workload.key(), &p.workload))
+            .map(|(k, p)| (k.as_str(), &p.workload))
             .collect();
         let view = |key: &str, gpu: String| -> WorkloadView {
             let meta = metas.get(key);

@@ -169,46 +169,53 @@ impl Workloads {
         let unit = quotas.defaults().gpushare_unit;
         let mut out = Vec::new();
         let mut env_of = HashMap::new();
+        // Several tasks share a cgroup: its workload (root, names, environment quota) is worked
+        // out once per step.
+        let mut of_leaf: HashMap<&str, (WorkloadMeta, Option<_>)> = HashMap::new();
         for t in tasks {
             let Some(w) = &t.workload else { continue };
-            let id = match w.kind {
-                WorkloadKind::Cgroup => WorkloadId {
-                    cgroup_path: cgroup_root(quotas, &w.cgroup_path),
-                    kind: WorkloadKind::Cgroup,
-                },
-                _ => w.clone(),
-            };
-            let env = env_of
-                .entry(id.key())
-                .or_insert_with(|| {
-                    env_enabled
-                        .then(|| self.env_quotas.quota_for(&id, unit, gpus))
-                        .flatten()
-                        .map(|(q, _)| q)
-                })
-                .clone();
-            let names = self.names.get(&id);
-            out.push(AttributedProcess {
-                identity: t.identity,
-                workload: WorkloadMeta {
+            let (workload, env) = of_leaf.entry(w.cgroup_path.as_str()).or_insert_with(|| {
+                let id = match w.kind {
+                    WorkloadKind::Cgroup => WorkloadId {
+                        cgroup_path: cgroup_root(quotas, &w.cgroup_path),
+                        kind: WorkloadKind::Cgroup,
+                    },
+                    _ => w.clone(),
+                };
+                let env = env_of
+                    .entry(id.key())
+                    .or_insert_with(|| {
+                        env_enabled
+                            .then(|| self.env_quotas.quota_for(&id, unit, gpus))
+                            .flatten()
+                            .map(|(q, _)| q)
+                    })
+                    .clone();
+                let names = self.names.get(&id);
+                let meta = WorkloadMeta {
                     id,
                     container_name: names.container,
                     pod_namespace: names.namespace,
                     pod_name: names.pod,
-                },
-                env_quota: env,
+                };
+                (meta, env)
+            });
+            out.push(AttributedProcess {
+                identity: t.identity,
+                workload: workload.clone(),
+                env_quota: env.clone(),
             });
         }
-        let live_keys: HashSet<String> = out.iter().map(|p| p.workload.key()).collect();
+        let live_keys: HashSet<String> = env_of.keys().cloned().collect();
         self.env_quotas.retain(&live_keys);
         self.names.retain(&live_keys);
         self.quota_trust.clear();
-        for p in &out {
-            let key = p.workload.key();
+        for (workload, env) in of_leaf.values() {
+            let key = workload.id.key();
             if self.quota_trust.contains_key(&key) {
                 continue;
             }
-            let trust = match quotas.resolve(&p.workload, p.env_quota.as_ref()) {
+            let trust = match quotas.resolve(workload, env.as_ref()) {
                 Some(q) if matches!(q.source, QuotaSource::File { .. }) => "file",
                 Some(_) => self.env_quotas.trust_of(&key).map_or("", |t| t.as_str()),
                 None => "",

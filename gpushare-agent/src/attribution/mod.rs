@@ -75,6 +75,11 @@ pub struct GpuTaskEntry {
     pub alloc_events: u64,
     /// How the task was found.
     pub source: Source,
+    /// CLOCK_BOOTTIME ns at which the task was last confirmed alive by
+    /// [`Attribution::drop_exited`] (0: not yet): a sample that began before it needs no second
+    /// check of its own.
+    #[serde(skip)]
+    pub alive_at_boot_ns: u64,
 }
 
 /// What applying an event changed; the caller reacts (e.g. re-samples on `AllocHint`).
@@ -287,6 +292,7 @@ impl Attribution {
             alloc_ioctls: 0,
             alloc_events: 0,
             source,
+            alive_at_boot_ns: 0,
         })
     }
 
@@ -301,6 +307,8 @@ impl Attribution {
     /// Drops every entry whose process has exited (one `poll` over the pidfds; a start-time check
     /// for entries without one). Returns the pids dropped, so the caller can clear kernel state.
     pub fn drop_exited(&mut self) -> Vec<u32> {
+        // Before the checks: every survivor was alive at this time or later.
+        let checked_at = crate::ebpf::boot_time_ns();
         let with_fd: Vec<(u32, &Pidfd)> = self
             .tasks
             .values()
@@ -322,6 +330,9 @@ impl Attribution {
         for pid in &dead {
             self.tasks.remove(pid);
         }
+        for t in self.tasks.values_mut() {
+            t.alive_at_boot_ns = checked_at;
+        }
         self.stats.exited_dropped += dead.len() as u64;
         dead
     }
@@ -331,7 +342,9 @@ impl Attribution {
     /// `/proc` when the table has no live entry. See the module note.
     pub fn verify_sampled(&mut self, pid: u32, sample_started_boot_ns: u64) -> Verified {
         if let Some(entry) = self.tasks.get(&pid) {
-            if Self::alive(entry) {
+            // Alive at a time after the sample began (a sweep since, or a check now) and started
+            // before it: it held the pid for the whole sample.
+            if entry.alive_at_boot_ns >= sample_started_boot_ns || Self::alive(entry) {
                 return self.started_before(pid, sample_started_boot_ns);
             }
             self.tasks.remove(&pid);

@@ -456,10 +456,14 @@ fn where_the_driver_takes_per_cgroup_limits_each_quota_is_also_a_driver_limit_on
     ))
     .unwrap();
     let p = Reaped(worker.spawn(&mut sleeper()).unwrap());
-    let sc = Scenario::create(&scenario(&[(p.pid(), GIB)], json!({}))).unwrap();
+    // A second workload whose quota names no GPU: its limit goes on each GPU it uses.
+    let all = TestCgroup::create(&unique("dlim-all")).unwrap();
+    let q = Reaped(all.spawn(&mut sleeper()).unwrap());
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB), (q.pid(), GIB)], json!({}))).unwrap();
     let quotas = format!(
-        "[defaults]\nladder = []\n\n[[quota]]\ncgroup = \"{}\"\ngpu = 0\ngpu_memory = \"2GiB\"\ntolerance = \"512MiB\"\n",
-        cg.rel_path()
+        "[defaults]\nladder = []\n\n[[quota]]\ncgroup = \"{}\"\ngpu = 0\ngpu_memory = \"2GiB\"\ntolerance = \"512MiB\"\n{}",
+        cg.rel_path(),
+        cgroup_quota(&all, "3GiB")
     );
     let agent = start(&sc, &quotas);
     agent.wait_for(WAIT, |s| {
@@ -472,6 +476,9 @@ fn where_the_driver_takes_per_cgroup_limits_each_quota_is_also_a_driver_limit_on
         Some((2 * GIB, 2 * GIB + (512 << 20))),
         "soft at the quota, hard at quota + tolerance, on the workload's root (not its leaf)"
     );
+    let (soft, _) = driver_limit(&sc, "GPU-susp", all.dir())
+        .expect("a quota on all GPUs is a driver limit on each GPU the workload uses");
+    assert_eq!(soft, 3 * GIB);
     let metrics = agent.get("/metrics").1;
     assert!(
         metrics.contains("backend=\"driver_limits\"} 1"),
