@@ -184,6 +184,12 @@ fn main() {
             log.lines().count(),
             traces.len()
         );
+        // `exit` runs no destructors: leave no agent, process, cgroup or device node behind.
+        drop(agent);
+        drop(proc_);
+        drop(cg);
+        drop(node);
+        let _ = std::fs::remove_dir_all(&dir);
         std::process::exit(1);
     }
     println!(
