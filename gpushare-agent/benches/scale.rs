@@ -172,8 +172,8 @@ fn per_sample_cost() {
         agent.tick(None); // first step attributes every pid through /proc
         let seen = snapshot.read().unwrap().workloads.len();
         if seen < workloads_n {
-            eprintln!("scale bench: FAILED: the agent saw {seen} of {workloads_n} workloads");
-            std::process::exit(1);
+            // A panic, not `exit`: the guards' destructors remove the processes and cgroups.
+            panic!("scale bench: FAILED: the agent saw {seen} of {workloads_n} workloads");
         }
         // GPUSHARE_BENCH_STEP_COUNT: more steps (e.g. to profile them).
         let steps: usize = std::env::var("GPUSHARE_BENCH_STEP_COUNT")
@@ -256,10 +256,9 @@ fn attribution_cost() {
                     .iter()
                     .filter(|p| tracker.table().get(**p).is_none())
                     .count();
-                eprintln!(
+                panic!(
                     "scale bench: FAILED: {missing} of {n} GPU processes never reached the table"
                 );
-                std::process::exit(1);
             }
             std::thread::sleep(Duration::from_millis(25));
         }
@@ -330,12 +329,11 @@ fn footprint_once(
     .and_then(|v| v["workloads"].as_array().map(|w| w.len()))
     .unwrap_or(0);
     if seen < workloads_n {
-        eprintln!(
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        panic!(
             "scale bench: FAILED: the agent ({}) shows {seen} of {workloads_n} workloads",
             bin.display()
         );
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        std::process::exit(1);
     }
     let cpu = || {
         let s = procfs::process::Process::new(pid).unwrap().stat().unwrap();
