@@ -274,34 +274,42 @@ impl Publisher {
             .map(|(k, p)| (p.identity.pid, k.as_str()))
             .collect();
         // ioctl totals per workload (monotonic while the workload has tasks).
-        let mut live_workloads = HashSet::new();
+        // Updated in place: no string is built for a task or workload already known.
+        let mut live_workloads: HashSet<&str> = HashSet::new();
         for t in r.table.tasks() {
             let Some(&key) = by_pid.get(&t.identity.pid) else {
                 continue;
             };
-            let key = key.to_string();
-            live_workloads.insert(key.clone());
-            let prev = self
-                .ioctl_seen
-                .insert(t.identity, (key.clone(), t.ioctls))
-                .map_or(0, |(_, c)| c);
-            *self.ioctl_totals.entry(key).or_default() += t.ioctls.saturating_sub(prev);
+            live_workloads.insert(key);
+            let prev = match self.ioctl_seen.get_mut(&t.identity) {
+                Some(seen) if seen.0 == key => std::mem::replace(&mut seen.1, t.ioctls),
+                _ => self
+                    .ioctl_seen
+                    .insert(t.identity, (key.to_string(), t.ioctls))
+                    .map_or(0, |(_, c)| c),
+            };
+            let delta = t.ioctls.saturating_sub(prev);
+            match self.ioctl_totals.get_mut(key) {
+                Some(total) => *total += delta,
+                None => {
+                    self.ioctl_totals.insert(key.to_string(), delta);
+                }
+            }
         }
         let table = r.table;
         self.ioctl_seen
             .retain(|id, _| table.get(id.pid).is_some_and(|t| t.identity == *id));
-        self.ioctl_totals.retain(|k, _| live_workloads.contains(k));
+        self.ioctl_totals
+            .retain(|k, _| live_workloads.contains(k.as_str()));
 
-        let mut usage: BTreeMap<(String, String), (u64, Vec<u32>)> = BTreeMap::new();
+        let mut usage: BTreeMap<(&str, &str), (u64, Vec<u32>)> = BTreeMap::new();
         let mut unattributed: BTreeMap<String, u64> = BTreeMap::new();
         let mut processes = Vec::new();
         for p in &sample.processes {
             let key = by_pid.get(&p.pid).copied();
             match key {
                 Some(k) => {
-                    let e = usage
-                        .entry((k.to_string(), p.device_uuid.clone()))
-                        .or_default();
+                    let e = usage.entry((k, p.device_uuid.as_str())).or_default();
                     e.0 += p.used_bytes.unwrap_or(0);
                     e.1.push(p.pid);
                 }
@@ -345,12 +353,12 @@ impl Publisher {
             }
         };
         let mut rows: BTreeMap<(String, String), WorkloadView> = BTreeMap::new();
-        for ((key, gpu), (bytes, pids)) in &usage {
-            let mut v = view(key, gpu.clone());
-            v.used_bytes = *bytes;
-            v.pids = pids.clone();
+        for ((key, gpu), (bytes, pids)) in usage {
+            let mut v = view(key, gpu.to_string());
+            v.used_bytes = bytes;
+            v.pids = pids;
             v.ioctls = *self.ioctl_totals.get(key).unwrap_or(&0);
-            rows.insert((key.clone(), gpu.clone()), v);
+            rows.insert((key.to_string(), gpu.to_string()), v);
         }
         for (key, ws) in &r.policy.workloads {
             let scope_rows: Vec<(GpuScope, Option<&crate::policy::ScopeState>)> =
@@ -411,20 +419,22 @@ impl Publisher {
             }
         }
         let now = Instant::now();
-        let mut seen = HashSet::new();
-        for ((key, gpu), v) in rows.iter_mut() {
-            let k = (key.clone(), gpu.clone());
-            let entry = self
-                .state_since
-                .entry(k.clone())
-                .or_insert((v.state.clone(), now));
-            if entry.0 != v.state {
-                *entry = (v.state.clone(), now);
-            }
-            v.state_for_secs = now.duration_since(entry.1).as_secs_f64();
-            seen.insert(k);
+        for (k, v) in rows.iter_mut() {
+            let since = match self.state_since.get_mut(k) {
+                Some(entry) => {
+                    if entry.0 != v.state {
+                        *entry = (v.state.clone(), now);
+                    }
+                    entry.1
+                }
+                None => {
+                    self.state_since.insert(k.clone(), (v.state.clone(), now));
+                    now
+                }
+            };
+            v.state_for_secs = now.duration_since(since).as_secs_f64();
         }
-        self.state_since.retain(|k, _| seen.contains(k));
+        self.state_since.retain(|k, _| rows.contains_key(k));
         let mut counters = r.counters;
         counters.gpu_ioctls = self.ioctl_totals.clone();
         Snapshot {
@@ -459,5 +469,73 @@ impl Publisher {
             counters,
             quotas: r.quotas,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        attribution::{Attribution, cgroupfs::CgroupResolver, parse_cgroup_path},
+        quota::WorkloadMeta,
+    };
+
+    fn build(p: &mut Publisher, table: &Attribution, procs: &[AttributedProcess]) -> Snapshot {
+        let sample = GpuSample {
+            taken_at: None,
+            devices: Vec::new(),
+            health: Vec::new(),
+            processes: Vec::new(),
+            problems: Vec::new(),
+        };
+        p.build(StepReport {
+            sample: &sample,
+            table,
+            processes: procs,
+            policy: &PolicyState::default(),
+            names: &NameCache::default(),
+            quota_trust: &HashMap::new(),
+            health: Health::default(),
+            counters: Counters::default(),
+            quotas: Vec::new(),
+            now: std::time::Duration::ZERO,
+            backends: BTreeMap::new(),
+        })
+    }
+
+    #[test]
+    fn ioctl_totals_add_what_each_task_issued_since_the_last_step_and_follow_a_move() {
+        let me = std::process::id();
+        let mut table = Attribution::new(CgroupResolver::new("/sys/fs/cgroup".into()));
+        let identity = table.attribute_pid(me).expect("this process").identity;
+        let counts = |calls| gpushare_common::maps::IoctlCounts { calls, allocs: 0 };
+        let proc_in = |path: &str| AttributedProcess {
+            identity,
+            workload: WorkloadMeta::new(parse_cgroup_path(path)),
+            env_quota: None,
+        };
+        let (a, b) = (proc_in("/jobs/a"), proc_in("/jobs/b"));
+        let (ka, kb) = (a.workload.id.key(), b.workload.id.key());
+        let mut p = Publisher::default();
+
+        table.set_ioctl_counts(me, counts(10));
+        let s = build(&mut p, &table, std::slice::from_ref(&a));
+        assert_eq!(s.counters.gpu_ioctls.get(&ka), Some(&10));
+        table.set_ioctl_counts(me, counts(15));
+        let s = build(&mut p, &table, std::slice::from_ref(&a));
+        assert_eq!(
+            s.counters.gpu_ioctls.get(&ka),
+            Some(&15),
+            "5 more, not 15 more"
+        );
+        let s = build(&mut p, &table, std::slice::from_ref(&a));
+        assert_eq!(s.counters.gpu_ioctls.get(&ka), Some(&15), "nothing new");
+
+        // The task moves to another workload: only what it issues from then on counts there, and
+        // the workload it left (no task any more) is gone from the totals.
+        table.set_ioctl_counts(me, counts(18));
+        let s = build(&mut p, &table, std::slice::from_ref(&b));
+        assert_eq!(s.counters.gpu_ioctls.get(&kb), Some(&3));
+        assert_eq!(s.counters.gpu_ioctls.get(&ka), None);
     }
 }

@@ -671,10 +671,11 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
         .map(|p| (p.workload.key(), p))
         .collect();
     procs.sort_by(|a, b| (&a.0, a.1.identity).cmp(&(&b.0, b.1.identity)));
-    let mut groups: BTreeMap<String, Group> = BTreeMap::new();
-    let mut owners: BTreeMap<u32, BTreeSet<(String, ProcessIdentity)>> = BTreeMap::new();
+    // Keyed by the keys in `procs`: no string is copied per process.
+    let mut groups: BTreeMap<&str, Group> = BTreeMap::new();
+    let mut owners: BTreeMap<u32, BTreeSet<(&str, ProcessIdentity)>> = BTreeMap::new();
     for (key, p) in &procs {
-        let g = groups.entry(key.clone()).or_insert_with(|| Group {
+        let g = groups.entry(key.as_str()).or_insert_with(|| Group {
             meta: &p.workload,
             identities: BTreeSet::new(),
             env: None,
@@ -686,7 +687,7 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
         owners
             .entry(p.identity.pid)
             .or_default()
-            .insert((key.clone(), p.identity));
+            .insert((key.as_str(), p.identity));
     }
 
     // Usage per workload per device.
@@ -699,7 +700,7 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
         let ambiguous = set.len() > 1;
         for (key, identity) in set {
             let du = usage
-                .entry(key.as_str())
+                .entry(*key)
                 .or_default()
                 .entry(ps.device_index)
                 .or_default();
@@ -722,7 +723,9 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
         let Some(footprint) = o.suspension.as_ref().and_then(Suspension::footprint) else {
             continue;
         };
-        let Some(g) = groups.get(key) else { continue };
+        let Some(g) = groups.get(key.as_str()) else {
+            continue;
+        };
         let per_dev = usage.entry(key.as_str()).or_default();
         for (dev, bytes) in footprint {
             let du = per_dev.entry(*dev).or_default();
@@ -1521,7 +1524,7 @@ fn reconcile(
 /// Excluded, unresolved or liable with its liabilities, for every workload with processes.
 fn plan_workloads<'a>(
     input: &PolicyInput,
-    groups: &'a BTreeMap<String, Group>,
+    groups: &'a BTreeMap<&str, Group>,
     usage: &BTreeMap<&str, BTreeMap<u32, DevUsage>>,
     degraded: &BTreeSet<u32>,
     blind: bool,
@@ -1541,15 +1544,15 @@ fn plan_workloads<'a>(
             || (meta.id.kind == WorkloadKind::Cgroup && !input.quotas.named_by_file(meta));
         if protected {
             stats.protected += 1;
-            plans.insert(key.as_str(), Plan::Excluded("it is protected"));
+            plans.insert(key, Plan::Excluded("it is protected"));
             continue;
         }
         let Some(quota) = input.quotas.resolve(meta, g.env) else {
             stats.unquota += 1;
-            plans.insert(key.as_str(), Plan::Excluded("no quota covers it any more"));
+            plans.insert(key, Plan::Excluded("no quota covers it any more"));
             continue;
         };
-        let dev_usage = usage.get(key.as_str()).unwrap_or(&empty);
+        let dev_usage = usage.get(key).unwrap_or(&empty);
         let mut scopes: Vec<(GpuScope, &crate::quota::Limit)> = Vec::new();
         let mut unresolved = false;
         for limit in &quota.limits {
@@ -1595,13 +1598,13 @@ fn plan_workloads<'a>(
             }
         }
         if unresolved {
-            plans.insert(key.as_str(), Plan::Unresolved);
+            plans.insert(key, Plan::Unresolved);
             continue;
         }
         scopes.sort_by_key(|(s, _)| *s);
         let suspended = input
             .observed
-            .get(key.as_str())
+            .get(*key)
             .and_then(|o| o.suspension.as_ref())
             .and_then(Suspension::footprint)
             .is_some();
@@ -1640,7 +1643,7 @@ fn plan_workloads<'a>(
                 }
             })
             .collect();
-        plans.insert(key.as_str(), Plan::Enforce { quota, liabilities });
+        plans.insert(key, Plan::Enforce { quota, liabilities });
     }
     plans
 }
