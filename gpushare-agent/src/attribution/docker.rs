@@ -247,34 +247,25 @@ mod tests {
     const OTHER: &str = "0000000000000000000000000000000000000000000000000000000000000001";
 
     /// A private directory, removed on drop.
-    struct TempDir(PathBuf);
+    struct TempDir(tempfile::TempDir);
 
     impl TempDir {
         fn new(tag: &str) -> Self {
-            use std::sync::atomic::{AtomicU32, Ordering};
-            static N: AtomicU32 = AtomicU32::new(0);
-            let dir = std::env::temp_dir().join(format!(
-                "gpushare-docker-names-{tag}-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            fs::create_dir_all(&dir).unwrap();
-            Self(dir)
+            Self(
+                tempfile::Builder::new()
+                    .prefix(&format!("gpushare-docker-names-{tag}-"))
+                    .tempdir()
+                    .unwrap(),
+            )
         }
 
         /// Writes a container's config file atomically, as the engine does.
         fn write_config(&self, id: &str, text: &str) {
-            let dir = self.0.join("containers").join(id);
+            let dir = self.0.path().join("containers").join(id);
             fs::create_dir_all(&dir).unwrap();
             let tmp = dir.join(".tmp-config.v2.json");
             fs::write(&tmp, text).unwrap();
             fs::rename(&tmp, dir.join("config.v2.json")).unwrap();
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
         }
     }
 
@@ -290,13 +281,13 @@ mod tests {
         let root = TempDir::new("name");
         root.write_config(ID, &config(ID, "/trainer-0"));
         assert_eq!(
-            docker_container_name(&root.0, ID),
+            docker_container_name(root.0.path(), ID),
             Some("trainer-0".to_string())
         );
         // Generated names, dots and underscores are names too.
         root.write_config(OTHER, &config(OTHER, "/quirky_turing.v2"));
         assert_eq!(
-            docker_container_name(&root.0, OTHER),
+            docker_container_name(root.0.path(), OTHER),
             Some("quirky_turing.v2".to_string())
         );
     }
@@ -305,8 +296,8 @@ mod tests {
     fn missing_corrupt_or_foreign_files_give_no_name_and_no_panic() {
         let root = TempDir::new("bad");
         // No such container, no such data root.
-        assert_eq!(docker_container_name(&root.0, ID), None);
-        assert_eq!(docker_container_name(&root.0.join("nope"), ID), None);
+        assert_eq!(docker_container_name(root.0.path(), ID), None);
+        assert_eq!(docker_container_name(&root.0.path().join("nope"), ID), None);
         // Not an id: never turned into a path.
         for bad in [
             "../../etc",
@@ -315,7 +306,7 @@ mod tests {
             &ID.to_uppercase(),
             "x".repeat(64).as_str(),
         ] {
-            assert_eq!(docker_container_name(&root.0, bad), None, "{bad}");
+            assert_eq!(docker_container_name(root.0.path(), bad), None, "{bad}");
         }
         let cases: Vec<(&str, String)> = vec![
             ("empty file", String::new()),
@@ -331,17 +322,17 @@ mod tests {
         ];
         for (what, text) in &cases {
             root.write_config(ID, text);
-            assert_eq!(docker_container_name(&root.0, ID), None, "{what}");
+            assert_eq!(docker_container_name(root.0.path(), ID), None, "{what}");
         }
         // A directory where the file should be, and an unreadable oversized file.
-        let dir = config_path(&root.0, ID);
+        let dir = config_path(root.0.path(), ID);
         fs::remove_file(&dir).unwrap();
         fs::create_dir_all(&dir).unwrap();
-        assert_eq!(docker_container_name(&root.0, ID), None);
+        assert_eq!(docker_container_name(root.0.path(), ID), None);
         fs::remove_dir(&dir).unwrap();
         let f = fs::File::create(&dir).unwrap();
         f.set_len(MAX_CONFIG_BYTES + 1).unwrap();
-        assert_eq!(docker_container_name(&root.0, ID), None);
+        assert_eq!(docker_container_name(root.0.path(), ID), None);
     }
 
     #[test]
@@ -368,14 +359,14 @@ mod tests {
     fn a_file_without_an_id_is_trusted_for_its_directory() {
         let root = TempDir::new("noid");
         root.write_config(ID, r#"{"Name":"/web"}"#);
-        assert_eq!(docker_container_name(&root.0, ID), Some("web".into()));
+        assert_eq!(docker_container_name(root.0.path(), ID), Some("web".into()));
     }
 
     #[test]
     fn the_cache_rereads_only_changed_files_and_forgets_gone_containers() {
         let root = TempDir::new("cache");
         root.write_config(ID, &config(ID, "/trainer"));
-        let mut names = DockerNames::new(root.0.clone());
+        let mut names = DockerNames::new(root.0.path().to_path_buf());
         assert_eq!(names.name(ID).as_deref(), Some("trainer"));
         assert_eq!(names.name(ID).as_deref(), Some("trainer"));
         assert_eq!(names.reads(), 1, "unchanged file: one read");
@@ -389,7 +380,7 @@ mod tests {
         assert_eq!(names.reads(), 2);
         assert_eq!(names.len(), 2);
         // Container removed: no name, and the entry goes at the next sweeps.
-        fs::remove_dir_all(root.0.join("containers").join(ID)).unwrap();
+        fs::remove_dir_all(root.0.path().join("containers").join(ID)).unwrap();
         assert_eq!(names.name(ID), None);
         names.sweep();
         assert_eq!(names.len(), 2, "both were looked up since the last sweep");
@@ -403,7 +394,7 @@ mod tests {
     #[test]
     fn the_data_root_comes_from_daemon_json_when_it_sets_one() {
         let dir = TempDir::new("daemon-json");
-        let f = dir.0.join("daemon.json");
+        let f = dir.0.path().join("daemon.json");
         assert_eq!(data_root_from(&f), PathBuf::from(DEFAULT_DATA_ROOT));
         fs::write(
             &f,

@@ -373,40 +373,31 @@ mod tests {
 
     const ID: &str = "3f2a9c8e7d6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f";
 
-    struct TempDir(PathBuf);
+    struct TempDir(tempfile::TempDir);
 
     impl TempDir {
         fn new(tag: &str) -> Self {
-            use std::sync::atomic::{AtomicU32, Ordering};
-            static N: AtomicU32 = AtomicU32::new(0);
-            let dir = std::env::temp_dir().join(format!(
-                "gpushare-runtime-spec-{tag}-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            fs::create_dir_all(&dir).unwrap();
-            Self(dir)
+            Self(
+                tempfile::Builder::new()
+                    .prefix(&format!("gpushare-runtime-spec-{tag}-"))
+                    .tempdir()
+                    .unwrap(),
+            )
         }
 
         fn roots(&self) -> SpecRoots {
             SpecRoots {
-                docker_data_root: self.0.join("docker"),
-                containerd_task_roots: vec![self.0.join("containerd")],
-                crio_container_roots: vec![self.0.join("crio")],
+                docker_data_root: self.0.path().join("docker"),
+                containerd_task_roots: vec![self.0.path().join("containerd")],
+                crio_container_roots: vec![self.0.path().join("crio")],
             }
         }
 
         fn write(&self, rel: &str, text: &str) -> PathBuf {
-            let p = self.0.join(rel);
+            let p = self.0.path().join(rel);
             fs::create_dir_all(p.parent().unwrap()).unwrap();
             fs::write(&p, text).unwrap();
             p
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
         }
     }
 
@@ -523,7 +514,7 @@ mod tests {
                 .unwrap_err()
                 .contains("another container")
         );
-        let big = t.0.join("big.json");
+        let big = t.0.path().join("big.json");
         fs::File::create(&big)
             .unwrap()
             .set_len(MAX_CONFIG_BYTES + 1)
@@ -533,7 +524,7 @@ mod tests {
                 .unwrap_err()
                 .contains("more than")
         );
-        assert!(read_spec(SpecKind::OciBundle, &t.0.join("missing"), ID).is_err());
+        assert!(read_spec(SpecKind::OciBundle, &t.0.path().join("missing"), ID).is_err());
     }
 
     fn f(pid: u32, start: u64, ppid: u32, nspid: &[u32]) -> ProcFacts {
