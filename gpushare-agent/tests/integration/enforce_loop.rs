@@ -17,24 +17,13 @@ use gpushare_testkit::{
 };
 
 use crate::util::{
-    AgentProcess, Reaped, V1Group, agent_dir, counter_value, one_gpu, sleeper, spawn_with_pid,
-    workload,
+    AgentProcess, Reaped, V1Group, agent_dir, cgroup_quota, counter_value, key, one_gpu, sleeper,
+    spawn_with_pid, workload,
 };
 
 const GIB: u64 = 1 << 30;
 const WAIT: Duration = Duration::from_secs(15);
 const FREEZE: &str = "[defaults]\ngrace = \"0s\"\nladder = [ { action = \"freeze\" } ]\n";
-
-fn cgroup_quota(cg: &TestCgroup, size: &str) -> String {
-    format!(
-        "\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"{size}\"\n",
-        cg.rel_path()
-    )
-}
-
-fn key(cg: &TestCgroup) -> String {
-    format!("cgroup://{}", cg.rel_path())
-}
 
 fn state_of(agent: &AgentProcess, key: &str) -> String {
     agent

@@ -20,7 +20,7 @@ use gpushare_testkit::{
 };
 use serde_json::json;
 
-use crate::util::{AgentProcess, agent_dir, counter_value, usr1_recorder, workload};
+use crate::util::{AgentProcess, agent_dir, counter_value, key, usr1_recorder, workload};
 
 const GIB: u64 = 1 << 30;
 
@@ -43,10 +43,6 @@ fn freeze_quota(cg: &TestCgroup) -> String {
         "[defaults]\ngrace = \"0s\"\nladder = [ {{ action = \"freeze\" }} ]\n\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"2GiB\"\n",
         cg.rel_path()
     )
-}
-
-fn key(cg: &TestCgroup) -> String {
-    format!("cgroup://{}", cg.rel_path())
 }
 
 struct Reaped(Child);

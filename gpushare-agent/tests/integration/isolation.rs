@@ -6,7 +6,7 @@ use std::{path::Path, process::Child, time::Duration};
 use gpushare_testkit::{TestCgroup, nvml::Scenario, require_root, unique};
 use serde_json::json;
 
-use crate::util::{AgentProcess, counter_value, usr1_recorder, workload};
+use crate::util::{AgentProcess, cgroup_quota, counter_value, key, usr1_recorder, workload};
 
 const GIB: u64 = 1 << 30;
 const FAST: &str = r#"
@@ -59,10 +59,6 @@ fn scenario(procs: &[(u32, u64)]) -> serde_json::Value {
     json!({ "devices": [{ "uuid": "GPU-iso", "name": "NVIDIA Fake", "memory_total": 80 * GIB, "compute_processes": list }] })
 }
 
-fn key(cg: &TestCgroup) -> String {
-    format!("cgroup://{}", cg.rel_path())
-}
-
 /// A test group named like a containerd container's scope (`cri-containerd-<64 hex>.scope`), so
 /// the agent sees a container (`containerd://<id>`) with no runtime spec on disk.
 fn container_cgroup() -> TestCgroup {
@@ -89,13 +85,6 @@ fn container_key(cg: &TestCgroup) -> String {
         .and_then(|s| s.strip_suffix(".scope"))
         .unwrap();
     format!("containerd://{id}")
-}
-
-fn cgroup_quota(cg: &TestCgroup, mem: &str) -> String {
-    format!(
-        "\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"{mem}\"\n",
-        cg.rel_path()
-    )
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::{
 use gpushare_testkit::{TestCgroup, nvml::Scenario, require_root, unique, workspace_bin};
 use serde_json::json;
 
-use crate::util::{AgentProcess, Reaped, agent_dir, one_gpu, sleeper, workload};
+use crate::util::{AgentProcess, Reaped, agent_dir, key, one_gpu, sleeper, workload};
 
 const GIB: u64 = 1 << 30;
 const WAIT: Duration = Duration::from_secs(15);
@@ -24,10 +24,6 @@ fn cgroup_quota(cg: &TestCgroup, size: &str, gpu: Option<u32>) -> String {
         "\n[[quota]]\ncgroup = \"{}\"\n{gpu}gpu_memory = \"{size}\"\n",
         cg.rel_path()
     )
-}
-
-fn key(cg: &TestCgroup) -> String {
-    format!("cgroup://{}", cg.rel_path())
 }
 
 /// A record as the first ledger format wrote it.

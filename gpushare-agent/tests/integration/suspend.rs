@@ -8,7 +8,9 @@ use std::{path::Path, time::Duration};
 use gpushare_testkit::{TestCgroup, nvml::Scenario, nvml::fake_cuda_lib, require_root, unique};
 use serde_json::{Value, json};
 
-use crate::util::{AgentProcess, Reaped, agent_dir, counter_value, sleeper, workload};
+use crate::util::{
+    AgentProcess, Reaped, agent_dir, cgroup_quota, counter_value, key, sleeper, workload,
+};
 
 const GIB: u64 = 1 << 30;
 const WAIT: Duration = Duration::from_secs(20);
@@ -28,17 +30,6 @@ fn scenario_on(procs: &[(u32, u64)], cuda: Value, driver: u32) -> Value {
         "devices": [{ "uuid": "GPU-susp", "name": "NVIDIA Fake", "memory_total": 80 * GIB, "compute_processes": list }],
         "cuda": cuda,
     })
-}
-
-fn cgroup_quota(cg: &TestCgroup, size: &str) -> String {
-    format!(
-        "\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"{size}\"\n",
-        cg.rel_path()
-    )
-}
-
-fn key(cg: &TestCgroup) -> String {
-    format!("cgroup://{}", cg.rel_path())
 }
 
 fn cuda_args() -> Vec<String> {

@@ -415,3 +415,16 @@ pub fn spawn_with_pid(pid: u32, mut spawn: impl FnMut() -> Child) -> Reaped {
     }
     panic!("could not make pid {pid} be reused in 200 tries");
 }
+
+/// The workload key of a plain test cgroup.
+pub fn key(cg: &gpushare_testkit::TestCgroup) -> String {
+    format!("cgroup://{}", cg.rel_path())
+}
+
+/// A quota file entry for a plain test cgroup, on all GPUs.
+pub fn cgroup_quota(cg: &gpushare_testkit::TestCgroup, size: &str) -> String {
+    format!(
+        "\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"{size}\"\n",
+        cg.rel_path()
+    )
+}
