@@ -603,6 +603,8 @@ pub struct Outcome {
 #[derive(Default)]
 struct DevUsage {
     bytes: u64,
+    /// What NVML lists for it now (`bytes` also counts a suspension's footprint).
+    listed: u64,
     unknown: bool,
     procs: BTreeSet<ProcessIdentity>,
 }
@@ -705,7 +707,10 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
                 .entry(ps.device_index)
                 .or_default();
             match ps.used_bytes {
-                Some(b) if !ambiguous => du.bytes = du.bytes.saturating_add(b),
+                Some(b) if !ambiguous => {
+                    du.bytes = du.bytes.saturating_add(b);
+                    du.listed = du.bytes;
+                }
                 _ => du.unknown = true,
             }
             if !sample.device_ok(ps.device_index) {
@@ -1142,7 +1147,15 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Outcome {
                     (l.usage, l.limit, footprint)
                 })
         });
-        let owned = reconcile_suspension(&cx, &mut ws, observed, suspend_on, &why, &mut actions);
+        let owned = reconcile_suspension(
+            &cx,
+            &mut ws,
+            observed,
+            suspend_on,
+            dev_usage,
+            &why,
+            &mut actions,
+        );
         let carried = if owned {
             ws.observed = observed.map(|o| o.state);
             ws.ours = observed.is_some_and(|o| o.ours);
@@ -1272,6 +1285,7 @@ fn reconcile_suspension(
     ws: &mut WorkloadState,
     observed: Option<&ObservedGroup>,
     suspend_on: Option<(u64, u64, BTreeMap<u32, u64>)>,
+    dev_usage: &BTreeMap<u32, DevUsage>,
     why: &str,
     actions: &mut Vec<Action>,
 ) -> bool {
@@ -1315,14 +1329,17 @@ fn reconcile_suspension(
         }
         (Some(Suspension::Suspended { per_gpu }), None) => {
             // A restore without room on the GPU fails and can leave the process unrestorable on
-            // real drivers (cuda-checkpoint#44): wait until every GPU has room for its share.
+            // real drivers (cuda-checkpoint#44): wait until every GPU has room for its share. What
+            // NVML already lists for it is its own memory back (a resume that restored but could
+            // not unlock): that much needs no room again.
             let room = per_gpu.iter().all(|(dev, bytes)| {
+                let back = dev_usage.get(dev).map_or(0, |u| u.listed);
                 cx.input
                     .sample
                     .devices
                     .iter()
                     .find(|d| d.index == *dev)
-                    .is_some_and(|d| d.memory_free >= *bytes)
+                    .is_some_and(|d| d.memory_free.saturating_add(back) >= *bytes)
             });
             if room && due(ws, Transition::Resume) {
                 let scope = observed.and_then(|o| o.frozen_by).unwrap_or(GpuScope::All);
@@ -1660,7 +1677,7 @@ fn apply_elastic_pressure(
         usage
             .get(key)
             .and_then(|u| u.get(&dev))
-            .map_or(0, |d| d.bytes)
+            .map_or((0, 0), |d| (d.bytes, d.listed))
     };
     for dev in &sample.devices {
         if !sample.device_ok(dev.index) {
@@ -1668,9 +1685,10 @@ fn apply_elastic_pressure(
         }
         // Suspended borrowers come back smallest first, and only while the GPU keeps its
         // reserve with them back (free >= footprint + reserve): suspended largest first, resumed
-        // last. The others stay suspended (liable).
+        // last. The others stay suspended (liable). What NVML already lists for one is back on
+        // the GPU (a resume that restored but did not finish): only the rest needs room.
         let mut projected = dev.memory_free;
-        let mut suspended: Vec<(u64, &str, GpuScope)> = Vec::new();
+        let mut suspended: Vec<(u64, u64, &str, GpuScope)> = Vec::new();
         for (key, plan) in plans.iter() {
             let Plan::Enforce { liabilities, .. } = plan else {
                 continue;
@@ -1679,20 +1697,20 @@ fn apply_elastic_pressure(
                 .iter()
                 .filter(|l| l.suspended && l.over && l.enforcement.mode == Mode::Elastic)
             {
-                let fp = on(key, dev.index);
+                let (fp, listed) = on(key, dev.index);
                 let applies = match l.scope {
                     GpuScope::Gpu(i) => i == dev.index,
                     GpuScope::All => fp > 0,
                 };
                 if applies {
-                    suspended.push((fp, *key, l.scope));
+                    suspended.push((fp, fp.saturating_sub(listed), *key, l.scope));
                 }
             }
         }
         suspended.sort();
-        for (fp, key, scope) in suspended {
-            if projected >= fp.saturating_add(reserve) {
-                projected -= fp;
+        for (_, missing, key, scope) in suspended {
+            if projected >= missing.saturating_add(reserve) {
+                projected -= missing;
                 continue;
             }
             if let Some(Plan::Enforce { liabilities, .. }) = plans.get_mut(key)

@@ -1159,6 +1159,33 @@ fn elastic_suspends_the_largest_borrower_and_resumes_when_the_gpu_has_room_for_i
 }
 
 #[test]
+fn elastic_counts_what_a_half_done_resume_brought_back_as_room() {
+    let a = docker('a');
+    let toml = format!(
+        "[defaults]\nmode = \"elastic\"\nelastic_reserve = \"4GiB\"\ngrace = \"0s\"\nladder = [{{ action = \"suspend\" }}]\n{}",
+        quota_for('a', "")
+    );
+    let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
+    sim.gpus[0].1 = GIB;
+    assert_eq!(
+        sim.at(0, &[(10, 0, Some(10 * GIB))])[0].kind,
+        ActionKind::Suspend
+    );
+    // 14 GiB free: room for its 10 GiB and the reserve. The resume restores it but does not
+    // finish (the unlock fails): its 10 GiB are listed again and 4 GiB are free.
+    sim.gpus[0].1 = 14 * GIB;
+    sim.kernel_applies = false;
+    assert_eq!(sim.at(1000, &[])[0].kind, ActionKind::Resume);
+    sim.gpus[0].1 = 4 * GIB;
+    let retried: Vec<(u64, ActionKind)> = sim.run(2, 3, &[(10, 0, Some(10 * GIB))]);
+    assert_eq!(
+        retried,
+        vec![(2, ActionKind::Resume)],
+        "its own memory back on the GPU is no reason to keep it suspended"
+    );
+}
+
+#[test]
 fn an_earlier_runs_suspension_is_kept_while_liable_and_resumed_when_not() {
     let a = docker('a');
     let b = docker('b');
@@ -1215,6 +1242,33 @@ fn a_suspended_workload_is_never_resumed_onto_a_gpu_without_room_for_it() {
         r.iter().map(|x| x.kind).collect::<Vec<_>>(),
         vec![ActionKind::Resume]
     );
+}
+
+#[test]
+fn a_resume_that_restored_but_failed_to_unlock_is_retried_though_its_memory_is_back_on_the_gpu() {
+    let a = docker('a');
+    let toml = quota_for('a', "grace = \"10s\"\nladder = [{ action = \"suspend\" }]");
+    let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
+    sim.at(0, &[(10, 0, Some(3 * GIB))]);
+    assert_eq!(
+        sim.at(10_000, &[(10, 0, Some(3 * GIB))])[0].kind,
+        ActionKind::Suspend
+    );
+    // Released; 3 GiB free for its 3 GiB: resumed. The worker restores the process (its memory
+    // is on the GPU again, so only 1 GiB is left free) but the unlock fails: it stays suspended.
+    sim.gpus[0].1 = 3 * GIB;
+    sim.releases = vec![key('a')];
+    sim.kernel_applies = false;
+    assert_eq!(sim.at(11_000, &[])[0].kind, ActionKind::Resume);
+    sim.releases.clear();
+    sim.gpus[0].1 = GIB;
+    // The memory it waits for is its own: the retry is not held back for room.
+    let retried: Vec<(u64, ActionKind)> = sim
+        .run(12, 13, &[(10, 0, Some(2 * GIB))])
+        .into_iter()
+        .filter(|(_, k)| *k == ActionKind::Resume)
+        .collect();
+    assert_eq!(retried, vec![(12, ActionKind::Resume)]);
 }
 
 // ---- properties --------------------------------------------------------------------------------

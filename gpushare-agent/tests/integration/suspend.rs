@@ -146,6 +146,70 @@ fn a_workload_over_quota_is_suspended_its_gpu_memory_freed_and_a_release_brings_
 }
 
 #[test]
+fn a_resume_that_restored_but_could_not_unlock_is_retried_until_it_is_done() {
+    if !require_root("a_resume_that_restored_but_could_not_unlock") {
+        return;
+    }
+    let cg = TestCgroup::create(&unique("susp-unlock")).unwrap();
+    let neighbour_cg = TestCgroup::create(&unique("susp-unlock-n")).unwrap();
+    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    let n = Reaped(neighbour_cg.spawn(&mut sleeper()).unwrap());
+    // An 8 GiB GPU: once p's 6 GiB are restored, 1 GiB is free, less than its footprint.
+    let on_small_gpu = |cuda: Value| {
+        let mut v = scenario(&[(p.pid(), 6 * GIB), (n.pid(), GIB)], cuda);
+        v["devices"][0]["memory_total"] = json!(8 * GIB);
+        v
+    };
+    let sc = Scenario::create(&on_small_gpu(json!({}))).unwrap();
+    let quotas = |grace: &str| {
+        format!(
+            "{}{}{}",
+            SUSPEND.replace("grace = \"0s\"", &format!("grace = \"{grace}\"")),
+            cgroup_quota(&cg, "2GiB"),
+            cgroup_quota(&neighbour_cg, "4GiB")
+        )
+    };
+    let agent = start(&sc, &quotas("0s"));
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "suspended")
+    });
+    assert_eq!(cuda_state(&sc, p.pid()), "checkpointed");
+    // The release restarts the ladder: a 20 s grace leaves the resume time to be retried.
+    let loaded = agent
+        .state()
+        .unwrap()
+        .counters
+        .quota_config_last_reload_unix;
+    agent.write_quotas(&quotas("20s"));
+    agent.wait_for(WAIT, |s| {
+        s.counters.quota_config_last_reload_unix > loaded && s.counters.quota_config_valid
+    });
+    // The driver restores it, then refuses the unlock.
+    sc.write(&on_small_gpu(
+        json!({ "fail": { "cuCheckpointProcessUnlock": 999 } }),
+    ))
+    .unwrap();
+    let (code, body) = agent.post_local(
+        "/api/v1/release",
+        &json!({ "workload": key(&cg) }).to_string(),
+    );
+    assert_eq!(code, 200, "{body}");
+    let deadline = std::time::Instant::now() + WAIT;
+    while cuda_state(&sc, p.pid()) != "locked" {
+        assert!(std::time::Instant::now() < deadline, "never restored");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sc.write(&on_small_gpu(json!({}))).unwrap();
+    // Its memory is back on the GPU (1 GiB free for a 6 GiB footprint): that is no reason to wait.
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&cg), "all")
+            .is_some_and(|w| w.state != "suspended" && w.state != "resuming")
+    });
+    assert_eq!(cuda_state(&sc, p.pid()), "running");
+    assert!(cg.wait_frozen(false), "resumed: not frozen");
+}
+
+#[test]
 fn elastic_mode_suspends_the_largest_borrower_under_pressure_and_resumes_it_when_room_returns() {
     if !require_root("elastic_mode_suspends_the_largest_borrower") {
         return;
