@@ -610,7 +610,7 @@ impl Demo {
             indent(String::from_utf8_lossy(&out.stdout).trim_end())
         );
         // The job frees what it over-allocated; were it to stay over, the ladder would start again.
-        fs::write(&pid_file, (12 * GIB).to_string())?;
+        set_memory(&pid_file, 12 * GIB)?;
         say(
             "trainer is resumed (thawed, its memory restored onto GPU 1, unlocked) and frees its extra\n\
              memory (back to 12 GiB of 16 GiB).",
@@ -845,9 +845,7 @@ impl Demo {
                     .is_some_and(|n| n.starts_with(&format!("{pid}.")) && !n.ends_with(".tmp"))
             })
             .with_context(|| format!("no memory file of pid {pid}"))?;
-        let tmp = file.with_extension("grow.tmp");
-        fs::write(&tmp, bytes.to_string())?;
-        fs::rename(&tmp, &file)?;
+        set_memory(&file, bytes)?;
         Ok((file, bytes))
     }
 
@@ -1001,4 +999,13 @@ fn gib(bytes: u64) -> String {
 fn tail(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Writes a fake process's memory file for the mock NVML atomically (temporary name + rename):
+/// a reader (the agent's NVML, the mock libcuda's checks) never sees it empty or half-written.
+fn set_memory(file: &Path, bytes: u64) -> Result<()> {
+    let tmp = file.with_extension("set.tmp");
+    fs::write(&tmp, bytes.to_string())?;
+    fs::rename(&tmp, file)?;
+    Ok(())
 }
