@@ -119,6 +119,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     agent.use_driver_limits(crate::agent::driver_limits::DriverLimiter::new(
         args.nvml_lib.as_deref(),
         cgroupfs::find_cgroup2_mount()?,
+        Some(&args.state_dir),
     ));
     api::serve_tcp(args.listen, snapshot.clone(), metrics.clone()).await?;
     let (release_tx, mut release_rx) = mpsc::channel::<api::ReleaseRequest>(16);

@@ -11,6 +11,12 @@
 //! leaves or its quota goes, and all cleared on SIGTERM. Per GPU, the back end in force is
 //! exported: `driver_limits` once a limit was accepted there, `soft` otherwise (the function is
 //! missing, or the device answered NOT_SUPPORTED, e.g. without the dmem controller).
+//!
+//! The driver keeps a limit after the agent dies, so every limit is recorded in
+//! `driver-limits.json` in the state directory (by GPU UUID, with the boot it was set in) before
+//! it is set, and forgotten after it is cleared. The next start takes the records of this boot
+//! as limits it set: those its quotas still want are kept (or changed), the others cleared. A
+//! dry run or an observe-only agent sets and clears nothing.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -18,14 +24,38 @@ use std::{
 };
 
 use log::{info, warn};
+use serde::{Deserialize, Serialize};
 
-use crate::nvml::{
-    NvmlSampler,
-    limits::{DriverLimits, MEMORY_LIMIT_MAX, code_name},
+use crate::{
+    nvml::{
+        NvmlSampler,
+        limits::{DriverLimits, MEMORY_LIMIT_MAX, code_name},
+    },
+    sample::DeviceSample,
 };
+
+/// The record's name in the state directory.
+pub const FILE_NAME: &str = "driver-limits.json";
 
 /// One wanted limit: (GPU index, root cgroup path) -> (soft, hard) bytes.
 pub type Wanted = BTreeMap<(u32, String), (u64, u64)>;
+
+/// `driver-limits.json`: the limits this node's agent set, in the boot it set them in.
+#[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct RecordFile {
+    /// `/proc/sys/kernel/random/boot_id` when they were set (the driver forgets at reboot).
+    boot_id: String,
+    limits: Vec<Record>,
+}
+
+/// One limit set on one GPU's cgroup.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Record {
+    gpu_uuid: String,
+    cgroup: String,
+    soft: u64,
+    hard: u64,
+}
 
 /// Sets and clears the driver's limits.
 pub struct DriverLimiter {
@@ -34,16 +64,38 @@ pub struct DriverLimiter {
     applied: Wanted,
     in_force: BTreeSet<u32>,
     refused: BTreeMap<u32, String>,
+    /// Where the limits are recorded (`None`: nowhere, e.g. in unit tests).
+    record: Option<PathBuf>,
+    /// An earlier run's limits not yet matched to a GPU of this run's samples.
+    inherited: Vec<Record>,
+    /// GPU index -> UUID, from the latest sample.
+    uuids: BTreeMap<u32, String>,
+    /// What the record holds now (not written again when unchanged).
+    written: Option<RecordFile>,
 }
 
 impl DriverLimiter {
-    /// Over the NVML library `lib` (the sampler's) and the v2 hierarchy at `v2_root`.
-    pub fn new(lib: Option<&Path>, v2_root: PathBuf) -> Self {
+    /// Over the NVML library `lib` (the sampler's) and the v2 hierarchy at `v2_root`; the limits
+    /// are recorded in `state_dir` (and an earlier run's records taken over from there).
+    pub fn new(lib: Option<&Path>, v2_root: PathBuf, state_dir: Option<&Path>) -> Self {
         let api = DriverLimits::open(lib);
         if api.is_some() {
             info!(
                 "the NVIDIA driver takes per-cgroup GPU memory limits (nvmlDeviceSetMemoryLimits_v1): \
                  quotas are also set as driver limits"
+            );
+        }
+        let record = state_dir.map(|d| d.join(FILE_NAME));
+        let inherited = match (&record, &api) {
+            (Some(path), Some(_)) => load(path),
+            _ => Vec::new(),
+        };
+        if !inherited.is_empty() {
+            info!(
+                "{} driver limit(s) set by an earlier run ({}): kept where a quota still wants them, \
+                 cleared otherwise",
+                inherited.len(),
+                record.as_deref().unwrap_or(Path::new("")).display()
             );
         }
         Self {
@@ -52,6 +104,10 @@ impl DriverLimiter {
             applied: Wanted::new(),
             in_force: BTreeSet::new(),
             refused: BTreeMap::new(),
+            record,
+            inherited,
+            uuids: BTreeMap::new(),
+            written: None,
         }
     }
 
@@ -70,8 +126,44 @@ impl DriverLimiter {
         &self.refused
     }
 
-    /// Makes the driver's limits what `wanted` says: sets new and changed ones, clears the rest.
-    pub fn apply(&mut self, sampler: &NvmlSampler, wanted: &Wanted) {
+    /// Makes the driver's limits what `wanted` says: sets new and changed ones, clears the rest
+    /// (an earlier run's included, once `devices` shows their GPU). `devices`: the latest sample's.
+    pub fn apply(&mut self, sampler: &NvmlSampler, devices: &[DeviceSample], wanted: &Wanted) {
+        if self.api.is_none() {
+            return;
+        }
+        for d in devices {
+            self.uuids.insert(d.index, d.uuid.clone());
+        }
+        // An earlier run's limits, on the GPUs this sample shows, are taken as set by this one.
+        let uuids = &self.uuids;
+        let applied = &mut self.applied;
+        self.inherited.retain(|r| {
+            let Some((&index, _)) = uuids.iter().find(|(_, u)| **u == r.gpu_uuid) else {
+                return true;
+            };
+            applied
+                .entry((index, r.cgroup.clone()))
+                .or_insert((r.soft, r.hard));
+            false
+        });
+        let changes = self.applied.iter().any(|(k, v)| wanted.get(k) != Some(v))
+            || wanted.iter().any(|(k, v)| self.applied.get(k) != Some(v));
+        if !changes {
+            return;
+        }
+        // Recorded before the driver is asked (what the next start must know of), and again after.
+        let mut intent = self.applied.clone();
+        intent.extend(wanted.iter().map(|(k, v)| (k.clone(), *v)));
+        self.persist(&intent);
+        self.set_all(sampler, wanted);
+        // What is set, and what is wanted but was refused (tried again; clearing it at the next
+        // start would be harmless): unchanged while a refusal lasts, so not written every step.
+        intent.retain(|k, _| wanted.contains_key(k) || self.applied.contains_key(k));
+        self.persist(&intent);
+    }
+
+    fn set_all(&mut self, sampler: &NvmlSampler, wanted: &Wanted) {
         let Some(api) = &self.api else {
             return;
         };
@@ -135,8 +227,124 @@ impl DriverLimiter {
         }
     }
 
-    /// Clears every limit this agent set (SIGTERM).
+    /// Clears every limit this agent set (SIGTERM), on the GPUs the samples showed.
     pub fn clear_all(&mut self, sampler: &NvmlSampler) {
-        self.apply(sampler, &Wanted::new());
+        self.apply(sampler, &[], &Wanted::new());
+    }
+
+    /// Writes the records of `limits` (those whose GPU UUID is known) and the inherited ones not
+    /// matched yet; a failure is logged (the limits themselves are set all the same).
+    fn persist(&mut self, limits: &Wanted) {
+        let Some(path) = &self.record else {
+            return;
+        };
+        let mut records: Vec<Record> = limits
+            .iter()
+            .filter_map(|((index, cgroup), &(soft, hard))| {
+                Some(Record {
+                    gpu_uuid: self.uuids.get(index)?.clone(),
+                    cgroup: cgroup.clone(),
+                    soft,
+                    hard,
+                })
+            })
+            .collect();
+        records.extend(self.inherited.iter().cloned());
+        let file = RecordFile {
+            boot_id: boot_id(),
+            limits: records,
+        };
+        if self.written.as_ref() == Some(&file) {
+            return;
+        }
+        let write = || -> std::io::Result<()> {
+            let tmp = path.with_extension("json.tmp");
+            std::fs::write(&tmp, serde_json::to_vec_pretty(&file)?)?;
+            std::fs::rename(&tmp, path)
+        };
+        match write() {
+            Ok(()) => self.written = Some(file),
+            Err(e) => warn!(
+                "cannot record the driver limits in {}: {e}; a restart after a crash would not \
+                 clear the ones no longer wanted",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// This boot's id (empty where it cannot be read).
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The records at `path` set in this boot; a missing file is none, a bad one is reported and
+/// taken as none (the limits it named stay until their cgroups go).
+fn load(path: &Path) -> Vec<Record> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => {
+            warn!(
+                "cannot read {}: {e}; earlier driver limits are not cleared",
+                path.display()
+            );
+            return Vec::new();
+        }
+    };
+    match serde_json::from_slice::<RecordFile>(&bytes) {
+        Ok(f) if f.boot_id == boot_id() => f.limits,
+        Ok(_) => Vec::new(), // another boot: the driver has forgotten them
+        Err(e) => {
+            warn!(
+                "{} is not a driver-limit record ({e}); earlier driver limits are not cleared",
+                path.display()
+            );
+            Vec::new()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, boot: &str) -> PathBuf {
+        let path = dir.join(FILE_NAME);
+        let file = RecordFile {
+            boot_id: boot.to_string(),
+            limits: vec![Record {
+                gpu_uuid: "GPU-a".into(),
+                cgroup: "/kubepods/pod1".into(),
+                soft: 1,
+                hard: 2,
+            }],
+        };
+        std::fs::write(&path, serde_json::to_vec(&file).unwrap()).unwrap();
+        path
+    }
+
+    #[test]
+    fn records_of_this_boot_are_taken_over_and_others_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), &boot_id());
+        assert_eq!(
+            load(&path).len(),
+            1,
+            "this boot's limits are still in the driver"
+        );
+        let path = write(dir.path(), "another-boot");
+        assert!(
+            load(&path).is_empty(),
+            "a reboot cleared the driver's limits"
+        );
+        std::fs::write(&path, b"{ not json").unwrap();
+        assert!(
+            load(&path).is_empty(),
+            "a bad record is reported, not fatal"
+        );
+        assert!(load(&dir.path().join("missing.json")).is_empty());
     }
 }

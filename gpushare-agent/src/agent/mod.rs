@@ -213,10 +213,12 @@ impl Agent {
         for (cause, n) in &outcome.stats.suspend_fallthroughs {
             *self.suspend_fallthroughs.entry(cause.clone()).or_default() += *n as u64;
         }
-        if self.limiter.is_some() {
+        // A dry run only reports, and an observe-only agent acts on nothing: neither sets (nor
+        // clears) a driver limit.
+        if self.limiter.is_some() && !self.opts.dry_run && !self.quotas.observe_only() {
             let wanted = self.driver_limits_wanted(&obs);
             if let Some(l) = self.limiter.as_mut() {
-                l.apply(&self.sampler, &wanted);
+                l.apply(&self.sampler, &obs.sample.devices, &wanted);
             }
         }
         let t3 = Instant::now();
@@ -605,7 +607,7 @@ impl Agent {
         if n > 0 {
             info!("thawed {n} workload(s) on shutdown");
         }
-        if let Some(l) = self.limiter.as_mut() {
+        if let Some(l) = self.limiter.as_mut().filter(|_| !self.opts.dry_run) {
             l.clear_all(&self.sampler);
         }
     }

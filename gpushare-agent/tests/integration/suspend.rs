@@ -563,6 +563,77 @@ fn where_the_driver_takes_per_cgroup_limits_each_quota_is_also_a_driver_limit_on
 }
 
 #[test]
+fn driver_limits_a_sigkilled_agent_left_are_cleared_at_the_next_start_when_no_longer_wanted() {
+    if !require_root("driver_limits_after_sigkill") {
+        return;
+    }
+    let gone = TestCgroup::create(&unique("dlim-gone")).unwrap();
+    let kept = TestCgroup::create(&unique("dlim-kept")).unwrap();
+    let p = Reaped(gone.spawn(&mut sleeper()).unwrap());
+    let q = Reaped(kept.spawn(&mut sleeper()).unwrap());
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB), (q.pid(), GIB)], json!({}))).unwrap();
+    let quotas = |kept_gib: u64, with_gone: bool| {
+        let mut text = "[defaults]\nladder = []\n".to_string();
+        if with_gone {
+            text += &cgroup_quota(&gone, "2GiB");
+        }
+        text + &cgroup_quota(&kept, &format!("{kept_gib}GiB"))
+    };
+    let mut agent = AgentProcess::start_in(agent_dir(&quotas(3, true)), &sc, &[], "200ms");
+    let wait_limit = |cg: &TestCgroup, want: Option<u64>, agent: &AgentProcess| {
+        let deadline = std::time::Instant::now() + WAIT;
+        while driver_limit(&sc, "GPU-susp", cg.dir()).map(|(soft, _)| soft) != want {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "driver limit of {} is {:?}, not {want:?}\n{}",
+                cg.rel_path(),
+                driver_limit(&sc, "GPU-susp", cg.dir()),
+                agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_limit(&gone, Some(2 * GIB), &agent);
+    wait_limit(&kept, Some(3 * GIB), &agent);
+    // A crash: nothing is cleared. While the agent is down, one quota goes and one is raised.
+    agent.sigkill();
+    assert_eq!(
+        driver_limit(&sc, "GPU-susp", gone.dir()).map(|l| l.0),
+        Some(2 * GIB)
+    );
+    agent.write_quotas(&quotas(4, false));
+    agent.restart();
+    wait_limit(&kept, Some(4 * GIB), &agent);
+    wait_limit(&gone, None, &agent);
+    // SIGTERM clears every limit it set.
+    assert_eq!(agent.stop(), Some(0));
+    assert_eq!(driver_limit(&sc, "GPU-susp", kept.dir()), None);
+}
+
+#[test]
+fn a_dry_run_sets_no_driver_limit() {
+    if !require_root("driver_limits_dry_run") {
+        return;
+    }
+    let cg = TestCgroup::create(&unique("dlim-dry")).unwrap();
+    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB)], json!({}))).unwrap();
+    let quotas = format!("[defaults]\nladder = []\n{}", cgroup_quota(&cg, "2GiB"));
+    let agent = AgentProcess::start(&sc, &quotas, &["--dry-run"]);
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.quota_bytes == Some(2 * GIB))
+    });
+    agent.wait_next_step();
+    agent.wait_next_step();
+    assert_eq!(
+        driver_limit(&sc, "GPU-susp", cg.dir()),
+        None,
+        "a dry run only reports\n{}",
+        agent.log()
+    );
+}
+
+#[test]
 fn check_warns_when_a_ladder_suspends_on_a_node_without_the_checkpoint_api() {
     let dir = std::env::temp_dir().join(unique("check-suspend"));
     std::fs::create_dir_all(&dir).unwrap();
