@@ -257,18 +257,21 @@ impl DriverLimiter {
         if self.written.as_ref() == Some(&file) {
             return;
         }
+        let tmp = path.with_extension("json.tmp");
         let write = || -> std::io::Result<()> {
-            let tmp = path.with_extension("json.tmp");
             std::fs::write(&tmp, serde_json::to_vec_pretty(&file)?)?;
             std::fs::rename(&tmp, path)
         };
         match write() {
             Ok(()) => self.written = Some(file),
-            Err(e) => warn!(
-                "cannot record the driver limits in {}: {e}; a restart after a crash would not \
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                warn!(
+                    "cannot record the driver limits in {}: {e}; a restart after a crash would not \
                  clear the ones no longer wanted",
-                path.display()
-            ),
+                    path.display()
+                );
+            }
         }
     }
 }

@@ -499,6 +499,21 @@ fn driver_limit(sc: &Scenario, uuid: &str, dir: &Path) -> Option<(u64, u64)> {
     Some((e["soft"].as_u64()?, e["hard"].as_u64()?))
 }
 
+/// Waits until the soft driver limit of `cg` on GPU-susp is `want` (`None`: no limit).
+fn wait_driver_limit(sc: &Scenario, cg: &TestCgroup, want: Option<u64>, agent: &AgentProcess) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while driver_limit(sc, "GPU-susp", cg.dir()).map(|(soft, _)| soft) != want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "driver limit of {} is {:?}, not {want:?}\n{}",
+            cg.rel_path(),
+            driver_limit(sc, "GPU-susp", cg.dir()),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn where_the_driver_takes_per_cgroup_limits_each_quota_is_also_a_driver_limit_on_the_root() {
     if !require_root("driver_limits") {
@@ -541,15 +556,7 @@ fn where_the_driver_takes_per_cgroup_limits_each_quota_is_also_a_driver_limit_on
     );
     // The quota goes: the limit is cleared.
     agent.write_quotas("[defaults]\nladder = []\n");
-    let deadline = std::time::Instant::now() + WAIT;
-    while driver_limit(&sc, "GPU-susp", cg.dir()).is_some() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "limit not cleared\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_driver_limit(&sc, &cg, None, &agent);
     drop(agent);
     // A driver without the function (or a device that refuses): soft isolation only.
     let mut off = scenario(&[(p.pid(), GIB)], json!({}));
@@ -581,17 +588,7 @@ fn driver_limits_a_sigkilled_agent_left_are_cleared_at_the_next_start_when_no_lo
     };
     let mut agent = AgentProcess::start_in(agent_dir(&quotas(3, true)), &sc, &[], "200ms");
     let wait_limit = |cg: &TestCgroup, want: Option<u64>, agent: &AgentProcess| {
-        let deadline = std::time::Instant::now() + WAIT;
-        while driver_limit(&sc, "GPU-susp", cg.dir()).map(|(soft, _)| soft) != want {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "driver limit of {} is {:?}, not {want:?}\n{}",
-                cg.rel_path(),
-                driver_limit(&sc, "GPU-susp", cg.dir()),
-                agent.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_driver_limit(&sc, cg, want, agent)
     };
     wait_limit(&gone, Some(2 * GIB), &agent);
     wait_limit(&kept, Some(3 * GIB), &agent);
