@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod demo;
+mod structure;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "gpushare developer commands")]
@@ -42,6 +43,9 @@ enum Cmd {
     },
     /// Run the benchmarks and print their tables.
     Bench,
+    /// Check the structural limits of the agent's source (file sizes in policy/, enforce/mod.rs,
+    /// no import cycle between its modules); a step of `test` too.
+    Structure,
     /// Build the mock libnvidia-ml and the mock libcuda and install them as
     /// target/fake-nvml/libnvidia-ml.so.1 and target/fake-nvml/libcuda.so.1.
     FakeNvml,
@@ -129,6 +133,8 @@ fn run(cli: Cli) -> Result<()> {
                 step("fmt and clippy (fuzz/, outside the workspace)");
                 run_step("fmt and clippy (fuzz)", lint_fuzz(&root));
             }
+            step("structure: file sizes in policy/ and enforce/, no import cycle between modules");
+            run_step("structure", structure::check(&root));
             step("build");
             cargo(&root, &["build"])?;
             let lib = install_fake_nvml(&root)?;
@@ -241,6 +247,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Structure => structure::check(&root),
         Cmd::FakeNvml => {
             cargo(
                 &root,

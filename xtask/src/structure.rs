@@ -1,0 +1,456 @@
+//! `cargo xtask structure`: the structural limits of the agent's source that later work must not
+//! grow back unnoticed (issue 19). Run as a step of `cargo xtask test`.
+//!
+//! - Every file of `gpushare-agent/src/policy/` but its tests is at most [`POLICY_FILE_MAX`] lines,
+//!   and `policy::evaluate` at most [`EVALUATE_MAX`] (it reads as the stages in order).
+//! - `gpushare-agent/src/enforce/mod.rs` is at most [`ENFORCE_MOD_MAX`] lines.
+//! - The top-level modules of `gpushare-agent/src` form no import cycle: an edge A -> B is any path
+//!   `crate::B` (or `super::` that climbs to the crate root, then `B`) in the code of A, comments
+//!   left out, tests included.
+//! - No module of `quota/` names `attribution`, and no module of `attribution/` names `quota`.
+//!
+//! The check reads files as text: no build, no network.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result, bail};
+
+/// Lines a file of `policy/` (tests aside) may have.
+pub const POLICY_FILE_MAX: usize = 350;
+/// Lines `policy::evaluate` may have, from its signature to its closing brace.
+pub const EVALUATE_MAX: usize = 80;
+/// Lines `enforce/mod.rs` may have.
+pub const ENFORCE_MOD_MAX: usize = 500;
+
+/// Modules that must not name each other, in either direction.
+const APART: [(&str, &str); 1] = [("quota", "attribution")];
+
+/// Runs every check on the workspace at `root`; the error lists every violation.
+pub fn check(root: &Path) -> Result<()> {
+    let src = root.join("gpushare-agent/src");
+    let mut problems = Vec::new();
+    problems.extend(policy_sizes(&src.join("policy"))?);
+    let enforce = src.join("enforce/mod.rs");
+    let n = line_count(&enforce)?;
+    if n > ENFORCE_MOD_MAX {
+        problems.push(format!(
+            "{}: {n} lines, over {ENFORCE_MOD_MAX}: move a job into its own file",
+            rel(root, &enforce)
+        ));
+    }
+    let graph = module_graph(&src)?;
+    for cycle in cycles(&graph) {
+        problems.push(format!(
+            "import cycle between modules of gpushare-agent/src: {} (an edge A -> B is a `crate::B` \
+             path in A; break it by moving the shared part below both)",
+            cycle.join(" -> ")
+        ));
+    }
+    for (a, b) in APART {
+        for (from, to) in [(a, b), (b, a)] {
+            if graph.get(from).is_some_and(|e| e.contains_key(to)) {
+                let at = &graph[from][to];
+                problems.push(format!(
+                    "{}: module `{from}` names `{to}` (they must not depend on each other)",
+                    rel(root, at)
+                ));
+            }
+        }
+    }
+    if problems.is_empty() {
+        eprintln!(
+            "xtask: structure: policy files <= {POLICY_FILE_MAX} lines, evaluate <= {EVALUATE_MAX}, \
+             enforce/mod.rs <= {ENFORCE_MOD_MAX}, {} modules without an import cycle",
+            graph.len()
+        );
+        Ok(())
+    } else {
+        for p in &problems {
+            eprintln!("xtask: structure: {p}");
+        }
+        bail!("{} structural limit(s) exceeded", problems.len())
+    }
+}
+
+fn rel(root: &Path, p: &Path) -> String {
+    p.strip_prefix(root).unwrap_or(p).display().to_string()
+}
+
+fn line_count(p: &Path) -> Result<usize> {
+    Ok(std::fs::read_to_string(p)
+        .with_context(|| format!("reading {}", p.display()))?
+        .lines()
+        .count())
+}
+
+/// `.rs` files below `dir`, sorted.
+fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
+            let p = e?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// A file of tests: `tests.rs`, or anything under a `tests/` folder.
+fn is_test_file(p: &Path) -> bool {
+    p.components().any(|c| c.as_os_str() == "tests") || p.file_stem().is_some_and(|s| s == "tests")
+}
+
+fn policy_sizes(dir: &Path) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    let root = dir.parent().and_then(Path::parent).and_then(Path::parent);
+    let shown = |p: &Path| root.map_or_else(|| p.display().to_string(), |r| rel(r, p));
+    for f in rust_files(dir)? {
+        if is_test_file(f.strip_prefix(dir).unwrap_or(&f)) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f)?;
+        let n = text.lines().count();
+        if n > POLICY_FILE_MAX {
+            problems.push(format!(
+                "{}: {n} lines, over {POLICY_FILE_MAX}: one stage a file",
+                shown(&f)
+            ));
+        }
+        if let Some(n) = fn_lines(&text, "evaluate")
+            && n > EVALUATE_MAX
+        {
+            problems.push(format!(
+                "{}: `evaluate` is {n} lines, over {EVALUATE_MAX}: it should read as the stages in order",
+                shown(&f)
+            ));
+        }
+    }
+    Ok(problems)
+}
+
+/// Lines of the top-level function `name` (`fn name` at the start of a line, after an optional
+/// `pub`), through the first closing brace at the start of a line.
+pub fn fn_lines(text: &str, name: &str) -> Option<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.iter().position(|l| {
+        let l = l.strip_prefix("pub ").unwrap_or(l);
+        let l = l.strip_prefix("pub(crate) ").unwrap_or(l);
+        l.strip_prefix("fn ").is_some_and(|rest| {
+            rest.strip_prefix(name)
+                .is_some_and(|r| r.starts_with('(') || r.starts_with('<'))
+        })
+    })?;
+    let end = lines[start..].iter().position(|l| *l == "}")?;
+    Some(end + 1)
+}
+
+/// Removes `//` comments (doc comments included) and `/* */` blocks, and the contents of string
+/// literals, keeping line structure.
+pub fn strip_comments(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let b = text.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                i += 2;
+                while i < b.len() && !(b[i] == b'*' && b.get(i + 1) == Some(&b'/')) {
+                    if b[i] == b'\n' {
+                        out.push('\n');
+                    }
+                    i += 1;
+                }
+                i += 2;
+            }
+            b'"' => {
+                out.push('"');
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    if b[i] == b'\\' {
+                        i += 1;
+                    } else if b[i] == b'\n' {
+                        out.push('\n');
+                    }
+                    i += 1;
+                }
+                out.push('"');
+                i += 1;
+            }
+            // A char literal ('"'), not a lifetime ('a): skip it whole.
+            b'\'' if b.get(i + 2) == Some(&b'\'') || b.get(i + 1) == Some(&b'\\') => {
+                let close = b[i + 1..]
+                    .iter()
+                    .skip(1)
+                    .position(|&c| c == b'\'')
+                    .map_or(b.len(), |p| i + 2 + p);
+                i = close + 1;
+            }
+            c => {
+                out.push(c as char);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The top-level modules a file's code names. `depth`: how deep the file's module is below the
+/// crate root (`quota/env.rs` is 2, `quota/mod.rs` and `status.rs` 1), for `super::` paths.
+pub fn named_modules(code: &str, depth: usize) -> BTreeSet<String> {
+    let tokens = tokenize(code);
+    let mut out = BTreeSet::new();
+    let mut i = 0;
+    while i < tokens.len() {
+        // The path's start: `crate`, or a run of `super` that climbs to the root.
+        let mut j = i;
+        let at_root = if tokens[i] == "crate" {
+            j = i + 1;
+            true
+        } else if tokens[i] == "super" && (i == 0 || tokens[i - 1] != "::") {
+            let mut k = 0;
+            while tokens.get(j) == Some(&"super") {
+                k += 1;
+                j += 1;
+                if tokens.get(j) == Some(&"::") && tokens.get(j + 1) == Some(&"super") {
+                    j += 1;
+                }
+            }
+            k >= depth
+        } else {
+            false
+        };
+        if at_root && tokens.get(j) == Some(&"::") {
+            match tokens.get(j + 1) {
+                Some(&"{") => {
+                    // `crate::{a::b, c, d::{e}}`: the names at depth 1.
+                    let mut d = 0;
+                    let mut expect = true;
+                    for t in &tokens[j + 1..] {
+                        match *t {
+                            "{" => {
+                                d += 1;
+                                if d == 1 {
+                                    expect = true;
+                                }
+                            }
+                            "}" => {
+                                d -= 1;
+                                if d == 0 {
+                                    break;
+                                }
+                            }
+                            "," if d == 1 => expect = true,
+                            t if d == 1 && expect => {
+                                if is_ident(t) && t != "self" {
+                                    out.insert(t.to_string());
+                                }
+                                expect = false;
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                Some(t) if is_ident(t) => {
+                    out.insert((*t).to_string());
+                }
+                _ => {}
+            }
+        }
+        i = j.max(i + 1);
+    }
+    out
+}
+
+fn is_ident(t: &str) -> bool {
+    t.chars()
+        .next()
+        .is_some_and(|c| c.is_alphabetic() || c == '_')
+        && t.chars().all(|c| c.is_alphanumeric() || c == '_')
+}
+
+/// Identifiers, `::`, and single punctuation characters.
+fn tokenize(code: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let b = code.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c.is_ascii_alphanumeric() || c == b'_' {
+            let s = i;
+            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+                i += 1;
+            }
+            out.push(&code[s..i]);
+        } else if c == b':' && b.get(i + 1) == Some(&b':') {
+            out.push("::");
+            i += 2;
+        } else if c.is_ascii_whitespace() || !c.is_ascii() {
+            i += 1;
+        } else {
+            out.push(&code[i..i + 1]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Module -> (module it names -> the first file that names it).
+pub type Graph = BTreeMap<String, BTreeMap<String, PathBuf>>;
+
+/// The graph of the top-level modules of the crate whose `lib.rs` is in `src`.
+pub fn module_graph(src: &Path) -> Result<Graph> {
+    let mut modules = BTreeMap::new();
+    for e in std::fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
+        let p = e?.path();
+        let name = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+        if name == "lib" || name == "main" {
+            continue;
+        }
+        if p.is_dir() || p.extension().is_some_and(|x| x == "rs") {
+            modules.insert(name.to_string(), p);
+        }
+    }
+    let mut graph = Graph::new();
+    for (m, p) in &modules {
+        let files = if p.is_dir() {
+            rust_files(p)?
+        } else {
+            vec![p.clone()]
+        };
+        let edges = graph.entry(m.clone()).or_default();
+        for f in files {
+            // quota/env.rs -> 2; quota/mod.rs -> 1; status.rs -> 1.
+            let below = f.strip_prefix(src).unwrap_or(&f).components().count();
+            let depth = if f.file_stem().is_some_and(|s| s == "mod") {
+                below - 1
+            } else {
+                below
+            };
+            let code = strip_comments(&std::fs::read_to_string(&f)?);
+            for n in named_modules(&code, depth) {
+                if n != *m && modules.contains_key(&n) {
+                    edges.entry(n).or_insert_with(|| f.clone());
+                }
+            }
+        }
+    }
+    Ok(graph)
+}
+
+/// One cycle for each strongly connected component of more than one module, as a path that
+/// returns to its start.
+pub fn cycles(graph: &Graph) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut seen = BTreeSet::new();
+    for start in graph.keys() {
+        if seen.contains(start) {
+            continue;
+        }
+        // A shortest path from a successor of `start` back to `start`, by breadth first search.
+        let mut prev: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([start.as_str()]);
+        let mut found = false;
+        while let Some(v) = queue.pop_front() {
+            for w in graph.get(v).into_iter().flat_map(|e| e.keys()) {
+                if w == start {
+                    prev.insert(start, v);
+                    found = true;
+                    break;
+                }
+                if !prev.contains_key(w.as_str()) {
+                    prev.insert(w, v);
+                    queue.push_back(w);
+                }
+            }
+            if found {
+                break;
+            }
+        }
+        if found {
+            let mut path = vec![start.clone()];
+            let mut v = prev[start.as_str()];
+            while v != start {
+                path.push(v.to_string());
+                v = prev[v];
+            }
+            path.push(start.clone());
+            path.reverse();
+            seen.extend(path.iter().cloned());
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn graph(edges: &[(&str, &str)]) -> Graph {
+        let mut g = Graph::new();
+        for (a, b) in edges {
+            g.entry(a.to_string())
+                .or_default()
+                .insert(b.to_string(), PathBuf::from(a));
+            g.entry(b.to_string()).or_default();
+        }
+        g
+    }
+
+    #[test]
+    fn names_paths_use_groups_and_super_chains_but_not_comments_or_strings() {
+        let code = strip_comments(
+            "use crate::{a::X, b, c::{d::Y}, self};\n\
+             // crate::comment\n/// [`crate::doc`]\n/* crate::block */\n\
+             let s = \"crate::string\"; let c = '\"'; fn f<'a>(x: &'a crate::e::T) {}\n\
+             use super::super::f::Z; use super::g;\n",
+        );
+        let names = named_modules(&code, 2);
+        assert_eq!(
+            names.into_iter().collect::<Vec<_>>(),
+            ["a", "b", "c", "e", "f"],
+            "{code}"
+        );
+        // One level deep, `super::g` climbs to the root.
+        assert!(named_modules("use super::g;", 1).contains("g"));
+        assert!(!named_modules("use super::g;", 2).contains("g"));
+    }
+
+    #[test]
+    fn finds_each_cycle_once_and_none_in_a_dag() {
+        assert!(cycles(&graph(&[("a", "b"), ("b", "c"), ("a", "c")])).is_empty());
+        let c = cycles(&graph(&[("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")]));
+        assert_eq!(c, vec![vec!["a", "b", "c", "a"]]);
+        let two = cycles(&graph(&[("a", "b"), ("b", "a"), ("x", "y"), ("y", "x")]));
+        assert_eq!(two.len(), 2);
+    }
+
+    #[test]
+    fn measures_a_top_level_function() {
+        let text = "x\npub fn evaluate(a: u8) -> u8 {\n    a\n}\nfn other() {}\n";
+        assert_eq!(fn_lines(text, "evaluate"), Some(3));
+        assert_eq!(fn_lines(text, "evaluate_more"), None);
+        assert_eq!(fn_lines("fn evaluate<'a>() {\n}\n", "evaluate"), Some(2));
+    }
+
+    #[test]
+    fn tests_files_are_not_limited() {
+        assert!(is_test_file(Path::new("tests.rs")));
+        assert!(is_test_file(Path::new("tests/ladder.rs")));
+        assert!(!is_test_file(Path::new("ladder.rs")));
+    }
+}
