@@ -6,6 +6,7 @@ mod docker;
 mod enforce;
 mod enforce_loop;
 mod faults;
+mod golden;
 mod isolation;
 mod launch;
 mod ledger;
