@@ -65,6 +65,17 @@ pub struct SuspendRecord {
     pub since_unix: u64,
 }
 
+impl SuspendRecord {
+    /// The pids of the recorded processes that still run (the same process: start time checked).
+    pub fn live_pids(&self) -> Vec<u32> {
+        self.processes
+            .iter()
+            .filter(|id| crate::attribution::procinfo::is_same_process(**id))
+            .map(|id| id.pid)
+            .collect()
+    }
+}
+
 #[derive(Default, serde::Serialize, serde::Deserialize)]
 struct LedgerFile {
     version: u32,
