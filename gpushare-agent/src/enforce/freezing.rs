@@ -3,7 +3,7 @@
 //! (`docker pause`, an operator, a v1 freezer) is left to them; a thaw undoes only a freeze of
 //! ours, and resumes a suspended workload first. Neither waits: what the kernel has not applied
 //! yet is pending, read again by [`Enforcer::settle`]. The root group and any group containing
-//! the agent are never touched ([`Enforcer::check_target`], also used by suspend and kill).
+//! the agent are never touched (`check_target`, also used by suspend and kill).
 
 use std::{path::Path, time::Instant};
 

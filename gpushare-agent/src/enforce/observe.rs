@@ -143,7 +143,7 @@ impl Enforcer {
     }
 
     /// Reads the groups whose freeze or thaw was pending; returns those the kernel now reports
-    /// done. Stops watching a group after [`SETTLE_WATCH`] (the steps keep observing it).
+    /// done. Stops watching a group after `SETTLE_WATCH` (the steps keep observing it).
     pub fn settle(&mut self) -> Vec<Settled> {
         let mut done = Vec::new();
         let mut forget = Vec::new();
