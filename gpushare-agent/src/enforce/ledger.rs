@@ -65,6 +65,17 @@ pub struct SuspendRecord {
     pub since_unix: u64,
 }
 
+impl SuspendRecord {
+    /// The pids of the recorded processes that still run (the same process: start time checked).
+    pub fn live_pids(&self) -> Vec<u32> {
+        self.processes
+            .iter()
+            .filter(|id| crate::attribution::procinfo::is_same_process(**id))
+            .map(|id| id.pid)
+            .collect()
+    }
+}
+
 #[derive(Default, serde::Serialize, serde::Deserialize)]
 struct LedgerFile {
     version: u32,
@@ -263,6 +274,14 @@ mod tests {
         dir
     }
 
+    /// A state directory `name` whose ledger file holds `bytes`.
+    fn with_ledger_file(name: &str, bytes: impl AsRef<[u8]>) -> PathBuf {
+        let dir = tmp(name);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join(LEDGER_FILE), bytes).unwrap();
+        dir
+    }
+
     #[test]
     fn records_survive_a_reopen_and_removals_too() {
         let dir = tmp("reopen");
@@ -278,14 +297,11 @@ mod tests {
 
     #[test]
     fn the_first_format_is_still_read() {
-        let dir = tmp("v1");
-        fs::create_dir_all(&dir).unwrap();
-        fs::write(
-            dir.join(LEDGER_FILE),
+        let dir = with_ledger_file(
+            "v1",
             r#"{"version": 1, "freezes": [{"workload": "docker://x", "cgroup_dir": "/a",
                "freezer": "v2", "frozen_at_unix": 1, "reason": "r"}]}"#,
-        )
-        .unwrap();
+        );
         let (l, w) = FreezeLedger::open(&dir).unwrap();
         assert!(w.is_empty(), "{w:?}");
         let r = l.records().next().unwrap();
@@ -295,15 +311,12 @@ mod tests {
 
     #[test]
     fn fields_of_a_newer_version_are_kept_and_written_back() {
-        let dir = tmp("newer");
-        fs::create_dir_all(&dir).unwrap();
-        fs::write(
-            dir.join(LEDGER_FILE),
+        let dir = with_ledger_file(
+            "newer",
             r#"{"version": 9, "written_by": "gpushare 9", "freezes": [{"workload": "docker://x",
                "cgroup_dir": "/a", "freezer": "v2", "frozen_at_unix": 1, "reason": "r",
                "checkpointed": {"bytes": 5}}]}"#,
-        )
-        .unwrap();
+        );
         let (mut l, w) = FreezeLedger::open(&dir).unwrap();
         assert!(w[0].contains("newer version"), "{w:?}");
         assert_eq!(l.records().count(), 1);
@@ -317,15 +330,13 @@ mod tests {
 
     #[test]
     fn a_byte_that_is_not_utf8_is_replaced_and_every_record_read() {
-        let dir = tmp("utf8");
-        fs::create_dir_all(&dir).unwrap();
         let mut bytes =
             br#"{"version": 2, "freezes": [{"workload": "docker://x", "cgroup_dir": "/a",
                "freezer": "v2", "frozen_at_unix": 1, "reason": "over "#
                 .to_vec();
         bytes.push(0xff);
         bytes.extend_from_slice(br#""}]}"#);
-        fs::write(dir.join(LEDGER_FILE), &bytes).unwrap();
+        let dir = with_ledger_file("utf8", &bytes);
         let (l, w) = FreezeLedger::open(&dir).unwrap();
         assert_eq!(l.records().count(), 1);
         assert!(w[0].contains("not UTF-8"), "{w:?}");
@@ -334,13 +345,7 @@ mod tests {
 
     #[test]
     fn a_corrupt_ledger_is_moved_aside_with_a_located_warning() {
-        let dir = tmp("bad");
-        fs::create_dir_all(&dir).unwrap();
-        fs::write(
-            dir.join(LEDGER_FILE),
-            "{\"version\": 1,\n \"freezes\": [oops]}",
-        )
-        .unwrap();
+        let dir = with_ledger_file("bad", "{\"version\": 1,\n \"freezes\": [oops]}");
         let (mut l, w) = FreezeLedger::open(&dir).unwrap();
         assert!(w[0].contains("freezes.json:2:"), "{w:?}");
         assert_eq!(l.records().count(), 0);

@@ -4,13 +4,13 @@
 //! A ladder's `signal` step must never end a process: most signals (SIGUSR1 included) terminate a
 //! process that has no handler for them. [`send_if_caught`] sends only to a process that catches
 //! the signal (its bit in `SigCgt` of `/proc/<pid>/status`, read through the pinned pid); only a
-//! `kill` step ([`send_verified`]) ends processes.
-
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+//! `kill` step ([`send_verified`]) ends processes. A process whose pidfd the attribution holds
+//! since it was verified is signalled through that pidfd ([`send_to`]).
 
 use anyhow::{Result, bail};
 
-use crate::attribution::{ProcessIdentity, procinfo};
+use super::Target;
+use crate::attribution::{Pidfd, ProcessIdentity, procinfo};
 
 /// Outcome of a signal attempt.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +23,16 @@ pub enum SignalOutcome {
     Reused,
     /// The process does not catch the signal (no handler), which would end it: not signalled.
     NotCaught,
+}
+
+/// Sends `signal` to a target: through the pidfd held since its identity was verified, else as
+/// [`send_verified`] does; with `only_if_caught`, only if it catches `signal`, as
+/// [`send_if_caught`] does.
+pub fn send_to(target: &Target, signal: i32, only_if_caught: bool) -> Result<SignalOutcome> {
+    match &target.pidfd {
+        Some(fd) => send_held(fd, target.identity.pid, signal, only_if_caught),
+        None => send(target.identity, signal, only_if_caught),
+    }
 }
 
 /// Sends `signal` to the process `identity` names, only if it still is that process.
@@ -57,18 +67,33 @@ fn caught_in_mask(mask: &str, signal: i32) -> Result<bool> {
     Ok(mask & (1u64 << (signal - 1)) != 0)
 }
 
-fn send(identity: ProcessIdentity, signal: i32, only_if_caught: bool) -> Result<SignalOutcome> {
-    // SAFETY: plain syscall; the result is a new fd or -1.
-    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, identity.pid as libc::pid_t, 0) };
-    if raw < 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::ESRCH) {
-            return Ok(SignalOutcome::Gone);
-        }
-        bail!("pidfd_open({}): {err}", identity.pid);
+/// Sends through a pidfd held since the process was verified: it is that process while it has not
+/// exited.
+fn send_held(fd: &Pidfd, pid: u32, signal: i32, only_if_caught: bool) -> Result<SignalOutcome> {
+    // /proc/<pid> read before the pidfd is found alive is about its process.
+    let caught = if only_if_caught {
+        catches(pid, signal)
+    } else {
+        Ok(true)
+    };
+    match (fd.has_exited(), caught) {
+        (true, _) => Ok(SignalOutcome::Gone),
+        (false, Ok(false)) => Ok(SignalOutcome::NotCaught),
+        (false, Err(e)) => Err(e),
+        (false, Ok(true)) => match fd.send_signal(signal) {
+            Ok(()) => Ok(SignalOutcome::Sent),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(SignalOutcome::Gone),
+            Err(e) => Err(anyhow::anyhow!("pidfd_send_signal({pid}): {e}")),
+        },
     }
-    // SAFETY: raw is a fresh pidfd nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+}
+
+fn send(identity: ProcessIdentity, signal: i32, only_if_caught: bool) -> Result<SignalOutcome> {
+    let fd = match Pidfd::open(identity.pid) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(SignalOutcome::Gone),
+        Err(e) => bail!("pidfd_open({}): {e}", identity.pid),
+    };
     // The pidfd pins whatever process had the pid when it was opened. If that process has the
     // expected start time now, the pidfd refers to it and to nothing else: no reuse can slip in
     // between this check and the signal.
@@ -89,45 +114,11 @@ fn send(identity: ProcessIdentity, signal: i32, only_if_caught: bool) -> Result<
             Err(e) => return Err(e),
         }
     }
-    // SAFETY: fd is a pidfd; a null siginfo means "as if by kill(2)".
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd(),
-            signal,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    if rc < 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::ESRCH) {
-            return Ok(SignalOutcome::Gone);
-        }
-        bail!("pidfd_send_signal({}, {signal}): {err}", identity.pid);
+    match fd.send_signal(signal) {
+        Ok(()) => Ok(SignalOutcome::Sent),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(SignalOutcome::Gone),
+        Err(e) => bail!("pidfd_send_signal({}, {signal}): {e}", identity.pid),
     }
-    Ok(SignalOutcome::Sent)
-}
-
-/// Parses a signal name (`SIGUSR1`, `USR1`, `usr1`) or number.
-pub fn parse_signal(s: &str) -> Option<i32> {
-    if let Ok(n) = s.parse::<i32>() {
-        return (1..=64).contains(&n).then_some(n);
-    }
-    let up = s.trim().to_ascii_uppercase();
-    let name = up.strip_prefix("SIG").unwrap_or(&up);
-    Some(match name {
-        "HUP" => libc::SIGHUP,
-        "INT" => libc::SIGINT,
-        "QUIT" => libc::SIGQUIT,
-        "KILL" => libc::SIGKILL,
-        "USR1" => libc::SIGUSR1,
-        "USR2" => libc::SIGUSR2,
-        "TERM" => libc::SIGTERM,
-        "STOP" => libc::SIGSTOP,
-        "CONT" => libc::SIGCONT,
-        _ => return None,
-    })
 }
 
 #[cfg(test)]

@@ -116,6 +116,29 @@ pub struct Job {
 }
 
 impl Job {
+    /// Runs `work` on a worker thread of its own (`gpushare-suspend` or `gpushare-resume`).
+    fn start(
+        resuming: bool,
+        per_gpu: BTreeMap<u32, u64>,
+        work: impl FnOnce() -> JobResult + Send + 'static,
+    ) -> Self {
+        let what = if resuming { "resume" } else { "suspend" };
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name(format!("gpushare-{what}"))
+            .spawn(move || {
+                let _ = tx.send(work());
+            })
+            .map_err(|e| warn!("cannot start the {what} worker: {e}"))
+            .ok();
+        Self {
+            resuming,
+            per_gpu,
+            started: Instant::now(),
+            rx,
+        }
+    }
+
     /// The result, once the worker is done.
     pub fn poll(&self) -> Option<JobResult> {
         match self.rx.try_recv() {
@@ -179,15 +202,7 @@ fn container_room(dir: &Path, pid: Option<u32>) -> Option<(u64, String)> {
             format!("the container's memory.max ({})", human(max)),
         ));
     }
-    let pid = pid?;
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let path = text.lines().find_map(|l| {
-        let mut f = l.splitn(3, ':');
-        let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
-        ctrl.split(',')
-            .any(|c| c == "memory")
-            .then(|| path.to_string())
-    })?;
+    let path = super::v1::v1_group_of(pid?, "memory").ok()?;
     let root = freeze::v1_root("memory")?;
     let group = root.join(path.trim_start_matches('/'));
     let limit = read_u64(&group.join("memory.limit_in_bytes"))?;
@@ -248,20 +263,9 @@ pub fn start_suspend(
     targets: Vec<Target>,
     per_gpu: BTreeMap<u32, u64>,
 ) -> Job {
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name("gpushare-suspend".into())
-        .spawn(move || {
-            let _ = tx.send(suspend(&cuda, &dir, freezer, was_frozen, &targets));
-        })
-        .map_err(|e| warn!("cannot start the suspend worker: {e}"))
-        .ok();
-    Job {
-        resuming: false,
-        per_gpu,
-        started: Instant::now(),
-        rx,
-    }
+    Job::start(false, per_gpu, move || {
+        suspend(&cuda, &dir, freezer, was_frozen, &targets)
+    })
 }
 
 fn suspend(
@@ -346,20 +350,7 @@ pub fn start_resume(
     pids: Vec<u32>,
     per_gpu: BTreeMap<u32, u64>,
 ) -> Job {
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name("gpushare-resume".into())
-        .spawn(move || {
-            let _ = tx.send(resume(&cuda, &dir, freezer, &pids));
-        })
-        .map_err(|e| warn!("cannot start the resume worker: {e}"))
-        .ok();
-    Job {
-        resuming: true,
-        per_gpu,
-        started: Instant::now(),
-        rx,
-    }
+    Job::start(true, per_gpu, move || resume(&cuda, &dir, freezer, &pids))
 }
 
 /// Resumes on the calling thread (shutdown, `thaw --all`).

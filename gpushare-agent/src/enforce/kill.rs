@@ -1,0 +1,129 @@
+//! The ladder's signal and kill executors, over the pidfd signals of [`super::signal`]. A `signal`
+//! step never ends a process (one that does not catch the signal is skipped); a `kill` uses
+//! `cgroup.kill` on the workload's v2 root group where it exists, else SIGKILL to each process
+//! (and thaws what the agent froze through the v1 freezer, where tasks die only once thawed).
+
+use std::time::Instant;
+
+use log::{info, warn};
+
+use super::{
+    Enforcer, Outcome, Target,
+    freeze::{self, Freezer},
+    signal::{SignalOutcome, send_to},
+};
+use crate::attribution::ProcessIdentity;
+
+impl Enforcer {
+    /// Sends `sig` to each target. Returns the outcome per process.
+    pub fn signal(
+        &self,
+        workload: &str,
+        targets: &[Target],
+        sig: i32,
+    ) -> Vec<(ProcessIdentity, Outcome)> {
+        self.signal_targets(workload, targets, sig, false)
+    }
+
+    /// A ladder's `signal` step: sends `sig` only to the processes that catch it; the others are
+    /// skipped ([`Outcome::NotCaught`]), since the signal would end them and only a `kill` step may.
+    pub fn signal_step(
+        &self,
+        workload: &str,
+        targets: &[Target],
+        sig: i32,
+    ) -> Vec<(ProcessIdentity, Outcome)> {
+        self.signal_targets(workload, targets, sig, true)
+    }
+
+    fn signal_targets(
+        &self,
+        workload: &str,
+        targets: &[Target],
+        sig: i32,
+        only_if_caught: bool,
+    ) -> Vec<(ProcessIdentity, Outcome)> {
+        targets
+            .iter()
+            .map(|t| {
+                let id = t.identity;
+                if self.dry_run {
+                    info!(
+                        "dry run: would send signal {sig} to {} of {workload}",
+                        id.pid
+                    );
+                    return (id, Outcome::DryRun);
+                }
+                let outcome = match send_to(t, sig, only_if_caught) {
+                    Ok(SignalOutcome::Sent) => {
+                        info!("sent signal {sig} to {} of {workload}", id.pid);
+                        Outcome::Ok
+                    }
+                    Ok(SignalOutcome::Gone) => Outcome::Noop,
+                    Ok(SignalOutcome::NotCaught) => {
+                        let name = crate::quota::SIGNALS
+                            .iter()
+                            .find(|s| s.number == sig)
+                            .map_or(sig.to_string(), |s| s.name.to_string());
+                        info!(
+                            "not signalling {} of {workload}: it does not catch {name}, which \
+                             would end it (only a kill step ends a process)",
+                            id.pid
+                        );
+                        Outcome::NotCaught
+                    }
+                    Ok(SignalOutcome::Reused) => {
+                        warn!(
+                            "not signalling pid {}: it now belongs to another process",
+                            id.pid
+                        );
+                        Outcome::Refused
+                    }
+                    Err(e) => {
+                        warn!("signal {sig} to {} failed: {e:#}", id.pid);
+                        Outcome::Failed
+                    }
+                };
+                (id, outcome)
+            })
+            .collect()
+    }
+
+    /// Kills a workload: `cgroup.kill` on its root v2 group where it exists (a frozen group is
+    /// killed at once), else SIGKILL to each target.
+    pub fn kill(&mut self, workload: &str, rel: &str, targets: &[Target]) -> Outcome {
+        if let Err(e) = self.check_target(rel) {
+            warn!("kill of {workload}: {e:#}");
+            return Outcome::Refused;
+        }
+        if self.dry_run {
+            info!("dry run: would kill {workload}");
+            return Outcome::DryRun;
+        }
+        let dir = self.v2_dir(rel);
+        if dir.join("cgroup.kill").exists() {
+            return match freeze::v2_kill(&dir) {
+                Ok(()) => {
+                    info!("killed {workload} (cgroup.kill on {})", dir.display());
+                    Outcome::Ok
+                }
+                Err(e) => {
+                    warn!("kill of {workload} failed: {e:#}");
+                    Outcome::Failed
+                }
+            };
+        }
+        let results = self.signal(workload, targets, libc::SIGKILL);
+        // v1-frozen tasks only die once thawed.
+        for rec in self.records_of(workload) {
+            if rec.freezer == Freezer::V1 {
+                self.thaw_record(&rec, Instant::now());
+            }
+        }
+        if results.iter().any(|(_, o)| *o == Outcome::Ok) {
+            Outcome::Ok
+        } else {
+            Outcome::Noop
+        }
+    }
+}
