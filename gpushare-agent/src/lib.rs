@@ -22,4 +22,6 @@ pub mod run;
 pub mod sample;
 pub mod snapshot;
 pub mod status;
+pub mod sys;
 pub mod trace;
+pub mod workload;
