@@ -37,7 +37,11 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{FakeDeviceNode, loud_skip, unique, workspace_bin};
+use crate::{
+    FakeDeviceNode, loud_skip,
+    sys::{mountinfo, proc_cgroup},
+    unique, workspace_bin,
+};
 
 /// The test image.
 pub const TEST_IMAGE: &str = "gpushare-test/busybox:1";
@@ -713,11 +717,7 @@ impl Container {
 
     fn find_v2_dir(&self) -> Result<PathBuf> {
         let pid = self.host_pid()?;
-        let text = fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
-        let rel = text
-            .lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .context("no cgroup v2 line")?;
+        let rel = proc_cgroup::v2_path(pid)?.context("no cgroup v2 line")?;
         Ok(crate::cgroup::v2_root()?.join(rel.trim_start_matches('/')))
     }
 
@@ -766,14 +766,9 @@ impl Container {
     /// uses on hosts with a v1 freezer; `None` where there is none (pure cgroup v2).
     pub fn v1_freezer_state(&self) -> Option<String> {
         let pid = self.host_pid().ok()?;
-        let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-        let rel = text.lines().find_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
-            ctrl.split(',').any(|c| c == "freezer").then_some(path)
-        })?;
+        let rel = proc_cgroup::v1_path(pid, "freezer").ok()??;
         fs::read_to_string(
-            v1_freezer_root()?
+            mountinfo::cgroup1_root("freezer")?
                 .join(rel.trim_start_matches('/'))
                 .join("freezer.state"),
         )
@@ -786,18 +781,6 @@ impl Container {
         let id = std::mem::take(&mut self.id);
         remove_container(&id)
     }
-}
-
-/// The v1 freezer mount point (`/sys/fs/cgroup/freezer` on hybrid hosts), if any.
-fn v1_freezer_root() -> Option<PathBuf> {
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mountinfo.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        let mut r = right.split_whitespace();
-        (r.next()? == "cgroup").then_some(())?;
-        r.nth(1)?.split(',').any(|o| o == "freezer").then_some(())?;
-        left.split_whitespace().nth(4).map(PathBuf::from)
-    })
 }
 
 fn remove_container(id: &str) -> Result<()> {

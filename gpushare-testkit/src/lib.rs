@@ -1,6 +1,7 @@
 //! Test support for gpushare: real cgroups, fake nvidia device nodes and fake GPU processes.
 //!
-//! Every fixture cleans up on drop, so a failing test leaves nothing behind.
+//! Every fixture cleans up on drop, so a failing test leaves nothing behind. When a test cannot run
+//! on this machine, [`skip`] says whether it skips loudly or fails.
 #![deny(missing_docs)]
 
 pub mod cgroup;
@@ -8,43 +9,18 @@ pub mod device;
 pub mod docker;
 pub mod nvml;
 pub mod process;
+pub mod skip;
+/// The agent's own `/proc` parsers (mountinfo, `/proc/<pid>/cgroup`): the very files of
+/// `gpushare-agent/src/sys`, compiled here too, so tests and xtask read the kernel as the agent does.
+#[path = "../../gpushare-agent/src/sys/mod.rs"]
+pub mod sys;
 
 pub use cgroup::TestCgroup;
 pub use device::FakeDeviceNode;
 pub use process::FakeGpuProcess;
+pub use skip::{cannot_run, loud_skip, require_root};
 
 use std::path::PathBuf;
-
-/// Whether the test runs as root. When not, prints a loud SKIPPED line; with
-/// `GPUSHARE_REQUIRE_ROOT=1` (set by CI) it panics instead, so CI cannot skip silently.
-pub fn require_root(test: &str) -> bool {
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("GPUSHARE_REQUIRE_ROOT").as_deref() == Ok("1") {
-        panic!("{test} needs root and GPUSHARE_REQUIRE_ROOT=1 is set");
-    }
-    loud_skip(&format!(
-        "{test}: needs root (eBPF, cgroups, mknod). Run the tests as root."
-    ));
-    false
-}
-
-/// For a test this machine cannot run (`why`): a loud SKIPPED line; with `GPUSHARE_REQUIRE_ROOT=1`
-/// (CI, where every test is expected to run) it panics instead, so CI cannot skip silently.
-pub fn cannot_run(test: &str, why: &str) {
-    if std::env::var("GPUSHARE_REQUIRE_ROOT").as_deref() == Ok("1") {
-        panic!("{test}: {why}, and GPUSHARE_REQUIRE_ROOT=1 is set (nothing may be skipped)");
-    }
-    loud_skip(&format!("{test}: {why}"));
-}
-
-/// Prints a SKIPPED banner straight to the process's stderr (libtest would hide `eprintln!` of a
-/// passing test).
-pub fn loud_skip(msg: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "\n!!! SKIPPED {msg} !!!\n");
-}
 
 /// Directory holding the workspace's built binaries (the test executable's `target/<profile>`).
 pub fn target_profile_dir() -> PathBuf {

@@ -29,6 +29,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail, ensure};
+use gpushare_testkit::sys::mountinfo;
 
 const GIB: u64 = 1 << 30;
 const DEVICE_NODE: &str = "/dev/nvidia-gpushare-demo0";
@@ -206,8 +207,8 @@ pub fn run(root: &Path, fast: bool, nvml_lib: PathBuf) -> Result<()> {
         agent_bin: root.join("target/debug/gpushare-agent"),
         fake_proc: root.join("target/debug/gpushare-fake-gpu-proc"),
         nvml_lib,
-        cg_root: cgroup2_root()?,
-        listen: format!("127.0.0.1:{}", free_port()?),
+        cg_root: mountinfo::cgroup2_root().context("no cgroup v2 hierarchy is mounted")?,
+        listen: format!("127.0.0.1:{}", gpushare_testkit::free_port()),
         services: Vec::new(),
         agent: None,
         device_made: false,
@@ -237,30 +238,6 @@ pub fn run(root: &Path, fast: bool, nvml_lib: PathBuf) -> Result<()> {
         }
     }
     result.and(cleanup)
-}
-
-fn cgroup2_root() -> Result<PathBuf> {
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
-    let mut found: Vec<PathBuf> = mountinfo
-        .lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            (right.split_whitespace().next()? == "cgroup2").then_some(())?;
-            let mut f = left.split_whitespace();
-            (f.nth(3)? == "/").then(|| PathBuf::from(f.next().unwrap_or("")))
-        })
-        .collect();
-    found.sort_by_key(|p| p.as_os_str().len());
-    found
-        .into_iter()
-        .next()
-        .context("no cgroup v2 hierarchy is mounted")
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 fn heading(text: &str) {

@@ -171,12 +171,18 @@ fn run(cli: Cli) -> Result<()> {
             let mut cmd = Command::new("cargo");
             cmd.current_dir(&root).args(&test);
             if is_root() {
-                // Tests that need root must not skip quietly where root is available.
+                // Where everything can run (root, as CI), a test that skips fails instead.
+                cmd.env(gpushare_testkit::skip::REQUIRE_ENV, "1");
+                // Read directly by tests/integration/{nvml,prometheus}.rs until they ask
+                // `gpushare_testkit::skip::required()`.
                 cmd.env("GPUSHARE_REQUIRE_ROOT", "1");
+                cmd.env("GPUSHARE_REQUIRE_PYENV", "1");
             } else {
-                skip("the tests that need root (each says SKIPPED above); run as root, as CI does");
+                skip(
+                    "the tests that need root, and any that lacks something (each says SKIPPED \
+                     above); run as root, as CI does",
+                );
             }
-            cmd.env("GPUSHARE_REQUIRE_PYENV", "1");
             run_step(
                 "cargo test",
                 cmd.status()
