@@ -16,8 +16,7 @@
 use std::{
     collections::BTreeMap,
     fs,
-    io::{BufRead, IsTerminal, Read, Write},
-    net::TcpStream,
+    io::{BufRead, IsTerminal},
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
@@ -30,6 +29,8 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 use gpushare_testkit::sys::mountinfo;
+
+use crate::client;
 
 const GIB: u64 = 1 << 30;
 const DEVICE_NODE: &str = "/dev/nvidia-gpushare-demo0";
@@ -263,23 +264,7 @@ fn indent(text: &str) -> String {
 
 /// GET over plain HTTP/1.1; (status, body).
 fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)?;
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .context("malformed HTTP answer")?;
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("malformed HTTP status")?;
-    Ok((code, body.to_string()))
+    client::request(&client::Endpoint::Tcp(addr), "GET", path, None)
 }
 
 /// Current isolation state per workload key, from `gpushare_workload_isolation_state`.

@@ -9,6 +9,10 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+// The agent's own client (the demo speaks only TCP).
+#[allow(dead_code)]
+#[path = "../../gpushare-agent/src/client.rs"]
+mod client;
 mod demo;
 
 #[derive(Parser)]
