@@ -612,26 +612,25 @@ impl Container {
         args.extend_from_slice(cmd);
         let guard = RemoveByName(Some(name.clone()));
         let id = self::docker(&args)?;
-        let mut c = Self {
-            id,
-            name: guard.disarm(),
-            v2_dir: None,
-        };
-        c.v2_dir = c.find_v2_dir().ok();
-        Ok(c)
+        Ok(Self::guarding(guard, id))
     }
 
     /// The container named `name` (already created), as a guard.
     fn adopt(name: String) -> Result<Self> {
         let guard = RemoveByName(Some(name));
         let id = docker(&["inspect", "-f", "{{.Id}}", guard.0.as_deref().unwrap_or("")])?;
+        Ok(Self::guarding(guard, id))
+    }
+
+    /// The container `id` that `guard` removes by name, as a guard by id (its v2 group found now).
+    fn guarding(guard: RemoveByName, id: String) -> Self {
         let mut c = Self {
             id,
             name: guard.disarm(),
             v2_dir: None,
         };
         c.v2_dir = c.find_v2_dir().ok();
-        Ok(c)
+        c
     }
 
     /// Full id.

@@ -740,21 +740,18 @@ impl Demo {
 
     fn start_agent(&mut self) -> Result<()> {
         let log = fs::File::create(self.path("agent.log"))?;
-        let mut cmd = Command::new(&self.agent_bin);
-        cmd.arg("--nvml-lib")
-            .arg(&self.nvml_lib)
-            .arg("--cuda-lib")
+        // Every path (quotas.toml, runtime drop-ins, state, socket) in the demo's directory, as
+        // the tests start it.
+        let mut cmd = gpushare_testkit::agent_command(
+            &self.agent_bin,
+            Some(&self.nvml_lib),
+            &self.path("scenario.json"),
+            &self.dir,
+            &self.listen,
+            self.pace.interval,
+        );
+        cmd.arg("--cuda-lib")
             .arg(self.nvml_lib.with_file_name("libcuda.so.1"))
-            .arg("--quotas")
-            .arg(self.path("quotas.toml"))
-            .arg("--runtime-quotas")
-            .arg(self.path("runtime"))
-            .arg("--state-dir")
-            .arg(self.path("state"))
-            .arg("--socket")
-            .arg(self.path("agent.sock"))
-            .args(["--listen", &self.listen, "--interval", self.pace.interval])
-            .env("GPUSHARE_FAKE_NVML_STATE", self.path("scenario.json"))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -75,18 +75,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Setup => setup(&root, false),
         Cmd::Run { args } => {
             setup(&root, true)?;
-            // The mock NVML optimised too: it runs inside the agent's process in the footprint.
-            cargo(
-                &root,
-                &[
-                    "build",
-                    "--release",
-                    "-p",
-                    "gpushare-agent",
-                    "-p",
-                    "gpushare-fake-nvml",
-                ],
-            )?;
+            build_release(&root)?;
             let bin = root.join("target/release/gpushare-agent");
             let mut cmd = as_root(&bin);
             cmd.args(&args);
@@ -230,18 +219,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench => {
             setup(&root, true)?;
             cargo(&root, &["build"])?;
-            // The mock NVML optimised too: it runs inside the agent's process in the footprint.
-            cargo(
-                &root,
-                &[
-                    "build",
-                    "--release",
-                    "-p",
-                    "gpushare-agent",
-                    "-p",
-                    "gpushare-fake-nvml",
-                ],
-            )?;
+            build_release(&root)?;
             install_fake_nvml(&root)?;
             for (package, bench, _) in BENCHES {
                 step(&format!("bench {package}/{bench}"));
@@ -361,6 +339,21 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
         .args(args)
         .status()?;
     check(status, &format!("cargo {}", args.join(" ")))
+}
+
+/// The agent optimised, and the mock NVML too: it runs inside the agent's process in the footprint.
+fn build_release(root: &Path) -> Result<()> {
+    cargo(
+        root,
+        &[
+            "build",
+            "--release",
+            "-p",
+            "gpushare-agent",
+            "-p",
+            "gpushare-fake-nvml",
+        ],
+    )
 }
 
 fn check(status: std::process::ExitStatus, what: &str) -> Result<()> {
