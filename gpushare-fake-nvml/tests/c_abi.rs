@@ -5,10 +5,9 @@
 
 mod common;
 
-use common::{built_lib, pyenv, rich_scenario, skip_or_fail, write_scenario};
+use common::{built_lib, memory, pyenv, rich_scenario, skip_or_fail, write_scenario};
 use gpushare_fake_nvml::abi;
 use gpushare_fake_nvml::{ENV_VAR, Process, Scenario};
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
@@ -126,16 +125,7 @@ fn expected_output(s: &Scenario) -> String {
     writeln!(out, "driver {}", s.driver_version).unwrap();
     writeln!(out, "count {}", s.devices.len()).unwrap();
     for (i, d) in s.devices.iter().enumerate() {
-        let mut by_pid: BTreeMap<u32, u64> = BTreeMap::new();
-        for p in d.compute_processes.iter().chain(&d.graphics_processes) {
-            if let Some(u) = p.used_memory {
-                let e = by_pid.entry(p.pid).or_default();
-                *e = (*e).max(u);
-            }
-        }
-        let avail = d.memory_total - d.memory_reserved;
-        let used = by_pid.values().sum::<u64>().min(avail);
-        let free = avail - used;
+        let (used, free) = memory(d);
         writeln!(
             out,
             "device {i} uuid={} pci=00000000:{:02X}:00.0 total={} free={free} used={} \

@@ -22,6 +22,21 @@ pub fn lock() -> (MutexGuard<'static, ()>, &'static TestEnv) {
     gpushare_testkit::nvml::lock(ENV_VAR)
 }
 
+/// A device's (used, free) memory as NVML reports it, worked out here, independently of the mock:
+/// each pid counts once (its largest record), and used never exceeds what is not reserved.
+pub fn memory(d: &gpushare_fake_nvml::Device) -> (u64, u64) {
+    let mut by_pid: std::collections::BTreeMap<u32, u64> = Default::default();
+    for p in d.compute_processes.iter().chain(&d.graphics_processes) {
+        if let Some(u) = p.used_memory {
+            let e = by_pid.entry(p.pid).or_default();
+            *e = (*e).max(u);
+        }
+    }
+    let avail = d.memory_total - d.memory_reserved;
+    let used = by_pid.values().sum::<u64>().min(avail);
+    (used, avail - used)
+}
+
 /// A scenario exercising most fields: two healthy devices with compute and graphics processes
 /// (one with unknown usage) and a third with none.
 pub fn rich_scenario() -> Scenario {
