@@ -18,6 +18,22 @@ fn header_dir() -> Option<PathBuf> {
     dir.join("nvml.h").is_file().then_some(dir)
 }
 
+/// NVIDIA's header and a scratch directory with the mock installed in its `lib/`; `None` (after
+/// [`skip_or_fail`]) where the header is missing.
+fn prepared() -> Option<(PathBuf, tempfile::TempDir, PathBuf)> {
+    let Some(header) = header_dir() else {
+        skip_or_fail(&format!(
+            "NVIDIA's nvml.h not found at {}/nvml-header/nvml.h",
+            pyenv().display()
+        ));
+        return None;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let libdir = tmp.path().join("lib");
+    gpushare_fake_nvml::install_into(&built_lib(), &libdir).unwrap();
+    Some((header, tmp, libdir))
+}
+
 /// The -D macros carrying the Rust mirrors' layout into the C static asserts.
 fn rust_layout_defines() -> Vec<String> {
     [
@@ -166,16 +182,9 @@ fn expected_output(s: &Scenario) -> String {
 
 #[test]
 fn c_program_built_against_nvidia_header_agrees_with_the_scenario() {
-    let Some(header) = header_dir() else {
-        skip_or_fail(&format!(
-            "NVIDIA's nvml.h not found at {}/nvml-header/nvml.h",
-            pyenv().display()
-        ));
+    let Some((header, tmp, libdir)) = prepared() else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let libdir = tmp.path().join("lib");
-    gpushare_fake_nvml::install_into(&built_lib(), &libdir).unwrap();
     let good = tmp.path().join("nvml_abi_check");
     let broken = tmp.path().join("nvml_abi_check_broken");
     compile(&header, &libdir, &good, &[]);
@@ -235,16 +244,9 @@ fn c_program_built_against_nvidia_header_agrees_with_the_scenario() {
 
 #[test]
 fn c_program_sees_driver_not_loaded_and_a_located_scenario_error() {
-    let Some(header) = header_dir() else {
-        skip_or_fail(&format!(
-            "NVIDIA's nvml.h not found at {}/nvml-header/nvml.h",
-            pyenv().display()
-        ));
+    let Some((header, tmp, libdir)) = prepared() else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let libdir = tmp.path().join("lib");
-    gpushare_fake_nvml::install_into(&built_lib(), &libdir).unwrap();
     let exe = tmp.path().join("nvml_abi_check");
     compile(&header, &libdir, &exe, &[]);
 

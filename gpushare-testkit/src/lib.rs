@@ -61,6 +61,14 @@ pub fn unique(name: &str) -> String {
     )
 }
 
+/// A private temporary directory named `<prefix><random>`, removed on drop.
+pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("a temporary directory")
+}
+
 /// A free TCP port on loopback.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -251,12 +251,9 @@ mod tests {
 
     impl TempDir {
         fn new(tag: &str) -> Self {
-            Self(
-                tempfile::Builder::new()
-                    .prefix(&format!("gpushare-docker-names-{tag}-"))
-                    .tempdir()
-                    .unwrap(),
-            )
+            Self(gpushare_testkit::temp_dir(&format!(
+                "gpushare-docker-names-{tag}-"
+            )))
         }
 
         /// Writes a container's config file atomically, as the engine does.

@@ -379,12 +379,9 @@ mod tests {
 
     impl TempDir {
         fn new(tag: &str) -> Self {
-            Self(
-                tempfile::Builder::new()
-                    .prefix(&format!("gpushare-runtime-spec-{tag}-"))
-                    .tempdir()
-                    .unwrap(),
-            )
+            Self(gpushare_testkit::temp_dir(&format!(
+                "gpushare-runtime-spec-{tag}-"
+            )))
         }
 
         fn roots(&self) -> SpecRoots {
