@@ -4,6 +4,7 @@
 //! on this machine, [`skip`] says whether it skips loudly or fails.
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod cgroup;
 pub mod device;
 pub mod docker;
