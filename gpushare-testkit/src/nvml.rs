@@ -101,6 +101,22 @@ pub fn built_cdylib(file_name: &str) -> PathBuf {
     lib
 }
 
+/// Runs a mock's installer binary (`bin --from BUILT --to DIR`) and asserts that it succeeded.
+pub fn run_installer(bin: &str, built: &Path, to: &Path) {
+    let out = std::process::Command::new(bin)
+        .arg("--from")
+        .arg(built)
+        .arg("--to")
+        .arg(to)
+        .output()
+        .expect("run the installer");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The scenario file and scratch directory of one test binary of a mock.
 pub struct TestEnv {
     /// A private directory (for `process_memory_dir` and the like).
