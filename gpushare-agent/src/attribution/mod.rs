@@ -176,11 +176,6 @@ impl Attribution {
         &self.stats
     }
 
-    /// The cgroup resolver.
-    pub fn resolver_mut(&mut self) -> &mut CgroupResolver {
-        &mut self.resolver
-    }
-
     /// Applies one kernel event.
     pub fn apply(&mut self, ev: &KernelEvent) -> Change {
         *self.stats.events.entry(ev.kind.name()).or_default() += 1;
