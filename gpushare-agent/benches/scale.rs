@@ -201,17 +201,11 @@ fn scenario_of(procs: &Procs) -> Scenario {
 
 /// A fresh agent directory whose quotas.toml gives each workload group under `parent` 4 GiB.
 fn agent_dir(tag: &str, parent: &TestCgroup) -> PathBuf {
-    let dir = std::env::temp_dir().join(unique(tag));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("quotas.toml"),
-        format!(
-            "[[quota]]\ncgroup = \"{}/*\"\ngpu_memory = \"4GiB\"\n",
-            parent.rel_path()
-        ),
-    )
-    .unwrap();
-    dir
+    let quotas = format!(
+        "[[quota]]\ncgroup = \"{}/*\"\ngpu_memory = \"4GiB\"\n",
+        parent.rel_path()
+    );
+    gpushare_testkit::agent_dir(tag, &quotas)
 }
 
 fn spawn_gpu_procs(n: usize, node: &std::path::Path, cgs: &[TestCgroup]) -> Procs {

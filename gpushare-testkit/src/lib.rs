@@ -78,6 +78,15 @@ pub fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// A fresh private directory for an agent started with [`agent_command`]: `quotas.toml` holding
+/// `quotas`, `quotas.d/` created; named `<tag>-<pid>-<n>` under the temporary directory.
+pub fn agent_dir(tag: &str, quotas: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(unique(tag));
+    std::fs::create_dir_all(dir.join("quotas.d")).expect("an agent directory");
+    std::fs::write(dir.join("quotas.toml"), quotas).expect("quotas.toml");
+    dir
+}
+
 /// The agent binary's command line for tests and benchmarks: the mock NVML at `nvml_lib` with its
 /// scenario at `scenario`, and every path (quotas.toml, runtime drop-ins, state, socket) inside `dir`.
 pub fn agent_command(
