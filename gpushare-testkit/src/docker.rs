@@ -38,7 +38,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    FakeDeviceNode, loud_skip,
+    FakeDeviceNode,
     sys::{mountinfo, proc_cgroup},
     unique, workspace_bin,
 };
@@ -98,7 +98,7 @@ static LOCKS: Mutex<Option<(File, File)>> = Mutex::new(None);
 
 /// The Docker engine and the test image, set up once per test process. When Docker cannot be used
 /// (not root, no `docker`/`dockerd`, the daemon does not start) prints a loud SKIPPED line and
-/// returns `None`; with `GPUSHARE_REQUIRE_ROOT=1` (CI) it panics instead.
+/// returns `None`; with `GPUSHARE_REQUIRE=1` (CI) it panics instead ([`crate::skip`]).
 pub fn require_docker(test: &str) -> Option<&'static Docker> {
     if !crate::require_root(test) {
         return None;
@@ -106,10 +106,7 @@ pub fn require_docker(test: &str) -> Option<&'static Docker> {
     match SETUP.get_or_init(|| setup().map_err(|e| format!("{e:#}"))) {
         Ok(d) => Some(d),
         Err(e) => {
-            if std::env::var("GPUSHARE_REQUIRE_ROOT").as_deref() == Ok("1") {
-                panic!("{test} needs Docker and GPUSHARE_REQUIRE_ROOT=1 is set, but: {e}");
-            }
-            loud_skip(&format!("{test}: Docker cannot be used here: {e}"));
+            crate::cannot_run(test, &format!("Docker cannot be used here: {e}"));
             None
         }
     }
