@@ -1,5 +1,5 @@
 //! What the kernel tells every process about itself through `/proc`, parsed once:
-//! [`mountinfo`] (where a filesystem or cgroup hierarchy is mounted) and [`proc_cgroup`] (which
+//! [`mountinfo`](crate::sys::mountinfo) (where a filesystem or cgroup hierarchy is mounted) and [`proc_cgroup`](crate::sys::proc_cgroup) (which
 //! cgroup a process is in).
 //!
 //! Both files use only `std`, so the test kit (and through it xtask) compiles the very same files
