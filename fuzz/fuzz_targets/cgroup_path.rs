@@ -6,23 +6,26 @@
 #![no_main]
 
 use gpushare_agent::{
-    attribution::{
-        WorkloadKind,
-        cgroupfs::{cgroup2_mount_from_mountinfo, v2_path_from_proc_cgroup},
-        parse_cgroup_path,
-    },
     quota::WorkloadMeta,
+    sys::{mountinfo, proc_cgroup},
+    workload::{WorkloadKind, parse_cgroup_path},
 };
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     check_path(&text);
-    if let Some(path) = v2_path_from_proc_cgroup(&text) {
+    if let Some(path) = proc_cgroup::v2_path_in(&text) {
         assert!(!path.contains('\n'), "{path:?}");
         check_path(&path);
     }
-    if let Some(mount) = cgroup2_mount_from_mountinfo(&text) {
+    if let Some(path) = proc_cgroup::v1_path_in(&text, "freezer") {
+        assert!(!path.contains('\n'), "{path:?}");
+    }
+    if let Some(mount) = mountinfo::cgroup2_mount(&text) {
+        assert!(!mount.as_os_str().is_empty());
+    }
+    if let Some(mount) = mountinfo::cgroup1_mount(&text, "freezer") {
         assert!(!mount.as_os_str().is_empty());
     }
 });

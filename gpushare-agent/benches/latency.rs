@@ -52,16 +52,13 @@ fn main() {
     let mut proc_ = FakeGpuProcess::spawn(Some(&cg), &[node.path()], &[]).unwrap();
     let pid = proc_.pid();
     let sc = Scenario::create(&scenario(pid, GIB)).unwrap();
-    let dir = std::env::temp_dir().join(unique("lat-agent"));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("quotas.toml"),
-        format!(
+    let dir = gpushare_testkit::agent_dir(
+        "lat-agent",
+        &format!(
             "[defaults]\ngrace = \"0s\"\nladder = [ {{ action = \"freeze\" }} ]\n\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"2GiB\"\n",
             cg.rel_path()
         ),
-    )
-    .unwrap();
+    );
     let quick = std::env::var_os("GPUSHARE_BENCH_QUICK").is_some();
     let rounds = if quick { 3 } else { 20 };
     let listen = format!("127.0.0.1:{}", gpushare_testkit::free_port());

@@ -15,11 +15,7 @@ const ITERS: usize = 30;
 
 /// `GPUSHARE_BENCH_QUICK=1`: a few iterations, figures not to be judged (a smoke run).
 fn iters() -> usize {
-    if std::env::var_os("GPUSHARE_BENCH_QUICK").is_some() {
-        3
-    } else {
-        ITERS
-    }
+    gpushare_testkit::bench::iters(ITERS, 3)
 }
 
 fn main() {

@@ -445,9 +445,7 @@ impl RunningAgent {
         let scenario =
             gpushare_testkit::nvml::Scenario::create(&serde_json::json!({ "devices": [] }))
                 .unwrap_or_else(|e| fail(&format!("mock NVML scenario: {e:#}")));
-        let dir = std::env::temp_dir().join(unique("overhead-agent"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("quotas.toml"), "").unwrap();
+        let dir = gpushare_testkit::agent_dir("overhead-agent", "");
         let listen = format!("127.0.0.1:{}", gpushare_testkit::free_port());
         let child =
             gpushare_testkit::agent_command(bin, Some(&lib), scenario.path(), &dir, &listen, "1s")

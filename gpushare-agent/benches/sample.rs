@@ -5,8 +5,6 @@
 //! Run: `cargo bench -p gpushare-agent --bench sample` (after `cargo build`), or `cargo xtask bench`.
 //! `GPUSHARE_BENCH_QUICK=1`: a few iterations, figures not to be judged (a smoke run).
 
-use std::time::Instant;
-
 use gpushare_agent::nvml::NvmlSampler;
 use gpushare_testkit::nvml::{SCENARIO_ENV, Scenario};
 use serde_json::json;
@@ -16,11 +14,7 @@ const PROCS: usize = 64;
 const ITERS: usize = 2_000;
 
 fn iters() -> usize {
-    if std::env::var_os("GPUSHARE_BENCH_QUICK").is_some() {
-        20
-    } else {
-        ITERS
-    }
+    gpushare_testkit::bench::iters(ITERS, 20)
 }
 
 fn main() {
@@ -91,14 +85,6 @@ fn main() {
     );
 }
 
-fn time(mut f: impl FnMut()) -> f64 {
-    let mut v: Vec<f64> = (0..iters())
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64() * 1e6
-        })
-        .collect();
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+fn time(f: impl FnMut()) -> f64 {
+    gpushare_testkit::bench::median_us(iters(), f)
 }

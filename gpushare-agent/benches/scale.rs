@@ -15,6 +15,7 @@
 //! `GPUSHARE_BENCH_QUICK=1`: small sizes and a short window, figures not to be judged.
 
 use std::{
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -25,6 +26,7 @@ use gpushare_agent::{
 };
 use gpushare_testkit::{
     FakeDeviceNode, TestCgroup,
+    bench::{median_us, quick},
     nvml::{SCENARIO_ENV, Scenario},
     unique,
 };
@@ -84,10 +86,6 @@ fn mock_nvml() -> std::path::PathBuf {
     lib
 }
 
-fn quick() -> bool {
-    std::env::var_os("GPUSHARE_BENCH_QUICK").is_some()
-}
-
 /// One agent step (sample through the mock, attribute, decide, publish) as processes and workloads
 /// grow, in-process, median over 20 steps.
 fn per_sample_cost() {
@@ -124,36 +122,11 @@ fn per_sample_cost() {
         .ok()
         .and_then(|v| v.parse().ok());
     for &(procs_n, workloads_n) in sizes.iter().filter(|(p, _)| only.is_none_or(|o| o == *p)) {
-        let parent = TestCgroup::create(&unique("step")).unwrap();
-        let cgs: Vec<TestCgroup> = (0..workloads_n)
-            .map(|i| {
-                TestCgroup::create_at(
-                    &root,
-                    &format!("{}/w{i}", parent.rel_path().trim_start_matches('/')),
-                )
-                .unwrap()
-            })
-            .collect();
+        let (parent, cgs) = workload_groups(&root, "step", workloads_n);
         let procs = spawn_gpu_procs(procs_n, node.path(), &cgs);
-        let devices: Vec<_> = (0..8)
-            .map(|d| {
-                let list: Vec<_> = procs.0.iter().enumerate().filter(|(i, _)| i % 8 == d)
-                    .map(|(_, c)| json!({ "pid": c.id(), "used_memory": 256u64 << 20 })).collect();
-                json!({ "uuid": format!("GPU-{d}"), "name": "NVIDIA Fake", "memory_total": 80u64 << 30, "compute_processes": list })
-            })
-            .collect();
-        let sc = Scenario::create(&json!({ "devices": devices })).unwrap();
+        let sc = scenario_of(&procs);
         unsafe { std::env::set_var(SCENARIO_ENV, sc.path()) };
-        let dir = std::env::temp_dir().join(unique("step-agent"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("quotas.toml"),
-            format!(
-                "[[quota]]\ncgroup = \"{}/*\"\ngpu_memory = \"4GiB\"\n",
-                parent.rel_path()
-            ),
-        )
-        .unwrap();
+        let dir = agent_dir("step-agent", &parent);
         let tracker = Tracker::procfs_only(CgroupResolver::new(root.clone()), "bench".into());
         let snapshot: SharedSnapshot = Arc::default();
         let metrics = Arc::new(Metrics::new(snapshot.clone(), Compat::None));
@@ -197,6 +170,42 @@ fn per_sample_cost() {
         drop(procs);
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// A new parent group (`<tag>-...`) with `n` workload groups `w0`, `w1`, ... under it.
+fn workload_groups(root: &Path, tag: &str, n: usize) -> (TestCgroup, Vec<TestCgroup>) {
+    let parent = TestCgroup::create(&unique(tag)).unwrap();
+    let rel = parent.rel_path().trim_start_matches('/').to_string();
+    let cgs = (0..n)
+        .map(|i| TestCgroup::create_at(root, &format!("{rel}/w{i}")).unwrap())
+        .collect();
+    (parent, cgs)
+}
+
+/// The mock's scenario: 8 GPUs of 80 GiB, the processes dealt out in turn, 256 MiB each.
+fn scenario_of(procs: &Procs) -> Scenario {
+    let devices: Vec<_> = (0..8)
+        .map(|d| {
+            let list: Vec<_> = procs
+                .0
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % 8 == d)
+                .map(|(_, c)| json!({ "pid": c.id(), "used_memory": 256u64 << 20 }))
+                .collect();
+            json!({ "uuid": format!("GPU-{d}"), "name": "NVIDIA Fake", "memory_total": 80u64 << 30, "compute_processes": list })
+        })
+        .collect();
+    Scenario::create(&json!({ "devices": devices })).unwrap()
+}
+
+/// A fresh agent directory whose quotas.toml gives each workload group under `parent` 4 GiB.
+fn agent_dir(tag: &str, parent: &TestCgroup) -> PathBuf {
+    let quotas = format!(
+        "[[quota]]\ncgroup = \"{}/*\"\ngpu_memory = \"4GiB\"\n",
+        parent.rel_path()
+    );
+    gpushare_testkit::agent_dir(tag, &quotas)
 }
 
 fn spawn_gpu_procs(n: usize, node: &std::path::Path, cgs: &[TestCgroup]) -> Procs {
@@ -285,8 +294,8 @@ fn attribution_cost() {
             procfs(&pids),
             "both methods must find the same workloads"
         );
-        let t = median_us(|| std::hint::black_box(table(&pids)));
-        let p = median_us(|| std::hint::black_box(procfs(&pids)));
+        let t = median_us(5, || table(&pids));
+        let p = median_us(5, || procfs(&pids));
         println!("{n:>8} {t:>22.1} {p:>26.1} {:>7.0}x", p / t);
     }
     let k = tracker.kernel_counters();
@@ -355,18 +364,6 @@ fn footprint_once(
     )
 }
 
-fn median_us(mut f: impl FnMut() -> usize) -> f64 {
-    let mut v: Vec<f64> = (0..5)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64() * 1e6
-        })
-        .collect();
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[2]
-}
-
 fn footprint() {
     let (procs_n, workloads_n, secs) = if quick() {
         (100, 20, 3)
@@ -398,41 +395,11 @@ fn footprint() {
         std::process::exit(1);
     }
     let node = FakeDeviceNode::create(&unique("foot")).unwrap();
-    let parent = TestCgroup::create(&unique("foot")).unwrap();
     let root = cgroupfs::find_cgroup2_mount().unwrap();
-    let cgs: Vec<TestCgroup> = (0..workloads_n)
-        .map(|i| {
-            TestCgroup::create_at(
-                &root,
-                &format!("{}/w{i}", parent.rel_path().trim_start_matches('/')),
-            )
-            .unwrap()
-        })
-        .collect();
+    let (parent, cgs) = workload_groups(&root, "foot", workloads_n);
     let procs = spawn_gpu_procs(procs_n, node.path(), &cgs);
-    let devices: Vec<_> = (0..8)
-        .map(|d| {
-            let list: Vec<_> = procs
-                .0
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| i % 8 == d)
-                .map(|(_, c)| json!({ "pid": c.id(), "used_memory": 256u64 << 20 }))
-                .collect();
-            json!({ "uuid": format!("GPU-{d}"), "name": "NVIDIA Fake", "memory_total": 80u64 << 30, "compute_processes": list })
-        })
-        .collect();
-    let sc = Scenario::create(&json!({ "devices": devices })).unwrap();
-    let dir = std::env::temp_dir().join(unique("foot-agent"));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("quotas.toml"),
-        format!(
-            "[[quota]]\ncgroup = \"{}/*\"\ngpu_memory = \"4GiB\"\n",
-            parent.rel_path()
-        ),
-    )
-    .unwrap();
+    let sc = scenario_of(&procs);
+    let dir = agent_dir("foot-agent", &parent);
     let mut cpu_pct: Vec<Vec<f64>> = vec![Vec::new(); bins.len()];
     let mut rss = vec![(0.0, 0.0); bins.len()];
     for round in 0..rounds {

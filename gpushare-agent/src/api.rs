@@ -20,7 +20,7 @@ use axum::{
 use log::{info, warn};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::metrics::{Metrics, SharedSnapshot};
+use crate::metrics::{Metrics, SharedSnapshot, latest};
 
 /// Default TCP address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9402";
@@ -136,11 +136,7 @@ async fn metrics(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
 }
 
 async fn healthz(State(ctx): State<Ctx>) -> Response {
-    let snap = ctx
-        .snapshot
-        .read()
-        .map(|s| Arc::clone(&s))
-        .unwrap_or_default();
+    let snap = latest(&ctx.snapshot);
     let h = &snap.health;
     let body = serde_json::json!({
         "ready": h.ready,
@@ -158,11 +154,7 @@ async fn healthz(State(ctx): State<Ctx>) -> Response {
 }
 
 async fn state(State(ctx): State<Ctx>) -> Response {
-    let snap = ctx
-        .snapshot
-        .read()
-        .map(|s| Arc::clone(&s))
-        .unwrap_or_default();
+    let snap = latest(&ctx.snapshot);
     Json(snap.as_ref().clone()).into_response()
 }
 

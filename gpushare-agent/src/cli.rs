@@ -4,6 +4,8 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::quota::parse_nonzero_duration;
+
 /// gpushare node agent: attributes GPU processes to containers with eBPF and enforces per-container
 /// GPU-memory quotas.
 #[derive(Debug, Parser)]
@@ -73,25 +75,21 @@ pub enum Command {
     Launch(Box<crate::launch::LaunchArgs>),
 }
 
-/// Default main quota file.
-pub const DEFAULT_QUOTAS: &str = "/etc/gpushare/quotas.toml";
-/// Default HTTP address.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:9402";
-/// Default local socket.
-pub const DEFAULT_SOCKET: &str = "/run/gpushare/agent.sock";
+pub use crate::{
+    api::{DEFAULT_LISTEN, DEFAULT_SOCKET},
+    quota::file::{DEFAULT_QUOTAS, RUNTIME_QUOTAS_DIR},
+};
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpushare";
-/// Runtime quota drop-ins (written by `launch`).
-pub const RUNTIME_QUOTAS_DIR: &str = "/run/gpushare/quotas.d";
 
 /// Options of a running agent.
 #[derive(Clone, Debug, Args)]
 pub struct RunArgs {
     /// How often NVML is sampled, e.g. `1s`, `500ms`.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_nonzero_duration)]
     pub interval: Duration,
     /// How often the GPU task table is reconciled against /proc and the kernel's table.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_nonzero_duration)]
     pub reconcile_interval: Duration,
     /// Path of libnvidia-ml to load (default: the system's libnvidia-ml.so.1).
     #[arg(long, value_name = "PATH")]
@@ -104,7 +102,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_ebpf: bool,
     /// Least time between two allocation events of one GPU task.
-    #[arg(long, default_value = "20ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "20ms", value_parser = parse_nonzero_duration)]
     pub alloc_event_min_interval: Duration,
     /// Main quota file; its sibling `quotas.d/*.toml` and /run/gpushare/quotas.d are read too.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_QUOTAS)]
@@ -132,33 +130,9 @@ pub struct RunArgs {
     pub compat: Option<String>,
 }
 
-/// Parses a duration flag: `250ms`, `1s`, `1.5s`, `2m`; a bare number is rejected as ambiguous,
-/// and zero is refused. The one grammar for flags, quota files and `launch`:
-/// [`crate::quota::duration`].
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    crate::quota::duration::parse_nonzero_duration(s)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_need_a_unit_and_a_sane_value() {
-        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("5").unwrap_err().contains("no unit"));
-        assert!(
-            parse_duration("5parsecs")
-                .unwrap_err()
-                .contains("unknown unit")
-        );
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("").is_err());
-        assert!(parse_duration("1..2s").is_err());
-    }
 
     #[test]
     fn default_invocation_runs_the_agent_with_documented_defaults() {

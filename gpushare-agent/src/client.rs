@@ -1,17 +1,28 @@
-//! A minimal HTTP/1.1 client for the agent's own endpoints (`status`, `release`), over TCP or the
-//! local Unix socket. One request per connection (`Connection: close`); no TLS, no redirects: the
-//! server is the agent on this node. Small enough that a general-purpose client crate would be all
-//! weight and no gain (none of the well-kept ones speaks HTTP over a Unix socket without a runtime).
+//! The HTTP/1.1 client for the agent's own endpoints (`status`, `release`, the tests, the benches
+//! and xtask's demo), over TCP or the local Unix socket, on the hyper that axum already links.
+//!
+//! One request per connection, blocking for the caller: each call runs on a small current-thread
+//! runtime of its own and gives up after [`TIMEOUT`]. No TLS, no redirects: the server is the agent
+//! on this node. Uses no other module of the agent, so xtask (which must build before the agent
+//! can) compiles this same file.
 
-use std::{
-    io::{Read, Write},
-    net::TcpStream,
-    os::unix::net::UnixStream,
-    path::Path,
-    time::Duration,
+use std::{path::Path, time::Duration};
+
+use anyhow::{Context, Result};
+use http_body_util::{BodyExt, Full};
+use hyper::{
+    Request,
+    body::Bytes,
+    header::{CONNECTION, CONTENT_TYPE, HOST},
+};
+use hyper_util::rt::TokioIo;
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::{TcpStream, UnixStream},
 };
 
-use anyhow::{Context, Result, bail};
+/// The longest one request may take, connecting included.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the agent is.
 #[derive(Clone, Debug)]
@@ -22,92 +33,104 @@ pub enum Endpoint<'a> {
     Unix(&'a Path),
 }
 
-/// Sends one request; returns (status code, body).
+/// Sends one request (a JSON `body`, if any); returns (status code, body). Must not be called
+/// from within an async runtime.
 pub fn request(
     ep: &Endpoint<'_>,
     method: &str,
     path: &str,
     body: Option<&str>,
 ) -> Result<(u16, String)> {
-    let body = body.unwrap_or("");
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: gpushare\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let raw = match ep {
-        Endpoint::Tcp(addr) => {
-            let mut s =
-                TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-            s.set_read_timeout(Some(Duration::from_secs(10)))?;
-            s.write_all(req.as_bytes())?;
-            read_all(&mut s)?
-        }
-        Endpoint::Unix(p) => {
-            let mut s =
-                UnixStream::connect(p).with_context(|| format!("connecting to {}", p.display()))?;
-            s.set_read_timeout(Some(Duration::from_secs(10)))?;
-            s.write_all(req.as_bytes())?;
-            read_all(&mut s)?
-        }
-    };
-    parse_response(&raw)
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(HOST, "gpushare")
+        .header(CONNECTION, "close")
+        .header(CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.unwrap_or("").to_owned())))
+        .context("building the request")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .context("starting the client's runtime")?;
+    rt.block_on(async {
+        let exchange = async {
+            match ep {
+                Endpoint::Tcp(addr) => {
+                    let s = TcpStream::connect(addr)
+                        .await
+                        .with_context(|| format!("connecting to {addr}"))?;
+                    exchange(s, req).await
+                }
+                Endpoint::Unix(p) => {
+                    let s = UnixStream::connect(p)
+                        .await
+                        .with_context(|| format!("connecting to {}", p.display()))?;
+                    exchange(s, req).await
+                }
+            }
+        };
+        tokio::time::timeout(TIMEOUT, exchange)
+            .await
+            .with_context(|| format!("no answer within {TIMEOUT:?}"))?
+    })
 }
 
-fn read_all(r: &mut impl Read) -> Result<Vec<u8>> {
-    let mut buf = Vec::new();
-    r.read_to_end(&mut buf)?;
-    Ok(buf)
-}
-
-/// Splits a raw HTTP/1.1 response into status and body (handles chunked bodies).
-pub fn parse_response(raw: &[u8]) -> Result<(u16, String)> {
-    let text = String::from_utf8_lossy(raw);
-    let Some((head, body)) = text.split_once("\r\n\r\n") else {
-        bail!("malformed HTTP response")
-    };
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .context("malformed HTTP status line")?;
-    let chunked = head.lines().any(|l| {
-        let l = l.to_ascii_lowercase();
-        l.starts_with("transfer-encoding:") && l.contains("chunked")
-    });
-    let body = if chunked {
-        dechunk(body)?
-    } else {
-        body.to_string()
-    };
-    Ok((status, body))
-}
-
-fn dechunk(mut s: &str) -> Result<String> {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = s.split_once("\r\n").context("malformed chunk")?;
-        let n = usize::from_str_radix(size.trim(), 16).context("malformed chunk size")?;
-        if n == 0 {
-            return Ok(out);
-        }
-        if rest.len() < n {
-            bail!("truncated chunk");
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
-    }
+async fn exchange(
+    stream: impl AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    req: Request<Full<Bytes>>,
+) -> Result<(u16, String)> {
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .context("HTTP handshake")?;
+    // The connection is driven beside the request; it ends when the server closes it.
+    let conn = tokio::spawn(conn);
+    let resp = sender
+        .send_request(req)
+        .await
+        .context("sending the request")?;
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .context("reading the answer")?
+        .to_bytes();
+    drop(sender);
+    let _ = conn.await;
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::{
+        io::{Read, Write},
+        net::TcpListener,
+    };
+
     use super::*;
 
+    /// Serves `raw` as the answer to one request on a loopback port.
+    fn serve_once(raw: &'static [u8]) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(raw);
+        });
+        addr
+    }
+
     #[test]
-    fn parses_plain_and_chunked_responses() {
+    fn reads_plain_and_chunked_answers() {
+        let get = |raw| request(&Endpoint::Tcp(&serve_once(raw)), "GET", "/x", None);
         let plain = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi";
-        assert_eq!(parse_response(plain).unwrap(), (200, "hi".into()));
+        assert_eq!(get(plain).unwrap(), (200, "hi".into()));
         let chunked = b"HTTP/1.1 404 Not Found\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
-        assert_eq!(parse_response(chunked).unwrap(), (404, "abcde".into()));
-        assert!(parse_response(b"garbage").is_err());
+        assert_eq!(get(chunked).unwrap(), (404, "abcde".into()));
+        assert!(get(b"garbage").is_err());
     }
 }

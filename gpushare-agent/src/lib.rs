@@ -1,8 +1,38 @@
 //! gpushare-agent: attributes GPU processes to containers (eBPF, with a /proc fallback), samples
 //! their GPU memory through NVML, and enforces per-workload quotas.
 //!
-//! Data flows one way: kernel events and `/proc` feed [`attribution`]; [`nvml`] samples memory;
-//! [`run`] ties them to the clock and to signals. See `docs/architecture.md`.
+//! Modules by layer; each uses only modules of the layers above it (no import circles), and data
+//! flows down this list. See `docs/architecture.md`.
+//!
+//! Foundations (no other module of the agent):
+//! - [`workload`]: cgroup path -> workload identity and root cgroup (pure).
+//! - [`sample`]: what one NVML sample saw (plain data).
+//! - [`sys`]: `/proc/self/mountinfo` and `/proc/<pid>/cgroup`, parsed once.
+//! - [`ebpf`]: loading the kernel programs, draining their ring buffer and counters.
+//! - [`cuda`]: the CUDA checkpoint driver API, loaded at run time for `suspend`.
+//! - [`client`]: the HTTP client of `status`, `release` and the tests.
+//!
+//! Sources:
+//! - [`trace`]: the timeline of the last allocation-triggered reaction.
+//! - [`nvml`]: GPU memory per process from NVML.
+//! - [`quota`]: quota files, environment quotas, selectors, sizes and durations (pure).
+//! - [`attribution`]: which workload each GPU task belongs to (eBPF events, `/proc`).
+//!
+//! Deciding and acting:
+//! - [`policy`]: the pure policy core: state, samples, quotas -> state, actions.
+//! - [`enforce`]: executors of the policy's actions (freeze, suspend, signal, kill).
+//! - [`launch`]: `gpushare-agent launch`, a command run with a GPU-memory reservation.
+//!
+//! Reporting:
+//! - [`snapshot`]: the agent's state as readers see it, rebuilt after each step.
+//! - [`metrics`]: `/metrics`, encoded from the latest snapshot.
+//! - [`status`]: the `status` table and the `check` listing (pure renderings).
+//! - [`api`]: the HTTP endpoints and the local socket.
+//!
+//! The agent:
+//! - [`agent`]: one step, observe, decide, act, publish.
+//! - [`run`]: the event loop: when the agent steps (timers, kernel events, signals, reloads).
+//! - [`cli`]: the command-line flags.
 #![deny(missing_docs)]
 
 pub mod agent;
@@ -22,4 +52,6 @@ pub mod run;
 pub mod sample;
 pub mod snapshot;
 pub mod status;
+pub mod sys;
 pub mod trace;
+pub mod workload;

@@ -16,6 +16,11 @@ use crate::snapshot::{Snapshot, WorkloadView};
 /// The latest snapshot, shared between the agent loop (writer) and readers.
 pub type SharedSnapshot = Arc<RwLock<Arc<Snapshot>>>;
 
+/// The latest published snapshot (an empty one if a writer panicked while holding the lock).
+pub fn latest(shared: &SharedSnapshot) -> Arc<Snapshot> {
+    shared.read().map(|s| Arc::clone(&s)).unwrap_or_default()
+}
+
 /// Every isolation state a workload can be in; one series per state.
 pub const ISOLATION_STATES: &[&str] = &[
     "ok",
@@ -165,11 +170,7 @@ fn workload_labels(w: &WorkloadView) -> Labels {
 
 impl Collector for SnapshotCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let snap = self
-            .snapshot
-            .read()
-            .map(|s| Arc::clone(&s))
-            .unwrap_or_default();
+        let snap = latest(&self.snapshot);
         let gpu_labels = |g: &crate::snapshot::GpuView| -> Labels {
             vec![
                 ("gpu_uuid", g.uuid.clone()),

@@ -13,8 +13,7 @@ use std::{
 };
 
 use crate::{
-    agent::workloads::NameCache,
-    attribution::{Attribution, ProcessIdentity},
+    attribution::{Attribution, ProcessIdentity, names::NameCache},
     policy::{AttributedProcess, GpuScope, PolicyState, Retry, Transition},
     sample::GpuSample,
 };

@@ -3,22 +3,14 @@
 
 use std::fmt::Write as _;
 
-use crate::{quota::QuotaRow, snapshot::Snapshot};
+use crate::{
+    quota::{ByteSize, QuotaRow},
+    snapshot::Snapshot,
+};
 
-/// Bytes as `12.3 GiB`.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+/// Bytes as `12.3 GiB`: [`ByteSize::approx`], the one rounded form.
+fn human_bytes(b: u64) -> String {
+    ByteSize(b).approx()
 }
 
 fn human_secs(s: f64) -> String {

@@ -20,6 +20,22 @@ fn header_dir() -> Option<PathBuf> {
     (dir.join("cuda.h").is_file() && dir.join("cudaTypedefs.h").is_file()).then_some(dir)
 }
 
+/// NVIDIA's header and a scratch directory with the mock installed in its `lib/`; `None` (after
+/// [`skip_or_fail`]) where the header is missing.
+fn prepared() -> Option<(PathBuf, tempfile::TempDir, PathBuf)> {
+    let Some(header) = header_dir() else {
+        skip_or_fail(&format!(
+            "NVIDIA's cuda.h not found at {}/cuda-header/",
+            pyenv().display()
+        ));
+        return None;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let libdir = tmp.path().join("lib");
+    gpushare_fake_cuda::install_into(&built_lib(), &libdir).unwrap();
+    Some((header, tmp, libdir))
+}
+
 /// The -D macros carrying the Rust mirrors into the C static asserts.
 fn rust_defines() -> Vec<(&'static str, u64)> {
     vec![
@@ -181,17 +197,10 @@ fn expected() -> String {
 
 #[test]
 fn c_program_built_against_nvidia_cuda_h_agrees_with_the_mock() {
-    let Some(header) = header_dir() else {
-        skip_or_fail(&format!(
-            "NVIDIA's cuda.h not found at {}/cuda-header/",
-            pyenv().display()
-        ));
+    let Some((header, tmp, libdir)) = prepared() else {
         return;
     };
     let (_g, env) = lock();
-    let tmp = tempfile::tempdir().unwrap();
-    let libdir = tmp.path().join("lib");
-    gpushare_fake_cuda::install_into(&built_lib(), &libdir).unwrap();
     let good = tmp.path().join("cuda_abi_check");
     let broken = tmp.path().join("cuda_abi_check_broken");
     compiled(&header, &libdir, &good, &[]);
@@ -245,16 +254,9 @@ fn c_program_built_against_nvidia_cuda_h_agrees_with_the_mock() {
 
 #[test]
 fn a_rust_mirror_that_disagrees_with_cuda_h_does_not_build() {
-    let Some(header) = header_dir() else {
-        skip_or_fail(&format!(
-            "NVIDIA's cuda.h not found at {}/cuda-header/",
-            pyenv().display()
-        ));
+    let Some((header, tmp, libdir)) = prepared() else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let libdir = tmp.path().join("lib");
-    gpushare_fake_cuda::install_into(&built_lib(), &libdir).unwrap();
     for (macro_name, wrong, message) in [
         ("RUST_SIZEOF_LOCK_ARGS", 56, "Rust LockArgs size"),
         (

@@ -78,18 +78,7 @@ fn installer_puts_libcuda_and_its_link_name_in_place() {
     gpushare_fake_cuda::install_into(&built_lib(), &dir).unwrap();
     let bin = env!("CARGO_BIN_EXE_gpushare-fake-cuda-install");
     let other = tmp.path().join("other");
-    let out = std::process::Command::new(bin)
-        .arg("--from")
-        .arg(built_lib())
-        .arg("--to")
-        .arg(&other)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    gpushare_testkit::nvml::run_installer(bin, &built_lib(), &other);
     assert!(other.join("libcuda.so.1").is_file());
     let not_elf = tmp.path().join("x.so");
     std::fs::write(&not_elf, "hello").unwrap();

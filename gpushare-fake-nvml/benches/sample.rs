@@ -6,23 +6,10 @@
 
 use gpushare_fake_nvml::{Device, ENV_VAR, Process, Scenario};
 use nvml_wrapper::Nvml;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 const DEVICES: usize = 8;
 const PROCESSES: u32 = 64;
-
-fn built_lib() -> PathBuf {
-    // `cargo bench` builds the cdylib into target/<profile>/deps/, next to this executable
-    // (the copy in target/<profile>/ is only refreshed by `cargo build`).
-    let exe = std::env::current_exe().expect("current_exe");
-    let lib = exe
-        .parent()
-        .expect("bench executable has a directory")
-        .join(gpushare_fake_nvml::install::BUILT_NAME);
-    assert!(lib.is_file(), "{} was not built", lib.display());
-    lib
-}
 
 fn scenario() -> Scenario {
     let devices = (0..DEVICES)
@@ -80,13 +67,11 @@ fn main() {
     {
         return;
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let state = dir.path().join("scenario.json");
-    std::fs::write(&state, serde_json::to_string(&scenario()).unwrap()).unwrap();
-    // SAFETY: single-threaded at this point.
-    unsafe { std::env::set_var(ENV_VAR, &state) };
+    let (_g, env) = gpushare_testkit::nvml::lock(ENV_VAR);
+    gpushare_testkit::nvml::write_scenario(&env.state, &scenario());
 
-    let lib = built_lib();
+    // `cargo bench` builds the cdylib into target/<profile>/deps/, next to this executable.
+    let lib = gpushare_testkit::nvml::built_cdylib(gpushare_fake_nvml::install::BUILT_NAME);
     let nvml = Nvml::builder()
         .lib_path(lib.as_os_str())
         .init()

@@ -5,10 +5,9 @@
 
 mod common;
 
-use common::{built_lib, pyenv, rich_scenario, skip_or_fail, write_scenario};
+use common::{built_lib, memory, pyenv, rich_scenario, skip_or_fail, write_scenario};
 use gpushare_fake_nvml::abi;
 use gpushare_fake_nvml::{ENV_VAR, Process, Scenario};
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
@@ -17,6 +16,22 @@ use std::process::{Command, Output};
 fn header_dir() -> Option<PathBuf> {
     let dir = pyenv().join("nvml-header");
     dir.join("nvml.h").is_file().then_some(dir)
+}
+
+/// NVIDIA's header and a scratch directory with the mock installed in its `lib/`; `None` (after
+/// [`skip_or_fail`]) where the header is missing.
+fn prepared() -> Option<(PathBuf, tempfile::TempDir, PathBuf)> {
+    let Some(header) = header_dir() else {
+        skip_or_fail(&format!(
+            "NVIDIA's nvml.h not found at {}/nvml-header/nvml.h",
+            pyenv().display()
+        ));
+        return None;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let libdir = tmp.path().join("lib");
+    gpushare_fake_nvml::install_into(&built_lib(), &libdir).unwrap();
+    Some((header, tmp, libdir))
 }
 
 /// The -D macros carrying the Rust mirrors' layout into the C static asserts.
@@ -126,16 +141,7 @@ fn expected_output(s: &Scenario) -> String {
     writeln!(out, "driver {}", s.driver_version).unwrap();
     writeln!(out, "count {}", s.devices.len()).unwrap();
     for (i, d) in s.devices.iter().enumerate() {
-        let mut by_pid: BTreeMap<u32, u64> = BTreeMap::new();
-        for p in d.compute_processes.iter().chain(&d.graphics_processes) {
-            if let Some(u) = p.used_memory {
-                let e = by_pid.entry(p.pid).or_default();
-                *e = (*e).max(u);
-            }
-        }
-        let avail = d.memory_total - d.memory_reserved;
-        let used = by_pid.values().sum::<u64>().min(avail);
-        let free = avail - used;
+        let (used, free) = memory(d);
         writeln!(
             out,
             "device {i} uuid={} pci=00000000:{:02X}:00.0 total={} free={free} used={} \
@@ -176,16 +182,9 @@ fn expected_output(s: &Scenario) -> String {
 
 #[test]
 fn c_program_built_against_nvidia_header_agrees_with_the_scenario() {
-    let Some(header) = header_dir() else {
-        skip_or_fail(&format!(
-            "NVIDIA's nvml.h not found at {}/nvml-header/nvml.h",
-            pyenv().display()
-        ));
+    let Some((header, tmp, libdir)) = prepared() else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let libdir = tmp.path().join("lib");
-    gpushare_fake_nvml::install_into(&built_lib(), &libdir).unwrap();
     let good = tmp.path().join("nvml_abi_check");
     let broken = tmp.path().join("nvml_abi_check_broken");
     compile(&header, &libdir, &good, &[]);
@@ -245,16 +244,9 @@ fn c_program_built_against_nvidia_header_agrees_with_the_scenario() {
 
 #[test]
 fn c_program_sees_driver_not_loaded_and_a_located_scenario_error() {
-    let Some(header) = header_dir() else {
-        skip_or_fail(&format!(
-            "NVIDIA's nvml.h not found at {}/nvml-header/nvml.h",
-            pyenv().display()
-        ));
+    let Some((header, tmp, libdir)) = prepared() else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let libdir = tmp.path().join("lib");
-    gpushare_fake_nvml::install_into(&built_lib(), &libdir).unwrap();
     let exe = tmp.path().join("nvml_abi_check");
     compile(&header, &libdir, &exe, &[]);
 

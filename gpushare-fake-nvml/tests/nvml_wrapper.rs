@@ -357,7 +357,7 @@ fn process_list_growth_makes_the_second_call_too_small_once() {
 #[test]
 fn process_memory_dir_adds_compute_processes() {
     let (_g, env) = lock();
-    let dir = env.dir.path().join("procmem");
+    let dir = env.dir.join("procmem");
     std::fs::create_dir_all(&dir).unwrap();
     let mut s = rich_scenario();
     s.process_memory_dir = Some(dir.clone());

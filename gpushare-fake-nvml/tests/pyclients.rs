@@ -4,25 +4,11 @@
 
 mod common;
 
-use common::{built_lib, pyenv, rich_scenario, skip_or_fail, write_scenario};
+use common::{built_lib, memory, pyenv, rich_scenario, skip_or_fail, write_scenario};
 use gpushare_fake_nvml::{ENV_VAR, Scenario};
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
-
-fn memory(d: &gpushare_fake_nvml::Device) -> (u64, u64) {
-    let mut by_pid: BTreeMap<u32, u64> = BTreeMap::new();
-    for p in d.compute_processes.iter().chain(&d.graphics_processes) {
-        if let Some(u) = p.used_memory {
-            let e = by_pid.entry(p.pid).or_default();
-            *e = (*e).max(u);
-        }
-    }
-    let avail = d.memory_total - d.memory_reserved;
-    let used = by_pid.values().sum::<u64>().min(avail);
-    (used, avail - used)
-}
 
 fn expected(s: &Scenario) -> Value {
     let list = |l: &[gpushare_fake_nvml::Process]| -> Value {

@@ -717,18 +717,7 @@ fn install_into_is_atomic_and_idempotent() {
     // The binary does the same.
     let bin = env!("CARGO_BIN_EXE_gpushare-fake-nvml-install");
     let other = dir.path().join("other");
-    let out = std::process::Command::new(bin)
-        .arg("--from")
-        .arg(&built)
-        .arg("--to")
-        .arg(&other)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    gpushare_testkit::nvml::run_installer(bin, &built, &other);
     assert!(other.join("libnvidia-ml.so.1").is_file());
     let out = std::process::Command::new(bin)
         .arg("--bogus")

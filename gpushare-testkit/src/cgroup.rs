@@ -13,23 +13,7 @@ pub const TEST_PARENT: &str = "gpushare-test";
 
 /// The cgroup v2 mount point: `/sys/fs/cgroup/unified` on hybrid systems, `/sys/fs/cgroup` on pure v2.
 pub fn v2_root() -> Result<PathBuf> {
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
-    let mut found: Vec<PathBuf> = mountinfo
-        .lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            (right.split_whitespace().next()? == "cgroup2").then_some(())?;
-            let mut f = left.split_whitespace();
-            let root = f.nth(3)?;
-            let point = f.next()?;
-            (root == "/").then(|| PathBuf::from(point))
-        })
-        .collect();
-    found.sort_by_key(|p| p.as_os_str().len());
-    found
-        .into_iter()
-        .next()
-        .context("no cgroup2 hierarchy mounted")
+    crate::sys::mountinfo::cgroup2_root().context("no cgroup2 hierarchy mounted")
 }
 
 /// A cgroup v2 group created for one test.

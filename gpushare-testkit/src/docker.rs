@@ -37,7 +37,11 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{FakeDeviceNode, loud_skip, unique, workspace_bin};
+use crate::{
+    FakeDeviceNode,
+    sys::{mountinfo, proc_cgroup},
+    unique, workspace_bin,
+};
 
 /// The test image.
 pub const TEST_IMAGE: &str = "gpushare-test/busybox:1";
@@ -94,7 +98,7 @@ static LOCKS: Mutex<Option<(File, File)>> = Mutex::new(None);
 
 /// The Docker engine and the test image, set up once per test process. When Docker cannot be used
 /// (not root, no `docker`/`dockerd`, the daemon does not start) prints a loud SKIPPED line and
-/// returns `None`; with `GPUSHARE_REQUIRE_ROOT=1` (CI) it panics instead.
+/// returns `None`; with `GPUSHARE_REQUIRE=1` (CI) it panics instead ([`crate::skip`]).
 pub fn require_docker(test: &str) -> Option<&'static Docker> {
     if !crate::require_root(test) {
         return None;
@@ -102,10 +106,7 @@ pub fn require_docker(test: &str) -> Option<&'static Docker> {
     match SETUP.get_or_init(|| setup().map_err(|e| format!("{e:#}"))) {
         Ok(d) => Some(d),
         Err(e) => {
-            if std::env::var("GPUSHARE_REQUIRE_ROOT").as_deref() == Ok("1") {
-                panic!("{test} needs Docker and GPUSHARE_REQUIRE_ROOT=1 is set, but: {e}");
-            }
-            loud_skip(&format!("{test}: Docker cannot be used here: {e}"));
+            crate::cannot_run(test, &format!("Docker cannot be used here: {e}"));
             None
         }
     }
@@ -608,26 +609,25 @@ impl Container {
         args.extend_from_slice(cmd);
         let guard = RemoveByName(Some(name.clone()));
         let id = self::docker(&args)?;
-        let mut c = Self {
-            id,
-            name: guard.disarm(),
-            v2_dir: None,
-        };
-        c.v2_dir = c.find_v2_dir().ok();
-        Ok(c)
+        Ok(Self::guarding(guard, id))
     }
 
     /// The container named `name` (already created), as a guard.
     fn adopt(name: String) -> Result<Self> {
         let guard = RemoveByName(Some(name));
         let id = docker(&["inspect", "-f", "{{.Id}}", guard.0.as_deref().unwrap_or("")])?;
+        Ok(Self::guarding(guard, id))
+    }
+
+    /// The container `id` that `guard` removes by name, as a guard by id (its v2 group found now).
+    fn guarding(guard: RemoveByName, id: String) -> Self {
         let mut c = Self {
             id,
             name: guard.disarm(),
             v2_dir: None,
         };
         c.v2_dir = c.find_v2_dir().ok();
-        Ok(c)
+        c
     }
 
     /// Full id.
@@ -713,11 +713,7 @@ impl Container {
 
     fn find_v2_dir(&self) -> Result<PathBuf> {
         let pid = self.host_pid()?;
-        let text = fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
-        let rel = text
-            .lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .context("no cgroup v2 line")?;
+        let rel = proc_cgroup::v2_path(pid)?.context("no cgroup v2 line")?;
         Ok(crate::cgroup::v2_root()?.join(rel.trim_start_matches('/')))
     }
 
@@ -766,14 +762,9 @@ impl Container {
     /// uses on hosts with a v1 freezer; `None` where there is none (pure cgroup v2).
     pub fn v1_freezer_state(&self) -> Option<String> {
         let pid = self.host_pid().ok()?;
-        let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-        let rel = text.lines().find_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
-            ctrl.split(',').any(|c| c == "freezer").then_some(path)
-        })?;
+        let rel = proc_cgroup::v1_path(pid, "freezer").ok()??;
         fs::read_to_string(
-            v1_freezer_root()?
+            mountinfo::cgroup1_root("freezer")?
                 .join(rel.trim_start_matches('/'))
                 .join("freezer.state"),
         )
@@ -786,18 +777,6 @@ impl Container {
         let id = std::mem::take(&mut self.id);
         remove_container(&id)
     }
-}
-
-/// The v1 freezer mount point (`/sys/fs/cgroup/freezer` on hybrid hosts), if any.
-fn v1_freezer_root() -> Option<PathBuf> {
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mountinfo.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        let mut r = right.split_whitespace();
-        (r.next()? == "cgroup").then_some(())?;
-        r.nth(1)?.split(',').any(|o| o == "freezer").then_some(())?;
-        left.split_whitespace().nth(4).map(PathBuf::from)
-    })
 }
 
 fn remove_container(id: &str) -> Result<()> {

@@ -1,50 +1,27 @@
 //! Test support for gpushare: real cgroups, fake nvidia device nodes and fake GPU processes.
 //!
-//! Every fixture cleans up on drop, so a failing test leaves nothing behind.
+//! Every fixture cleans up on drop, so a failing test leaves nothing behind. When a test cannot run
+//! on this machine, [`skip`] says whether it skips loudly or fails.
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod cgroup;
 pub mod device;
 pub mod docker;
 pub mod nvml;
 pub mod process;
+pub mod skip;
+/// The agent's own `/proc` parsers (mountinfo, `/proc/<pid>/cgroup`): the very files of
+/// `gpushare-agent/src/sys`, compiled here too, so tests and xtask read the kernel as the agent does.
+#[path = "../../gpushare-agent/src/sys/mod.rs"]
+pub mod sys;
 
 pub use cgroup::TestCgroup;
 pub use device::FakeDeviceNode;
 pub use process::FakeGpuProcess;
+pub use skip::{cannot_run, loud_skip, require_root};
 
 use std::path::PathBuf;
-
-/// Whether the test runs as root. When not, prints a loud SKIPPED line; with
-/// `GPUSHARE_REQUIRE_ROOT=1` (set by CI) it panics instead, so CI cannot skip silently.
-pub fn require_root(test: &str) -> bool {
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("GPUSHARE_REQUIRE_ROOT").as_deref() == Ok("1") {
-        panic!("{test} needs root and GPUSHARE_REQUIRE_ROOT=1 is set");
-    }
-    loud_skip(&format!(
-        "{test}: needs root (eBPF, cgroups, mknod). Run the tests as root."
-    ));
-    false
-}
-
-/// For a test this machine cannot run (`why`): a loud SKIPPED line; with `GPUSHARE_REQUIRE_ROOT=1`
-/// (CI, where every test is expected to run) it panics instead, so CI cannot skip silently.
-pub fn cannot_run(test: &str, why: &str) {
-    if std::env::var("GPUSHARE_REQUIRE_ROOT").as_deref() == Ok("1") {
-        panic!("{test}: {why}, and GPUSHARE_REQUIRE_ROOT=1 is set (nothing may be skipped)");
-    }
-    loud_skip(&format!("{test}: {why}"));
-}
-
-/// Prints a SKIPPED banner straight to the process's stderr (libtest would hide `eprintln!` of a
-/// passing test).
-pub fn loud_skip(msg: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "\n!!! SKIPPED {msg} !!!\n");
-}
 
 /// Directory holding the workspace's built binaries (the test executable's `target/<profile>`).
 pub fn target_profile_dir() -> PathBuf {
@@ -85,12 +62,29 @@ pub fn unique(name: &str) -> String {
     )
 }
 
+/// A private temporary directory named `<prefix><random>`, removed on drop.
+pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("a temporary directory")
+}
+
 /// A free TCP port on loopback.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
+}
+
+/// A fresh private directory for an agent started with [`agent_command`]: `quotas.toml` holding
+/// `quotas`, `quotas.d/` created; named `<tag>-<pid>-<n>` under the temporary directory.
+pub fn agent_dir(tag: &str, quotas: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(unique(tag));
+    std::fs::create_dir_all(dir.join("quotas.d")).expect("an agent directory");
+    std::fs::write(dir.join("quotas.toml"), quotas).expect("quotas.toml");
+    dir
 }
 
 /// The agent binary's command line for tests and benchmarks: the mock NVML at `nvml_lib` with its

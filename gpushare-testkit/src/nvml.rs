@@ -1,7 +1,12 @@
-//! The mock libnvidia-ml, the mock libcuda and their shared scenario file, for tests of the
-//! agent's real NVML path and of its CUDA checkpoint loader.
+//! The mock libnvidia-ml, the mock libcuda and their shared scenario file: for tests of the
+//! agent's real NVML path and of its CUDA checkpoint loader ([`Scenario`], one per test), and for
+//! the mocks' own tests ([`lock`]: one scenario per test binary, since the variable naming it is
+//! process-global).
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    sync::{Mutex, MutexGuard, OnceLock, PoisonError},
+};
 
 use anyhow::{Context, Result};
 
@@ -64,9 +69,7 @@ impl Scenario {
 
     /// Replaces the scenario atomically.
     pub fn write(&self, value: &serde_json::Value) -> Result<()> {
-        let tmp = self.dir.join(format!("scenario.json.{}", unique("tmp")));
-        std::fs::write(&tmp, serde_json::to_vec_pretty(value)?)?;
-        std::fs::rename(&tmp, &self.path).context("replacing the scenario")
+        replace(&self.path, &serde_json::to_vec_pretty(value)?).context("replacing the scenario")
     }
 }
 
@@ -74,4 +77,83 @@ impl Drop for Scenario {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Replaces `path` atomically: writes a temporary file beside it, renames it over.
+fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(unique("tmp"));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// A cdylib cargo built for this test run. `cargo test` builds it into `target/<profile>/deps/`
+/// (next to the test executable) but does not copy it up to `target/<profile>/` the way `cargo
+/// build` does, so the copy there may be stale: use deps/.
+pub fn built_cdylib(file_name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("test executable has a directory");
+    let lib = deps.join(file_name);
+    assert!(
+        lib.is_file(),
+        "{} was not built (cargo builds the cdylib with the tests of its package)",
+        lib.display()
+    );
+    lib
+}
+
+/// Runs a mock's installer binary (`bin --from BUILT --to DIR`) and asserts that it succeeded.
+pub fn run_installer(bin: &str, built: &Path, to: &Path) {
+    let out = std::process::Command::new(bin)
+        .arg("--from")
+        .arg(built)
+        .arg("--to")
+        .arg(to)
+        .output()
+        .expect("run the installer");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The scenario file and scratch directory of one test binary of a mock.
+pub struct TestEnv {
+    /// A private directory (for `process_memory_dir` and the like).
+    pub dir: PathBuf,
+    /// The scenario file in it, named by the mock's variable.
+    pub state: PathBuf,
+}
+
+static LOCK: Mutex<()> = Mutex::new(());
+static ENV: OnceLock<TestEnv> = OnceLock::new();
+
+/// Serializes the tests of one binary (they share the variable, the scenario file and the loaded
+/// library's global state). On first use, creates the directory and points `env_var` (the mock's
+/// [`SCENARIO_ENV`]) at the scenario file.
+pub fn lock(env_var: &str) -> (MutexGuard<'static, ()>, &'static TestEnv) {
+    let guard = LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+    let env = ENV.get_or_init(|| {
+        let dir = std::env::temp_dir().join(unique("gpushare-mock-test"));
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        let state = dir.join("scenario.json");
+        // SAFETY: done once, under LOCK, before any test loads the library; no other test
+        // thread touches the environment concurrently.
+        unsafe { std::env::set_var(env_var, &state) };
+        TestEnv { dir, state }
+    });
+    (guard, env)
+}
+
+/// Replaces `path` atomically with `text` (a test may write a broken scenario on purpose).
+pub fn write_atomic(path: &Path, text: &str) {
+    replace(path, text.as_bytes()).expect("replace the scenario");
+}
+
+/// Replaces the scenario at `path` atomically with `scenario` as JSON.
+pub fn write_scenario(path: &Path, scenario: &impl serde::Serialize) {
+    write_atomic(
+        path,
+        &serde_json::to_string_pretty(scenario).expect("serialize"),
+    );
 }

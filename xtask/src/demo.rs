@@ -16,8 +16,7 @@
 use std::{
     collections::BTreeMap,
     fs,
-    io::{BufRead, IsTerminal, Read, Write},
-    net::TcpStream,
+    io::{BufRead, IsTerminal},
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
@@ -29,6 +28,9 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail, ensure};
+use gpushare_testkit::sys::mountinfo;
+
+use crate::client;
 
 const GIB: u64 = 1 << 30;
 const DEVICE_NODE: &str = "/dev/nvidia-gpushare-demo0";
@@ -206,8 +208,8 @@ pub fn run(root: &Path, fast: bool, nvml_lib: PathBuf) -> Result<()> {
         agent_bin: root.join("target/debug/gpushare-agent"),
         fake_proc: root.join("target/debug/gpushare-fake-gpu-proc"),
         nvml_lib,
-        cg_root: cgroup2_root()?,
-        listen: format!("127.0.0.1:{}", free_port()?),
+        cg_root: mountinfo::cgroup2_root().context("no cgroup v2 hierarchy is mounted")?,
+        listen: format!("127.0.0.1:{}", gpushare_testkit::free_port()),
         services: Vec::new(),
         agent: None,
         device_made: false,
@@ -239,30 +241,6 @@ pub fn run(root: &Path, fast: bool, nvml_lib: PathBuf) -> Result<()> {
     result.and(cleanup)
 }
 
-fn cgroup2_root() -> Result<PathBuf> {
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
-    let mut found: Vec<PathBuf> = mountinfo
-        .lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            (right.split_whitespace().next()? == "cgroup2").then_some(())?;
-            let mut f = left.split_whitespace();
-            (f.nth(3)? == "/").then(|| PathBuf::from(f.next().unwrap_or("")))
-        })
-        .collect();
-    found.sort_by_key(|p| p.as_os_str().len());
-    found
-        .into_iter()
-        .next()
-        .context("no cgroup v2 hierarchy is mounted")
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 fn heading(text: &str) {
     if COLOR.load(Ordering::Relaxed) {
         println!("\n\x1b[1m==> {text}\x1b[0m");
@@ -286,23 +264,7 @@ fn indent(text: &str) -> String {
 
 /// GET over plain HTTP/1.1; (status, body).
 fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)?;
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .context("malformed HTTP answer")?;
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("malformed HTTP status")?;
-    Ok((code, body.to_string()))
+    client::request(&client::Endpoint::Tcp(addr), "GET", path, None)
 }
 
 /// Current isolation state per workload key, from `gpushare_workload_isolation_state`.
@@ -778,21 +740,18 @@ impl Demo {
 
     fn start_agent(&mut self) -> Result<()> {
         let log = fs::File::create(self.path("agent.log"))?;
-        let mut cmd = Command::new(&self.agent_bin);
-        cmd.arg("--nvml-lib")
-            .arg(&self.nvml_lib)
-            .arg("--cuda-lib")
+        // Every path (quotas.toml, runtime drop-ins, state, socket) in the demo's directory, as
+        // the tests start it.
+        let mut cmd = gpushare_testkit::agent_command(
+            &self.agent_bin,
+            Some(&self.nvml_lib),
+            &self.path("scenario.json"),
+            &self.dir,
+            &self.listen,
+            self.pace.interval,
+        );
+        cmd.arg("--cuda-lib")
             .arg(self.nvml_lib.with_file_name("libcuda.so.1"))
-            .arg("--quotas")
-            .arg(self.path("quotas.toml"))
-            .arg("--runtime-quotas")
-            .arg(self.path("runtime"))
-            .arg("--state-dir")
-            .arg(self.path("state"))
-            .arg("--socket")
-            .arg(self.path("agent.sock"))
-            .args(["--listen", &self.listen, "--interval", self.pace.interval])
-            .env("GPUSHARE_FAKE_NVML_STATE", self.path("scenario.json"))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -9,6 +9,10 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+// The agent's own client (the demo speaks only TCP).
+#[allow(dead_code)]
+#[path = "../../gpushare-agent/src/client.rs"]
+mod client;
 mod demo;
 mod structure;
 
@@ -75,18 +79,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Setup => setup(&root, false),
         Cmd::Run { args } => {
             setup(&root, true)?;
-            // The mock NVML optimised too: it runs inside the agent's process in the footprint.
-            cargo(
-                &root,
-                &[
-                    "build",
-                    "--release",
-                    "-p",
-                    "gpushare-agent",
-                    "-p",
-                    "gpushare-fake-nvml",
-                ],
-            )?;
+            build_release(&root)?;
             let bin = root.join("target/release/gpushare-agent");
             let mut cmd = as_root(&bin);
             cmd.args(&args);
@@ -177,12 +170,18 @@ fn run(cli: Cli) -> Result<()> {
             let mut cmd = Command::new("cargo");
             cmd.current_dir(&root).args(&test);
             if is_root() {
-                // Tests that need root must not skip quietly where root is available.
+                // Where everything can run (root, as CI), a test that skips fails instead.
+                cmd.env(gpushare_testkit::skip::REQUIRE_ENV, "1");
+                // Read directly by tests/integration/{nvml,prometheus}.rs until they ask
+                // `gpushare_testkit::skip::required()`.
                 cmd.env("GPUSHARE_REQUIRE_ROOT", "1");
+                cmd.env("GPUSHARE_REQUIRE_PYENV", "1");
             } else {
-                skip("the tests that need root (each says SKIPPED above); run as root, as CI does");
+                skip(
+                    "the tests that need root, and any that lacks something (each says SKIPPED \
+                     above); run as root, as CI does",
+                );
             }
-            cmd.env("GPUSHARE_REQUIRE_PYENV", "1");
             run_step(
                 "cargo test",
                 cmd.status()
@@ -226,18 +225,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench => {
             setup(&root, true)?;
             cargo(&root, &["build"])?;
-            // The mock NVML optimised too: it runs inside the agent's process in the footprint.
-            cargo(
-                &root,
-                &[
-                    "build",
-                    "--release",
-                    "-p",
-                    "gpushare-agent",
-                    "-p",
-                    "gpushare-fake-nvml",
-                ],
-            )?;
+            build_release(&root)?;
             install_fake_nvml(&root)?;
             for (package, bench, _) in BENCHES {
                 step(&format!("bench {package}/{bench}"));
@@ -358,6 +346,21 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
         .args(args)
         .status()?;
     check(status, &format!("cargo {}", args.join(" ")))
+}
+
+/// The agent optimised, and the mock NVML too: it runs inside the agent's process in the footprint.
+fn build_release(root: &Path) -> Result<()> {
+    cargo(
+        root,
+        &[
+            "build",
+            "--release",
+            "-p",
+            "gpushare-agent",
+            "-p",
+            "gpushare-fake-nvml",
+        ],
+    )
 }
 
 fn check(status: std::process::ExitStatus, what: &str) -> Result<()> {

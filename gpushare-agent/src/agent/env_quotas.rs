@@ -15,8 +15,10 @@
 //! only by file entries.
 //!
 //! Where the variables come from and which process is a container's init:
-//! [`crate::attribution::runtime_spec`]. Malformed variables and unreadable spec files are counted
+//! [`runtime_spec`]. Malformed variables and unreadable spec files are counted
 //! ([`EnvQuotaReader::problems_total`]) and logged when they change, never fatal.
+
+pub mod runtime_spec;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -26,11 +28,9 @@ use std::{
 
 use log::{info, warn};
 
+use self::runtime_spec::{EnvOrigin, FileStamp, SpecRoots};
 use crate::{
-    attribution::{
-        WorkloadId, WorkloadKind, procinfo,
-        runtime_spec::{self, EnvOrigin, FileStamp, SpecRoots},
-    },
+    attribution::{WorkloadId, WorkloadKind, procinfo},
     quota::{EnvQuota, GpuInfo, GpuShareUnit, Trust, UnitCheck, env_quota},
 };
 

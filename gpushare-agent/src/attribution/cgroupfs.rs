@@ -14,60 +14,23 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+use crate::sys::{mountinfo, proc_cgroup};
+
 /// Where the cgroup v2 hierarchy is mounted: `/sys/fs/cgroup/unified` on hybrid systems,
 /// `/sys/fs/cgroup` on pure v2. Read from `/proc/self/mountinfo`.
 pub fn find_cgroup2_mount() -> Result<PathBuf> {
-    let mountinfo =
-        fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
-    cgroup2_mount_from_mountinfo(&mountinfo).context(
+    let text = mountinfo::read().context("reading /proc/self/mountinfo")?;
+    mountinfo::cgroup2_mount(&text).context(
         "no cgroup2 filesystem is mounted; gpushare needs the cgroup v2 hierarchy \
          (pure v2 at /sys/fs/cgroup, or hybrid at /sys/fs/cgroup/unified)",
     )
 }
 
-/// Picks the cgroup2 mount point from mountinfo text (pure, for tests).
-pub fn cgroup2_mount_from_mountinfo(mountinfo: &str) -> Option<PathBuf> {
-    let mut found: Vec<PathBuf> = Vec::new();
-    for line in mountinfo.lines() {
-        // "<id> <parent> <maj:min> <root> <mount point> <opts> [optional...] - <fstype> <src> <sopts>"
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        if right.split_whitespace().next() != Some("cgroup2") {
-            continue;
-        }
-        let mut fields = left.split_whitespace();
-        let (Some(root), Some(point)) = (fields.nth(3), fields.next()) else {
-            continue;
-        };
-        if root == "/" {
-            found.push(PathBuf::from(unescape_mount(point)));
-        }
-    }
-    found.sort_by_key(|p| p.as_os_str().len());
-    found.into_iter().next()
-}
-
-fn unescape_mount(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
-}
-
 /// The v2 cgroup path of a process, from the `0::` line of `/proc/<pid>/cgroup`.
 pub fn cgroup_path_of_pid(pid: u32) -> Result<String> {
-    let text = fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .with_context(|| format!("reading /proc/{pid}/cgroup"))?;
-    v2_path_from_proc_cgroup(&text)
+    proc_cgroup::v2_path(pid)
+        .with_context(|| format!("reading /proc/{pid}/cgroup"))?
         .with_context(|| format!("/proc/{pid}/cgroup has no cgroup v2 (0::) line"))
-}
-
-/// The path on the `0::` line of a `/proc/<pid>/cgroup` text (pure, for tests).
-pub fn v2_path_from_proc_cgroup(text: &str) -> Option<String> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(|p| p.trim_end_matches(" (deleted)").to_string())
 }
 
 /// Caches cgroup id -> path for one v2 hierarchy.
@@ -178,37 +141,6 @@ impl CgroupResolver {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn picks_the_unified_mount_on_hybrid_and_the_root_on_pure_v2() {
-        let hybrid = "\
-30 24 0:26 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
-31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid shared:10 - cgroup2 cgroup2 rw,nsdelegate
-32 30 0:28 / /sys/fs/cgroup/freezer rw - cgroup cgroup rw,freezer";
-        assert_eq!(
-            cgroup2_mount_from_mountinfo(hybrid),
-            Some("/sys/fs/cgroup/unified".into())
-        );
-        let pure = "29 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw";
-        assert_eq!(
-            cgroup2_mount_from_mountinfo(pure),
-            Some("/sys/fs/cgroup".into())
-        );
-        // A container's bind mount of a sub-tree is not the hierarchy's root.
-        let nested = "40 30 0:26 /docker/abc /sys/fs/cgroup rw - cgroup2 cgroup2 rw";
-        assert_eq!(cgroup2_mount_from_mountinfo(nested), None);
-        assert_eq!(cgroup2_mount_from_mountinfo(""), None);
-    }
-
-    #[test]
-    fn reads_the_v2_line_of_proc_cgroup() {
-        let text = "12:freezer:/docker/abc\n1:name=systemd:/docker/abc\n0::/docker/abc\n";
-        assert_eq!(
-            v2_path_from_proc_cgroup(text).as_deref(),
-            Some("/docker/abc")
-        );
-        assert_eq!(v2_path_from_proc_cgroup("3:cpu:/\n"), None);
-    }
 
     #[test]
     fn resolves_real_cgroup_ids_of_this_machine() {

@@ -177,11 +177,6 @@ impl DockerNames {
         }
     }
 
-    /// A cache over the data root the engine's configuration names ([`data_root_from`]).
-    pub fn from_system() -> Self {
-        Self::new(data_root_from(Path::new(DAEMON_JSON)))
-    }
-
     /// The data root.
     pub fn data_root(&self) -> &Path {
         &self.data_root
@@ -251,12 +246,9 @@ mod tests {
 
     impl TempDir {
         fn new(tag: &str) -> Self {
-            Self(
-                tempfile::Builder::new()
-                    .prefix(&format!("gpushare-docker-names-{tag}-"))
-                    .tempdir()
-                    .unwrap(),
-            )
+            Self(gpushare_testkit::temp_dir(&format!(
+                "gpushare-docker-names-{tag}-"
+            )))
         }
 
         /// Writes a container's config file atomically, as the engine does.

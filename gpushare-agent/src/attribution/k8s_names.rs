@@ -164,12 +164,9 @@ mod tests {
 
     impl TempDir {
         fn new(tag: &str) -> Self {
-            Self(
-                tempfile::Builder::new()
-                    .prefix(&format!("gpushare-k8s-names-{tag}-"))
-                    .tempdir()
-                    .unwrap(),
-            )
+            Self(gpushare_testkit::temp_dir(&format!(
+                "gpushare-k8s-names-{tag}-"
+            )))
         }
     }
 

@@ -17,24 +17,21 @@
 pub mod cgroupfs;
 pub mod docker;
 pub mod k8s_names;
+pub mod names;
 pub mod pidfd;
 pub mod procinfo;
-pub mod runtime_spec;
 pub mod tracker;
-pub mod workload;
 
 use std::collections::BTreeMap;
 
 use gpushare_common::{EventKind, GpuTask, IoctlCounts};
 use log::debug;
 
-pub use self::{
-    cgroupfs::CgroupResolver,
-    pidfd::Pidfd,
-    procinfo::ProcessIdentity,
-    workload::{WorkloadId, WorkloadKind, parse_cgroup_path},
-};
+pub use self::{cgroupfs::CgroupResolver, pidfd::Pidfd, procinfo::ProcessIdentity};
 use crate::ebpf::{KernelEvent, decode::comm_to_string};
+/// Workload identities live below attribution (quotas select by them too); re-exported here, where
+/// tasks are attributed to them.
+pub use crate::workload::{self, WorkloadId, WorkloadKind, parse_cgroup_path};
 
 /// How a task came to be known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -177,11 +174,6 @@ impl Attribution {
     /// Counters.
     pub fn stats(&self) -> &AttributionStats {
         &self.stats
-    }
-
-    /// The cgroup resolver.
-    pub fn resolver_mut(&mut self) -> &mut CgroupResolver {
-        &mut self.resolver
     }
 
     /// Applies one kernel event.

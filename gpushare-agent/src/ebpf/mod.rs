@@ -159,14 +159,6 @@ pub const PROBE_SETS: &[(&str, &[&str], &str)] = &[
     ),
 ];
 
-/// The programs of probe set `name`.
-pub fn probe_set(name: &str) -> Option<&'static [&'static str]> {
-    PROBE_SETS
-        .iter()
-        .find(|(n, _, _)| *n == name)
-        .map(|(_, progs, _)| *progs)
-}
-
 /// Options for [`KernelPrograms::load`].
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -263,11 +255,6 @@ impl TgidBits {
         if let Some(w) = self.word(tgid) {
             w.fetch_and(!(1 << (tgid % 64)), std::sync::atomic::Ordering::SeqCst);
         }
-    }
-
-    fn get(&self, tgid: u32) -> bool {
-        self.word(tgid)
-            .is_none_or(|w| w.load(std::sync::atomic::Ordering::SeqCst) >> (tgid % 64) & 1 != 0)
     }
 }
 
@@ -388,11 +375,6 @@ impl KernelPrograms {
         self.events.as_fd()
     }
 
-    /// Raw fd of the aya-log ring buffer, if the logger runs.
-    pub fn log_fd(&self) -> Option<i32> {
-        self.logger.as_ref().map(|l| l.as_raw_fd())
-    }
-
     /// Forwards pending eBPF log records to the `log` crate.
     pub fn flush_logs(&mut self) {
         if let Some(logger) = self.logger.as_mut() {
@@ -490,11 +472,6 @@ impl KernelPrograms {
         }
         self.tgid_bits.clear(tgid); // after the entry left
         self.forget_ioctl_counts(tgid);
-    }
-
-    /// Whether `tgid`'s bit in `GPU_TGID_BITS` is set (the kernel then looks it up in `GPU_TASKS`).
-    pub fn tgid_marked(&self, tgid: u32) -> bool {
-        self.tgid_bits.get(tgid)
     }
 
     /// Adds a task found through `/proc` to the kernel table, so its ioctls are counted.

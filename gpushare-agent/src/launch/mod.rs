@@ -50,9 +50,12 @@ use self::{
 };
 use crate::{
     attribution::cgroupfs,
-    cli::{DEFAULT_QUOTAS, RUNTIME_QUOTAS_DIR},
     nvml::{DriverStatus, NvmlSampler},
-    quota::{ByteSize, LadderStep, load_dir_set, parse_size},
+    quota::{
+        ByteSize, LadderStep,
+        file::{DEFAULT_QUOTAS, RUNTIME_QUOTAS_DIR},
+        load_dir_set, parse_nonzero_duration, parse_size,
+    },
 };
 
 /// Exit code when nothing was started.
@@ -109,7 +112,7 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "DIR", default_value = RUNTIME_QUOTAS_DIR)]
     pub runtime_quotas: PathBuf,
     /// After SIGINT/SIGTERM, how long the service may take to stop before its group is killed.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_nonzero_duration)]
     pub stop_timeout: Duration,
     /// Print nothing but errors.
     #[arg(short, long)]

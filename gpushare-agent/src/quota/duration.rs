@@ -134,14 +134,24 @@ mod tests {
 
     #[test]
     fn nonzero_refuses_zero() {
-        assert_eq!(parse_nonzero_duration("20ms"), ms(20));
-        assert!(
-            parse_nonzero_duration("0s")
-                .unwrap_err()
-                .contains("more than 0")
-        );
-        assert!(parse_nonzero_duration("0.000ms").is_err());
-        assert!(parse_nonzero_duration("x").is_err());
+        // The flags' parser (`--interval`, `--stop-timeout`, ...): the same grammar, zero refused.
+        let forms = [
+            ("20ms", 20),
+            ("1s", 1000),
+            ("250ms", 250),
+            ("1.5s", 1500),
+            ("2m", 120_000),
+        ];
+        for (s, millis) in forms {
+            assert_eq!(parse_nonzero_duration(s), ms(millis));
+        }
+        let e = |s: &str| parse_nonzero_duration(s).unwrap_err();
+        assert!(e("0s").contains("more than 0"));
+        assert!(e("5").contains("no unit"));
+        assert!(e("5parsecs").contains("unknown unit"));
+        for bad in ["0.000ms", "x", "", "1..2s"] {
+            assert!(parse_nonzero_duration(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //!   ..., so `cgroup:///system.slice/*` protects every one of them from enforcement.
 
 use super::{QuotaSet, Selector, WorkloadMeta};
-use crate::attribution::parse_cgroup_path;
+use crate::workload::parse_cgroup_path;
 
 /// A container id used for the sample paths below.
 const SAMPLE_ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";

@@ -27,7 +27,7 @@ pub mod size;
 
 use std::{fmt, time::Duration};
 
-use crate::attribution::WorkloadKind;
+use crate::workload::WorkloadKind;
 
 pub use self::{
     duration::{fmt_duration, parse_duration, parse_nonzero_duration},
@@ -638,21 +638,13 @@ impl QuotaSet {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::attribution::parse_cgroup_path;
+    use super::{
+        select::tests::{ID, UID, pod_container as container},
+        *,
+    };
+    use crate::workload::parse_cgroup_path;
 
-    const ID: &str = "3f2a9c8e7d6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f";
-    const UID: &str = "0f3d8e2a-6b1c-4d5e-9f7a-8b2c1d0e3f4a";
     const GIB: u64 = 1 << 30;
-
-    fn container() -> WorkloadMeta {
-        WorkloadMeta {
-            id: parse_cgroup_path(&format!("/kubepods/burstable/pod{UID}/{ID}")),
-            container_name: Some("main".into()),
-            pod_namespace: Some("ml".into()),
-            pod_name: Some("trainer-0".into()),
-        }
-    }
 
     #[test]
     fn most_specific_entry_wins_with_its_siblings() {

@@ -22,7 +22,7 @@
 
 use globset::{Glob, GlobBuilder, GlobMatcher};
 
-use crate::attribution::{WorkloadId, WorkloadKind};
+use crate::workload::{WorkloadId, WorkloadKind};
 
 /// A workload as quota matching sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -282,14 +282,16 @@ impl ProtectPattern {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
-    use crate::attribution::parse_cgroup_path;
+    use crate::workload::parse_cgroup_path;
 
-    const ID: &str = "3f2a9c8e7d6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f";
-    const UID: &str = "0f3d8e2a-6b1c-4d5e-9f7a-8b2c1d0e3f4a";
+    pub(in crate::quota) const ID: &str =
+        "3f2a9c8e7d6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f";
+    pub(in crate::quota) const UID: &str = "0f3d8e2a-6b1c-4d5e-9f7a-8b2c1d0e3f4a";
 
-    fn pod_container() -> WorkloadMeta {
+    /// Container `main` of pod `ml/trainer-0` (the quota tests' workload too).
+    pub(in crate::quota) fn pod_container() -> WorkloadMeta {
         WorkloadMeta {
             id: parse_cgroup_path(&format!("/kubepods/burstable/pod{UID}/{ID}")),
             container_name: Some("main".into()),

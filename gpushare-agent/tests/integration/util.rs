@@ -34,14 +34,8 @@ pub fn poll_until(
     }
 }
 
-/// A free TCP port on loopback.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// A free TCP port on loopback: the test kit's.
+pub use gpushare_testkit::free_port;
 
 /// The agent binary running against the mock NVML, with every path in a private directory.
 /// Stopped with SIGTERM on drop.

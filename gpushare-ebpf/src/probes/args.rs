@@ -70,6 +70,14 @@ pub trait SyscallArgs {
     fn arg(&self, n: usize) -> Option<u64>;
 }
 
+/// The registers of a syscall being entered or left (`sys_enter` / `sys_exit` programs).
+pub trait Regs: SyscallArgs {
+    /// Whether the syscall is a native (64-bit) one.
+    fn native(&self) -> bool;
+    /// The syscall number (on exit, where it is not an argument).
+    fn nr(&self) -> i64;
+}
+
 /// A `syscalls:sys_enter_*` record.
 pub struct Record<'a>(pub &'a TracePointContext);
 
@@ -89,17 +97,17 @@ impl BtfRegs {
         // SAFETY: the verifier types this pointer (BTF) and turns the load into a checked one.
         unsafe { *self.0.add(offset).cast::<T>() }
     }
+}
 
-    /// Whether the syscall is a native (64-bit) one.
+impl Regs for BtfRegs {
     #[inline(always)]
-    pub fn native(&self) -> bool {
+    fn native(&self) -> bool {
         let (off, mask, want) = NATIVE_CHECK;
         self.load::<u64>(off) & mask == want
     }
 
-    /// The syscall number (on exit, where it is not an argument).
     #[inline(always)]
-    pub fn nr(&self) -> i64 {
+    fn nr(&self) -> i64 {
         #[cfg(bpf_target_arch = "aarch64")]
         return self.load::<i32>(NR_OFFSET) as i64;
         #[cfg(not(bpf_target_arch = "aarch64"))]
@@ -122,17 +130,18 @@ impl RawRegs {
     fn load<T: Copy>(&self, offset: usize) -> Option<T> {
         unsafe { bpf_probe_read_kernel(self.0.add(offset).cast::<T>()) }.ok()
     }
+}
 
-    /// Whether the syscall is a native (64-bit) one.
+impl Regs for RawRegs {
     #[inline(always)]
-    pub fn native(&self) -> bool {
+    fn native(&self) -> bool {
         let (off, mask, want) = NATIVE_CHECK;
         self.load::<u64>(off).is_some_and(|v| v & mask == want)
     }
 
-    /// The syscall number (on exit, where it is not an argument); -1 when unreadable.
+    /// -1 when unreadable.
     #[inline(always)]
-    pub fn nr(&self) -> i64 {
+    fn nr(&self) -> i64 {
         #[cfg(bpf_target_arch = "aarch64")]
         return self.load::<i32>(NR_OFFSET).map_or(-1, |n| n as i64);
         #[cfg(not(bpf_target_arch = "aarch64"))]

@@ -67,110 +67,34 @@ unsafe fn running<R>(
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
-    device: NvmlDevice,
-    info_count: *mut c_uint,
-    infos: *mut ProcessInfoV1,
-) -> c_uint {
-    unsafe {
-        running(
-            "nvmlDeviceGetComputeRunningProcesses",
-            device,
-            ProcessKind::Compute,
-            info_count,
-            infos,
-            v1,
-        )
-    }
+/// One exported entry point per (name, process kind, record version), each a call of [`running`].
+macro_rules! running_processes {
+    ($($name:ident: $kind:ident, $info:ty, $record:ident;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            device: NvmlDevice,
+            info_count: *mut c_uint,
+            infos: *mut $info,
+        ) -> c_uint {
+            unsafe {
+                running(
+                    stringify!($name),
+                    device,
+                    ProcessKind::$kind,
+                    info_count,
+                    infos,
+                    $record,
+                )
+            }
+        }
+    )*};
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
-    device: NvmlDevice,
-    info_count: *mut c_uint,
-    infos: *mut ProcessInfoV2,
-) -> c_uint {
-    unsafe {
-        running(
-            "nvmlDeviceGetComputeRunningProcesses_v2",
-            device,
-            ProcessKind::Compute,
-            info_count,
-            infos,
-            v2,
-        )
-    }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
-    device: NvmlDevice,
-    info_count: *mut c_uint,
-    infos: *mut ProcessInfoV2,
-) -> c_uint {
-    unsafe {
-        running(
-            "nvmlDeviceGetComputeRunningProcesses_v3",
-            device,
-            ProcessKind::Compute,
-            info_count,
-            infos,
-            v2,
-        )
-    }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(
-    device: NvmlDevice,
-    info_count: *mut c_uint,
-    infos: *mut ProcessInfoV1,
-) -> c_uint {
-    unsafe {
-        running(
-            "nvmlDeviceGetGraphicsRunningProcesses",
-            device,
-            ProcessKind::Graphics,
-            info_count,
-            infos,
-            v1,
-        )
-    }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
-    device: NvmlDevice,
-    info_count: *mut c_uint,
-    infos: *mut ProcessInfoV2,
-) -> c_uint {
-    unsafe {
-        running(
-            "nvmlDeviceGetGraphicsRunningProcesses_v2",
-            device,
-            ProcessKind::Graphics,
-            info_count,
-            infos,
-            v2,
-        )
-    }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
-    device: NvmlDevice,
-    info_count: *mut c_uint,
-    infos: *mut ProcessInfoV2,
-) -> c_uint {
-    unsafe {
-        running(
-            "nvmlDeviceGetGraphicsRunningProcesses_v3",
-            device,
-            ProcessKind::Graphics,
-            info_count,
-            infos,
-            v2,
-        )
-    }
+running_processes! {
+    nvmlDeviceGetComputeRunningProcesses: Compute, ProcessInfoV1, v1;
+    nvmlDeviceGetComputeRunningProcesses_v2: Compute, ProcessInfoV2, v2;
+    nvmlDeviceGetComputeRunningProcesses_v3: Compute, ProcessInfoV2, v2;
+    nvmlDeviceGetGraphicsRunningProcesses: Graphics, ProcessInfoV1, v1;
+    nvmlDeviceGetGraphicsRunningProcesses_v2: Graphics, ProcessInfoV2, v2;
+    nvmlDeviceGetGraphicsRunningProcesses_v3: Graphics, ProcessInfoV2, v2;
 }

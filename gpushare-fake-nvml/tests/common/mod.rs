@@ -1,87 +1,40 @@
-//! Helpers shared by the integration tests: where the built mock is, one scenario file per test
-//! binary (named by GPUSHARE_FAKE_NVML_STATE, which is process-global), a lock that serializes
-//! the tests of one binary, and the python venv / NVIDIA header location.
-#![allow(dead_code)]
+//! The mock NVML's tests use the workspace's one test-support place
+//! ([`gpushare_testkit::nvml`]: the built cdylib, one scenario file per test binary behind a
+//! lock; [`gpushare_testkit::skip`]: the python venv and when a missing one is a failure); this
+//! adds only what is the NVML mock's own.
+#![allow(dead_code, unused_imports)]
+
+use std::{path::PathBuf, sync::MutexGuard};
 
 use gpushare_fake_nvml::{ENV_VAR, Scenario};
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+pub use gpushare_testkit::{
+    nvml::{TestEnv, write_atomic, write_scenario},
+    skip::{pyenv, skip_or_fail},
+};
 
-/// The cdylib cargo built for this test run. `cargo test` builds it into
-/// `target/<profile>/deps/` (next to the test executable) but does not copy it up to
-/// `target/<profile>/` the way `cargo build` does, so the copy there may be stale: use deps/.
+/// The mock NVML cargo built for this test run (`target/<profile>/deps/`).
 pub fn built_lib() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("test executable has a directory");
-    let lib = deps.join(gpushare_fake_nvml::install::BUILT_NAME);
-    assert!(
-        lib.is_file(),
-        "{} was not built (cargo builds the cdylib with the tests of this package)",
-        lib.display()
-    );
-    lib
+    gpushare_testkit::nvml::built_cdylib(gpushare_fake_nvml::install::BUILT_NAME)
 }
 
-/// The scenario file and a scratch directory of this test binary.
-pub struct TestEnv {
-    pub dir: tempfile::TempDir,
-    pub state: PathBuf,
-}
-
-static LOCK: Mutex<()> = Mutex::new(());
-static ENV: OnceLock<TestEnv> = OnceLock::new();
-
-/// Serializes the tests of one binary (they share the env var, the scenario file and the
-/// library's global state). Also sets the env var on first use.
+/// Serializes the tests of this binary, with the scenario variable set on first use.
 pub fn lock() -> (MutexGuard<'static, ()>, &'static TestEnv) {
-    let guard = LOCK.lock().unwrap_or_else(PoisonError::into_inner);
-    let env = ENV.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let state = dir.path().join("scenario.json");
-        // SAFETY: done once, under LOCK, before any test loads the library; no other test
-        // thread touches the environment concurrently.
-        unsafe { std::env::set_var(ENV_VAR, &state) };
-        TestEnv { dir, state }
-    });
-    (guard, env)
+    gpushare_testkit::nvml::lock(ENV_VAR)
 }
 
-/// Replaces `path` atomically (write a temporary file, rename over).
-pub fn write_atomic(path: &Path, text: &str) {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, text).expect("write scenario");
-    std::fs::rename(&tmp, path).expect("rename scenario");
-}
-
-pub fn write_scenario(path: &Path, scenario: &Scenario) {
-    write_atomic(
-        path,
-        &serde_json::to_string_pretty(scenario).expect("serialize"),
-    );
-}
-
-/// Where the python venv lives: `$GPUSHARE_PYENV`, default `<workspace>/target/pyenv`.
-pub fn pyenv() -> PathBuf {
-    match std::env::var_os("GPUSHARE_PYENV") {
-        Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join("target")
-            .join("pyenv"),
+/// A device's (used, free) memory as NVML reports it, worked out here, independently of the mock:
+/// each pid counts once (its largest record), and used never exceeds what is not reserved.
+pub fn memory(d: &gpushare_fake_nvml::Device) -> (u64, u64) {
+    let mut by_pid: std::collections::BTreeMap<u32, u64> = Default::default();
+    for p in d.compute_processes.iter().chain(&d.graphics_processes) {
+        if let Some(u) = p.used_memory {
+            let e = by_pid.entry(p.pid).or_default();
+            *e = (*e).max(u);
+        }
     }
-}
-
-/// Skips loudly, or fails when `GPUSHARE_REQUIRE_PYENV=1` (CI, where setup creates the venv).
-pub fn skip_or_fail(what: &str) {
-    if std::env::var("GPUSHARE_REQUIRE_PYENV").as_deref() == Ok("1") {
-        panic!("GPUSHARE_REQUIRE_PYENV=1 but {what} (run scripts/setup.sh)");
-    }
-    // Straight to fd 2: libtest captures eprintln! of passing tests, and this must be seen.
-    use std::io::Write as _;
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n=== SKIPPED: {what}; run scripts/setup.sh or set GPUSHARE_PYENV ===\n"
-    );
+    let avail = d.memory_total - d.memory_reserved;
+    let used = by_pid.values().sum::<u64>().min(avail);
+    (used, avail - used)
 }
 
 /// A scenario exercising most fields: two healthy devices with compute and graphics processes

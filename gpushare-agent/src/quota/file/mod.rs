@@ -54,6 +54,11 @@ mod validate;
 use std::time::Duration;
 
 pub use self::load::{ConfigFiles, build_files, load_dir_set, read_files};
+
+/// The operator's main quota file (its sibling `quotas.d/*.toml` is read with it).
+pub const DEFAULT_QUOTAS: &str = "/etc/gpushare/quotas.toml";
+/// Runtime quota drop-ins (written by `launch`, read by the agent).
+pub const RUNTIME_QUOTAS_DIR: &str = "/run/gpushare/quotas.d";
 use self::{
     explain::{explain_toml_message, location},
     selectors::{protect_pattern, selector},

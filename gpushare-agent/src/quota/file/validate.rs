@@ -38,84 +38,58 @@ impl Cx<'_> {
 }
 
 pub(super) fn size_value(cx: &mut Cx, field: &str, v: &Spanned<Value>) -> Option<u64> {
-    let span = v.span();
-    match v.get_ref() {
-        Value::String(s) => match parse_size(s) {
-            Ok(b) => Some(b),
-            Err(SizeError::NoUnit(n)) => {
-                cx.err(
-                    &span,
-                    format!(
-                        "`{field}` needs a unit: \"{n}\" is ambiguous; write \"{n}MiB\" or \"{n}GiB\""
-                    ),
-                );
-                None
-            }
-            Err(e) => {
-                cx.err(&span, format!("`{field}`: {e}"));
-                None
-            }
-        },
-        Value::Integer(n) if *n < 0 => {
-            cx.err(&span, format!("`{field}` cannot be negative"));
-            None
-        }
-        Value::Integer(_) | Value::Float(_) => {
-            let n = value_words(v.get_ref());
+    let Value::String(s) = v.get_ref() else {
+        return not_a_string(cx, field, v, "a size like \"4GiB\" or \"512MiB\"", |n| {
+            format!(
+                "`{field} = {n}` is a bare number, which is ambiguous: write \"{n}MiB\" or \"{n}GiB\" (a quoted string with a unit)"
+            )
+        });
+    };
+    match parse_size(s) {
+        Ok(b) => Some(b),
+        Err(SizeError::NoUnit(n)) => {
             cx.err(
-                &span,
+                &v.span(),
                 format!(
-                    "`{field} = {n}` is a bare number, which is ambiguous: write \"{n}MiB\" or \"{n}GiB\" (a quoted string with a unit)"
+                    "`{field}` needs a unit: \"{n}\" is ambiguous; write \"{n}MiB\" or \"{n}GiB\""
                 ),
             );
             None
         }
-        other => {
-            cx.err(
-                &span,
-                format!(
-                    "`{field}` must be a size like \"4GiB\" or \"512MiB\", not {}",
-                    value_words(other)
-                ),
-            );
+        Err(e) => {
+            cx.err(&v.span(), format!("`{field}`: {e}"));
             None
         }
     }
 }
 
 pub(super) fn duration_value(cx: &mut Cx, field: &str, v: &Spanned<Value>) -> Option<Duration> {
-    let span = v.span();
-    match v.get_ref() {
-        Value::String(s) => match crate::quota::parse_duration(s) {
-            Ok(d) => Some(d),
-            Err(e) => {
-                cx.err(&span, format!("`{field}`: {e}"));
-                None
-            }
-        },
-        Value::Integer(n) if *n < 0 => {
-            cx.err(&span, format!("`{field}` cannot be negative"));
-            None
-        }
-        Value::Integer(_) | Value::Float(_) => {
-            let n = value_words(v.get_ref());
-            cx.err(
-                &span,
-                format!("`{field} = {n}` has no unit: write \"{n}s\" or \"{n}ms\""),
-            );
-            None
-        }
-        other => {
-            cx.err(
-                &span,
-                format!(
-                    "`{field}` must be a duration like \"5s\" or \"500ms\", not {}",
-                    value_words(other)
-                ),
-            );
-            None
-        }
-    }
+    let Value::String(s) = v.get_ref() else {
+        return not_a_string(cx, field, v, "a duration like \"5s\" or \"500ms\"", |n| {
+            format!("`{field} = {n}` has no unit: write \"{n}s\" or \"{n}ms\"")
+        });
+    };
+    crate::quota::parse_duration(s)
+        .map_err(|e| cx.err(&v.span(), format!("`{field}`: {e}")))
+        .ok()
+}
+
+/// A value with a unit written as something other than a string: a negative number, a bare
+/// number (`bare` says how to write it with a unit) or another type (`like` shows the form).
+fn not_a_string<T>(
+    cx: &mut Cx,
+    field: &str,
+    v: &Spanned<Value>,
+    like: &str,
+    bare: impl FnOnce(String) -> String,
+) -> Option<T> {
+    let message = match v.get_ref() {
+        Value::Integer(n) if *n < 0 => format!("`{field}` cannot be negative"),
+        Value::Integer(_) | Value::Float(_) => bare(value_words(v.get_ref())),
+        other => format!("`{field}` must be {like}, not {}", value_words(other)),
+    };
+    cx.err(&v.span(), message);
+    None
 }
 
 pub(super) fn percent(s: &str) -> Option<u32> {

@@ -10,7 +10,7 @@
 //! Where (first that exists; all root-owned, written by the runtime, never mounted into the
 //! container):
 //! - Docker: `<data root>/containers/<id>/config.v2.json`, `Config.Env` (the data root from
-//!   `/etc/docker/daemon.json`, see [`super::docker`]);
+//!   `/etc/docker/daemon.json`, see [`crate::attribution::docker`]);
 //! - containerd (and Docker, which runs its containers through containerd in namespace `moby`):
 //!   the OCI bundle `<task root>/<namespace>/<id>/config.json`, `process.env`, with the task roots
 //!   `/run/containerd/io.containerd.runtime.v2.task` (containerd 1.x and 2.x),
@@ -39,13 +39,15 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::{
-    ProcessIdentity,
-    docker::{self, MAX_CONFIG_BYTES},
-    procinfo,
+use crate::{
+    attribution::{
+        ProcessIdentity,
+        docker::{self, MAX_CONFIG_BYTES},
+        procinfo,
+    },
+    quota::{Trust, env::is_quota_var},
     workload::Runtime,
 };
-use crate::quota::{Trust, env::is_quota_var};
 
 /// containerd's task roots: each holds `<namespace>/<id>/config.json`.
 pub const CONTAINERD_TASK_ROOTS: [&str; 3] = [
@@ -377,12 +379,9 @@ mod tests {
 
     impl TempDir {
         fn new(tag: &str) -> Self {
-            Self(
-                tempfile::Builder::new()
-                    .prefix(&format!("gpushare-runtime-spec-{tag}-"))
-                    .tempdir()
-                    .unwrap(),
-            )
+            Self(gpushare_testkit::temp_dir(&format!(
+                "gpushare-runtime-spec-{tag}-"
+            )))
         }
 
         fn roots(&self) -> SpecRoots {
