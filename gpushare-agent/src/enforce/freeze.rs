@@ -111,15 +111,7 @@ pub fn v1_freezer_root() -> Option<PathBuf> {
 
 /// Where the v1 hierarchy of `controller` is mounted, if it is.
 pub fn v1_root(controller: &str) -> Option<PathBuf> {
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mountinfo.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        let mut r = right.split_whitespace();
-        (r.next()? == "cgroup").then_some(())?;
-        let opts = r.nth(1)?;
-        opts.split(',').any(|o| o == controller).then_some(())?;
-        left.split_whitespace().nth(4).map(PathBuf::from)
-    })
+    crate::sys::mountinfo::cgroup1_root(controller)
 }
 
 fn write_control(dir: &Path, file: &str, value: &str) -> Result<()> {

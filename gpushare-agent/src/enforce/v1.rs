@@ -59,14 +59,6 @@ impl Enforcer {
 
 /// The group of a process in the v1 hierarchy of `controller`, as `/proc/<pid>/cgroup` spells it.
 pub(super) fn v1_group_of(pid: u32, controller: &str) -> Result<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
-    text.lines()
-        .find_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
-            ctrl.split(',')
-                .any(|c| c == controller)
-                .then(|| path.to_string())
-        })
+    crate::sys::proc_cgroup::v1_path(pid, controller)?
         .with_context(|| format!("process has no v1 {controller} group"))
 }
