@@ -283,7 +283,7 @@ fn reconcile_replaces_a_confirmed_task_whose_pid_was_reused_while_its_events_wai
     assert!(!tracker.reconcile().removed.contains(&pid));
     // It lives a while, as GPU processes do: start times have clock-tick resolution (10 ms), and a
     // reuse within the same tick would be the same identity.
-    std::thread::sleep(Duration::from_millis(50));
+    crate::util::wait_clock_tick_after_start(pid);
     // It exits and its pid goes to a new GPU process, with no event applied in between (as when
     // the ring buffer overflowed): only the kernel table tells.
     first.kill();

@@ -72,15 +72,14 @@ fn a_reused_pid_is_charged_to_its_new_owner_never_to_the_workload_that_held_it()
         "A is still charged for B's memory: {:?}",
         workload(&s, &key(&a), "all")
     );
-    for _ in 0..10 {
+    // Not frozen at any step over the next second (a sample or more).
+    let s = agent.steps_over(Duration::from_secs(1), |_| {
         assert!(
             !a.is_frozen() && !b.is_frozen(),
             "a workload was frozen for memory that is not its own\n{}",
             agent.log()
         );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let s = agent.state().unwrap();
+    });
     let owner = s
         .processes
         .iter()
@@ -303,7 +302,8 @@ fn a_freeze_that_cannot_settle_is_reported_as_freezing_and_never_stalls_the_agen
     });
     let requested = std::fs::read_to_string(cg.dir().join("cgroup.freeze")).unwrap();
     assert_eq!(requested.trim(), "1", "the freeze was asked for");
-    // While the freeze cannot settle the agent answers at once and never claims `frozen`.
+    // While the freeze cannot settle the agent answers at once and never claims `frozen`: checked
+    // at each of 20 steps.
     for _ in 0..20 {
         let t = Instant::now();
         let (code, _) = agent.get("/healthz");
@@ -319,7 +319,7 @@ fn a_freeze_that_cannot_settle_is_reported_as_freezing_and_never_stalls_the_agen
             "frozen",
             "reported frozen while it is not"
         );
-        std::thread::sleep(Duration::from_millis(100));
+        agent.wait_next_step();
     }
     let metrics = agent.get("/metrics").1;
     assert!(
@@ -385,7 +385,15 @@ fn a_thaw_the_kernel_did_not_apply_is_reported_frozen_and_retried() {
     agent.wait_for(WAIT, |s| {
         workload(s, &key(&cg), "all").is_some_and(|w| w.used_bytes == GIB)
     });
-    std::thread::sleep(Duration::from_secs(2));
+    // For two seconds of steps, each retrying the thaw: still frozen, and reported so.
+    agent.steps_over(Duration::from_secs(2), |s| {
+        assert!(cg.is_frozen());
+        assert_eq!(
+            workload(s, &key(&cg), "all").map(|w| w.state.as_str()),
+            Some("frozen"),
+            "the state must be what the kernel says"
+        );
+    });
     assert!(cg.is_frozen());
     assert_eq!(
         state_of(&agent, &key(&cg)),
@@ -440,7 +448,8 @@ fn a_kill_step_whose_signal_is_caught_is_followed_by_sigkill_and_reported_as_it_
         assert!(Instant::now() < deadline, "no SIGTERM\n{}", agent.log());
         std::thread::sleep(Duration::from_millis(20));
     }
-    std::thread::sleep(Duration::from_millis(500));
+    // Half a second of steps after the signal (less than the kill step's grace).
+    agent.steps_over(Duration::from_millis(500), |_| {});
     assert!(p.0.try_wait().unwrap().is_none(), "it caught SIGTERM");
     let state = state_of(&agent, &key(&cg));
     assert_ne!(state, "killed", "reported killed while it runs");

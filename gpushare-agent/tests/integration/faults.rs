@@ -20,7 +20,10 @@ use gpushare_testkit::{
 };
 use serde_json::json;
 
-use crate::util::{AgentProcess, agent_dir, counter_value, key, usr1_recorder, workload};
+use crate::util::{
+    AgentProcess, agent_dir, counter_value, key, usr1_recorder, wait_clock_tick_after_start,
+    workload,
+};
 
 const GIB: u64 = 1 << 30;
 
@@ -125,7 +128,7 @@ fn a_reused_pid_is_never_signalled() {
     let mut first = Command::new("sleep").arg("60").spawn().unwrap();
     let pid = first.id();
     // It lives a while, as GPU processes do (start times have clock-tick resolution, 10 ms).
-    std::thread::sleep(Duration::from_millis(50));
+    wait_clock_tick_after_start(pid);
     let sampled: ProcessIdentity = procinfo::snapshot(pid).unwrap().identity;
     // ...exits, and an unrelated process is made to get the same pid (ns_last_pid), between the
     // sample and the action.
@@ -255,23 +258,21 @@ fn nvml_errors_and_a_lost_gpu_inside_the_grace_period_never_lead_to_enforcement(
             bad["devices"][0]["lost"] = json!(true);
         }
         sc.write(&bad).unwrap();
-        let held = Instant::now();
-        while held.elapsed() < GRACE + Duration::from_secs(1) {
+        // Checked at every step until past the grace period and a second more.
+        agent.steps_over(GRACE + Duration::from_secs(1), |s| {
             assert!(
                 !cg.is_frozen(),
                 "{what}: froze on failed NVML data\n{}",
                 agent.log()
             );
-            let s = agent.state().unwrap();
-            let state = workload(&s, &k, "all").map(|w| w.state.clone());
+            let state = workload(s, &k, "all").map(|w| w.state.clone());
             assert_eq!(
                 state.as_deref(),
                 Some("over_quota"),
                 "{what}: the workload's state changed on failed NVML data\n{}",
                 agent.log()
             );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        });
         let s = agent.wait_next_step();
         assert!(
             s.health
@@ -580,8 +581,19 @@ fn churn_leaves_no_series_of_exited_workloads_and_no_leaks() {
         "[defaults]\ngrace = \"0s\"\nladder = [ {{ action = \"freeze\" }} ]\n\n[[quota]]\ncgroup = \"{}/*\"\ngpu_memory = \"2GiB\"\n",
         parent.rel_path()
     );
-    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    let mut agent = AgentProcess::start(&sc, &quotas, &[]);
     let agent_pid = agent.pid().unwrap();
+    // The agent must keep stepping throughout: a crashed or stalled agent would leave no series
+    // and no record either.
+    let steps = |agent: &AgentProcess| {
+        counter_value(
+            &agent.get("/metrics").1,
+            "gpushare_sample_duration_seconds_count",
+            "",
+        )
+    };
+    let steps0 = steps(&agent);
+    let mut last_step = agent.state().expect("the agent answers").taken_at_unix;
     let rss = || -> u64 {
         procfs::process::Process::new(agent_pid as i32)
             .unwrap()
@@ -639,12 +651,20 @@ fn churn_leaves_no_series_of_exited_workloads_and_no_leaks() {
         }
         let procs: Vec<(u32, u64)> = live.iter().map(|(_, p, b)| (p.0.id(), *b)).collect();
         sc.write(&scenario(&procs, json!({}))).unwrap();
-        std::thread::sleep(Duration::from_millis(250));
+        // One step of the agent an iteration: it must publish a new one each time.
+        let s = agent.wait_next_step();
+        assert!(
+            s.taken_at_unix > last_step,
+            "iteration {n}: the agent's last step did not advance ({} after {last_step})",
+            s.taken_at_unix
+        );
+        last_step = s.taken_at_unix;
         if baseline.is_none() && start.elapsed() > Duration::from_secs(3) {
             baseline = Some((rss(), fds()));
         }
     }
-    std::thread::sleep(Duration::from_millis(600));
+    // A few whole steps after the last change, so that it is all applied.
+    agent.wait_steps(3);
     let (rss0, fds0) = baseline.expect("ran long enough for a baseline");
     let (rss1, fds1) = (rss(), fds());
     let metrics = agent.get("/metrics").1;
@@ -662,6 +682,15 @@ fn churn_leaves_no_series_of_exited_workloads_and_no_leaks() {
             "stale freeze record for {g}:\n{ledger}"
         );
     }
+    // Still up and reporting at the end.
+    assert!(agent.is_running(), "the agent died\n{}", agent.log());
+    assert_eq!(agent.get("/healthz").0, 200, "/healthz\n{}", agent.log());
+    let steps1 = steps(&agent);
+    assert!(
+        steps1 >= steps0 + n as f64,
+        "the agent took {} steps over {n} iterations",
+        steps1 - steps0
+    );
     eprintln!(
         "churn: {n} workloads in {secs}s; agent RSS {rss0} -> {rss1} kB, fds {fds0} -> {fds1}"
     );
@@ -693,7 +722,7 @@ fn quota_file_deleted_or_replaced_mid_run() {
     )
     .unwrap();
     agent.wait_for(Duration::from_secs(15), |s| !s.counters.quota_config_valid);
-    std::thread::sleep(Duration::from_millis(500));
+    agent.steps_over(Duration::from_millis(500), |_| {});
     assert!(cg.is_frozen(), "a broken file must not thaw anything");
     // Deleted: no file means no entries; the quota is gone, so the workload is no longer liable.
     std::fs::remove_file(agent.quotas_path()).unwrap();

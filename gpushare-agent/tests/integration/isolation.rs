@@ -183,8 +183,7 @@ fn elastic_workload_borrows_idle_memory_and_is_isolated_under_pressure() {
         workload(s, &key(&a_cg), "all").is_some_and(|w| w.used_bytes == 3 * GIB)
     });
     // Over its quota but the GPU has 76 GiB free: left alone for several samples.
-    std::thread::sleep(Duration::from_millis(1500));
-    let s = agent.state().unwrap();
+    let s = agent.steps_over(Duration::from_millis(1500), |_| {});
     assert_eq!(workload(&s, &key(&a_cg), "all").unwrap().state, "ok");
     assert!(!a_cg.is_frozen());
     // Pressure: another process takes 70 GiB, free falls to 7 GiB < 10 GiB reserve.
@@ -322,7 +321,7 @@ fn sigkill_while_frozen_then_restart_keeps_what_still_applies_and_thaws_what_doe
         workload(&s, &key(&a_cg), "all").unwrap().used_bytes,
         3 * GIB
     );
-    std::thread::sleep(Duration::from_millis(600));
+    agent.steps_over(Duration::from_millis(600), |_| {});
     assert!(
         a_cg.is_frozen(),
         "still liable: kept frozen across the restart"
@@ -459,8 +458,7 @@ fn an_env_limit_one_process_of_a_shared_unit_sets_does_not_freeze_the_unit() {
         s.processes.iter().filter(|p| p.workload == key).count() == 2
     });
     // Well past the grace period and every step of the ladder.
-    std::thread::sleep(Duration::from_millis(2000));
-    let s = agent.state().unwrap();
+    let s = agent.steps_over(Duration::from_millis(2000), |_| {});
     let rows: Vec<_> = s.workloads.iter().filter(|w| w.workload == key).collect();
     assert!(!rows.is_empty());
     for w in &rows {
@@ -486,7 +484,7 @@ fn an_invalid_file_at_start_observes_only_and_a_protected_workload_is_never_sign
         container_key(&cg)
     );
     let agent = AgentProcess::start(&sc, &quotas, &[]);
-    std::thread::sleep(Duration::from_millis(6500));
+    agent.steps_over(Duration::from_millis(6500), |_| {});
     assert_eq!(
         p.usr1s(),
         0,
@@ -513,7 +511,7 @@ fn an_invalid_file_at_start_observes_only_and_a_protected_workload_is_never_sign
     agent.wait_for(Duration::from_secs(15), |s| s.counters.quota_config_valid);
     let (_, body) = agent.get("/api/v1/state");
     assert!(!body.contains("observe only"), "{body}");
-    std::thread::sleep(Duration::from_millis(1000));
+    agent.steps_over(Duration::from_millis(1000), |_| {});
     assert_eq!(p.usr1s(), 0, "protected");
 }
 
@@ -593,7 +591,9 @@ fn a_signal_step_goes_only_to_processes_that_catch_the_signal() {
         "the catcher got SIGUSR1\n{}",
         agent.log()
     );
-    std::thread::sleep(Duration::from_millis(500));
+    // The signal went to both in one step: half a second of steps more, for the one without a
+    // handler to have died if it would.
+    agent.steps_over(Duration::from_millis(500), |_| {});
     let gone = plain.try_wait().unwrap();
     let _ = plain.kill();
     let _ = plain.wait();
@@ -687,7 +687,7 @@ fn a_dry_run_decides_and_reports_the_whole_ladder_but_signals_and_freezes_nothin
     assert!(log.contains("dry run: would freeze"), "{log}");
     // ... while nothing was touched: a few more steps, and still no signal, no freeze, no
     // record, no mark.
-    std::thread::sleep(Duration::from_millis(600));
+    agent.steps_over(Duration::from_millis(600), |_| {});
     assert!(!cg.is_frozen(), "frozen in a dry run");
     assert_eq!(
         std::fs::read_to_string(cg.dir().join("cgroup.freeze"))
@@ -723,11 +723,18 @@ fn keep_frozen_on_exit_leaves_the_freeze_to_the_next_start_which_takes_it_over()
     });
     assert!(cg.wait_frozen(true));
     // SIGTERM: a clean exit that leaves the freeze, recorded and marked, in place.
+    // The agent has exited: nothing can thaw the group after this.
     assert_eq!(agent.stop(), Some(0));
-    std::thread::sleep(Duration::from_millis(300));
     assert!(
         cg.is_frozen(),
         "thawed on exit despite --keep-frozen-on-exit"
+    );
+    assert_eq!(
+        std::fs::read_to_string(cg.dir().join("cgroup.freeze"))
+            .unwrap()
+            .trim(),
+        "1",
+        "the freeze request is left in place"
     );
     assert!(
         std::fs::read_to_string(agent.ledger())

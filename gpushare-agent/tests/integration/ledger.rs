@@ -151,7 +151,7 @@ fn reconciliation_is_per_gpu_and_release_knows_the_freezes_of_an_earlier_run() {
         "GPU 0 is healthy and the workload within quota: thawed although GPU 1 is degraded\n{}",
         agent.log()
     );
-    std::thread::sleep(Duration::from_secs(1));
+    agent.steps_over(Duration::from_secs(1), |_| {});
     assert!(on1.is_frozen(), "its GPU is degraded: kept");
     let (code, body) = agent.post_local(
         "/api/v1/release",
@@ -179,7 +179,7 @@ fn dry_run_does_not_reapply_an_earlier_runs_freeze() {
     agent.wait_for(WAIT, |s| {
         workload(s, &key(&cg), "all").is_some_and(|w| w.used_bytes == 3 * GIB)
     });
-    std::thread::sleep(Duration::from_secs(1));
+    agent.steps_over(Duration::from_secs(1), |_| {});
     assert!(!cg.is_frozen(), "a dry run froze a group\n{}", agent.log());
     assert_eq!(
         std::fs::read_to_string(cg.dir().join("cgroup.freeze")).unwrap(),

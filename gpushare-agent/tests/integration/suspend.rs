@@ -243,8 +243,7 @@ fn elastic_mode_suspends_the_largest_borrower_under_pressure_and_resumes_it_when
     agent.wait_for(WAIT, |s| {
         workload(s, &key(&big), "all").is_some_and(|w| w.state == "suspended")
     });
-    std::thread::sleep(Duration::from_secs(1));
-    let s = agent.state().unwrap();
+    let s = agent.steps_over(Duration::from_secs(1), |_| {});
     assert_eq!(
         workload(&s, &key(&small), "all").unwrap().state,
         "ok",
@@ -563,8 +562,7 @@ fn where_the_driver_takes_per_cgroup_limits_each_quota_is_also_a_driver_limit_on
     off["memory_limits_supported"] = json!(false);
     sc.write(&off).unwrap();
     let agent = start(&sc, &quotas);
-    std::thread::sleep(Duration::from_secs(1));
-    let s = agent.state().unwrap();
+    let s = agent.steps_over(Duration::from_secs(1), |_| {});
     assert_eq!(s.gpus[0].isolation_backend, "soft");
     assert_eq!(driver_limit(&sc, "GPU-susp", cg.dir()), None);
 }

@@ -243,6 +243,37 @@ impl AgentProcess {
         self.wait_for(Duration::from_secs(10), |s| s.taken_at_unix > before)
     }
 
+    /// Waits until the agent has published `n` new steps; the last one.
+    pub fn wait_steps(&self, n: u32) -> Snapshot {
+        let mut s = self.wait_next_step();
+        for _ in 1..n {
+            s = self.wait_next_step();
+        }
+        s
+    }
+
+    /// For an assertion that something does NOT happen for a while: calls `check` on each step
+    /// the agent publishes until one taken at least `d` after this call, and returns that one.
+    /// Where a sleep would also pass with a stalled or dead agent, this needs it to keep
+    /// stepping all along.
+    pub fn steps_over(&self, d: Duration, mut check: impl FnMut(&Snapshot)) -> Snapshot {
+        let until = unix_now() + d.as_secs_f64();
+        loop {
+            let s = self.wait_next_step();
+            check(&s);
+            if s.taken_at_unix >= until {
+                return s;
+            }
+        }
+    }
+
+    /// Whether the agent's process is still running (not exited, not a zombie).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().is_ok_and(|st| st.is_none()))
+    }
+
     /// The agent's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
@@ -280,6 +311,47 @@ impl Drop for AgentProcess {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Seconds since the epoch, as the agent stamps its steps (`taken_at_unix`).
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Waits until `cond` holds, polling every 10 ms; panics naming `what` after `timeout`.
+pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until the kernel's clock has ticked past the start time of `pid` (start times have
+/// clock-tick resolution, 10 ms): a process started from now on has a later start time, so a
+/// pid reused by it is told apart by its start time.
+pub fn wait_clock_tick_after_start(pid: u32) {
+    let start = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.stat())
+        .map(|s| s.starttime)
+        .expect("the process's start time");
+    let tps = procfs::ticks_per_second() as f64;
+    wait_until(
+        Duration::from_secs(5),
+        "the clock ticks past the process's start time",
+        || {
+            let up = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
+            let secs: f64 = up
+                .split_whitespace()
+                .next()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0.0);
+            (secs * tps) as u64 > start + 1
+        },
+    );
 }
 
 /// The workload row of `key` on GPU `gpu` ("all" for all-GPU quotas).
