@@ -15,15 +15,14 @@ use gpushare_agent::{
     policy::GpuScope,
     snapshot::Snapshot,
 };
-use gpushare_testkit::{
-    FakeDeviceNode, FakeGpuProcess, TestCgroup, nvml::Scenario, require_root, unique,
-};
+use gpushare_testkit::{FakeDeviceNode, FakeGpuProcess, TestCgroup, nvml::Scenario, unique};
 use serde_json::json;
 
 use crate::util::{
     AgentProcess, agent_dir, counter_value, key, usr1_recorder, wait_clock_tick_after_start,
     workload,
 };
+use crate::util::{group, needs_root};
 
 const GIB: u64 = 1 << 30;
 
@@ -58,9 +57,7 @@ impl Drop for Reaped {
 
 #[test]
 fn ring_buffer_overflow_is_counted_and_the_table_is_reconciled() {
-    if !require_root("ring_buffer_overflow") {
-        return;
-    }
+    needs_root!("ring_buffer_overflow");
     // One page of ring buffer: about 70 events. 200 new GPU tasks overflow it.
     let opts = LoadOptions {
         events_bytes: Some(4096),
@@ -72,7 +69,7 @@ fn ring_buffer_overflow_is_counted_and_the_table_is_reconciled() {
         CgroupResolver::new(cgroupfs::find_cgroup2_mount().unwrap()),
     );
     let node = FakeDeviceNode::create(&unique("storm")).unwrap();
-    let cg = TestCgroup::create(&unique("storm")).unwrap();
+    let cg = group("storm");
     let procs: Vec<FakeGpuProcess> = (0..200)
         .map(|_| FakeGpuProcess::spawn(Some(&cg), &[node.path()], &[]).unwrap())
         .collect();
@@ -119,9 +116,7 @@ fn ring_buffer_overflow_is_counted_and_the_table_is_reconciled() {
 
 #[test]
 fn a_reused_pid_is_never_signalled() {
-    if !require_root("a_reused_pid_is_never_signalled") {
-        return;
-    }
+    needs_root!("a_reused_pid_is_never_signalled");
     let state = std::env::temp_dir().join(unique("gpushare-state"));
     let enf = Enforcer::new(cgroupfs::find_cgroup2_mount().unwrap(), &state, false).unwrap();
     // The process the agent sampled...
@@ -162,15 +157,13 @@ fn a_reused_pid_is_never_signalled() {
 
 #[test]
 fn an_unwritable_state_directory_refuses_freezes_rather_than_freezing_unrecorded() {
-    if !require_root("an_unwritable_state_directory") {
-        return;
-    }
+    needs_root!("an_unwritable_state_directory");
     let state = std::env::temp_dir().join(unique("gpushare-state"));
     let mut enf = Enforcer::new(cgroupfs::find_cgroup2_mount().unwrap(), &state, false).unwrap();
     // The directory goes away and a file takes its place: nothing can be written there.
     std::fs::remove_dir_all(&state).unwrap();
     std::fs::write(&state, "not a directory").unwrap();
-    let cg = TestCgroup::create(&unique("nostate")).unwrap();
+    let cg = group("nostate");
     let _p = Reaped(cg.spawn(Command::new("sleep").arg("60")).unwrap());
     assert_eq!(
         enf.freeze(
@@ -189,10 +182,8 @@ fn an_unwritable_state_directory_refuses_freezes_rather_than_freezing_unrecorded
 
 #[test]
 fn nvml_errors_and_a_lost_gpu_inside_the_grace_period_never_lead_to_enforcement() {
-    if !require_root("nvml_errors_mid_run") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("nvmlerr")).unwrap();
+    needs_root!("nvml_errors_mid_run");
+    let cg = group("nvmlerr");
     let log = std::env::temp_dir().join(unique("usr1"));
     let p = Reaped(cg.spawn(&mut usr1_recorder(&log)).unwrap());
     let pid = p.0.id();
@@ -331,9 +322,7 @@ fn nvml_errors_and_a_lost_gpu_inside_the_grace_period_never_lead_to_enforcement(
 
 #[test]
 fn no_driver_at_start_keeps_the_agent_running_and_says_so() {
-    if !require_root("no_driver_at_start") {
-        return;
-    }
+    needs_root!("no_driver_at_start");
     let sc = Scenario::create(&json!({ "devices": [] })).unwrap();
     let agent = AgentProcess::start(&sc, "", &["--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
     let (code, body) = agent.get("/healthz");
@@ -389,9 +378,7 @@ fn covered(dir: &Path, state_dir: &Path) -> bool {
 
 #[test]
 fn sigkill_at_random_moments_never_leaves_a_wrong_freeze() {
-    if !require_root("sigkill_at_random_moments") {
-        return;
-    }
+    needs_root!("sigkill_at_random_moments");
     let seed = std::env::var("GPUSHARE_KILL_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -414,8 +401,8 @@ fn sigkill_at_random_moments_never_leaves_a_wrong_freeze() {
          (GPUSHARE_KILL_SEED={seed} GPUSHARE_KILL_ITERATIONS={iterations} replays it)"
     );
     let mut rng = Rng(seed);
-    let over = TestCgroup::create(&unique("rk-over")).unwrap();
-    let under = TestCgroup::create(&unique("rk-under")).unwrap();
+    let over = group("rk-over");
+    let under = group("rk-under");
     let po = Reaped(
         over.spawn(Command::new("sleep").arg("300").stdin(Stdio::null()))
             .unwrap(),
@@ -489,9 +476,7 @@ fn sigkill_at_random_moments_never_leaves_a_wrong_freeze() {
                         // Back within quota (thawed), then over it again with the pause set: the
                         // agent records the freeze and waits before writing cgroup.freeze.
                         sc.write(&usage(GIB)).unwrap();
-                        agent.wait_for(Duration::from_secs(10), |s| {
-                            workload(s, &key(&over), "all").is_some_and(|w| w.state == "ok")
-                        });
+                        agent.wait_state(&key(&over), "ok");
                         assert!(over.wait_frozen(false), "{what}: thawed within quota");
                         std::fs::write(&pause, "").unwrap();
                         sc.write(&usage(3 * GIB)).unwrap();
@@ -568,14 +553,12 @@ fn sigkill_at_random_moments_never_leaves_a_wrong_freeze() {
 
 #[test]
 fn churn_leaves_no_series_of_exited_workloads_and_no_leaks() {
-    if !require_root("churn_soak") {
-        return;
-    }
+    needs_root!("churn_soak");
     let secs: u64 = std::env::var("GPUSHARE_SOAK_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    let parent = TestCgroup::create(&unique("soak")).unwrap();
+    let parent = group("soak");
     let sc = Scenario::create(&scenario(&[], json!({}))).unwrap();
     let quotas = format!(
         "[defaults]\ngrace = \"0s\"\nladder = [ {{ action = \"freeze\" }} ]\n\n[[quota]]\ncgroup = \"{}/*\"\ngpu_memory = \"2GiB\"\n",
@@ -703,10 +686,8 @@ fn churn_leaves_no_series_of_exited_workloads_and_no_leaks() {
 
 #[test]
 fn quota_file_deleted_or_replaced_mid_run() {
-    if !require_root("quota_file_deleted_or_replaced") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("qdel")).unwrap();
+    needs_root!("quota_file_deleted_or_replaced");
+    let cg = group("qdel");
     let p = Reaped(
         cg.spawn(Command::new("sleep").arg("300").stdin(Stdio::null()))
             .unwrap(),

@@ -236,6 +236,20 @@ impl AgentProcess {
         }
     }
 
+    /// Waits (up to 20 s) until the all-GPU row of workload `key` is in `state`.
+    pub fn wait_state(&self, key: &str, state: &str) -> Snapshot {
+        self.wait_for(Duration::from_secs(20), |s| {
+            workload(s, key, "all").is_some_and(|w| w.state == state)
+        })
+    }
+
+    /// Waits (up to 20 s) until the all-GPU row of workload `key` shows `bytes` used.
+    pub fn wait_used(&self, key: &str, bytes: u64) -> Snapshot {
+        self.wait_for(Duration::from_secs(20), |s| {
+            workload(s, key, "all").is_some_and(|w| w.used_bytes == bytes)
+        })
+    }
+
     /// Waits until the agent publishes the result of a new step, and returns it: what a test does
     /// right after has (nearly) a whole sample interval before the next step.
     pub fn wait_next_step(&self) -> Snapshot {
@@ -446,6 +460,34 @@ impl Drop for Reaped {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Returns from the test, after a loud SKIPPED line, unless it runs as root (see
+/// [`gpushare_testkit::require_root`]).
+macro_rules! needs_root {
+    ($test:expr) => {
+        if !gpushare_testkit::require_root($test) {
+            return;
+        }
+    };
+}
+pub(crate) use needs_root;
+
+/// A test cgroup named after `name` (made unique), removed on drop.
+pub fn group(name: &str) -> gpushare_testkit::TestCgroup {
+    gpushare_testkit::TestCgroup::create(&gpushare_testkit::unique(name)).unwrap()
+}
+
+/// A test cgroup named after `name` with a [`sleeper`] in it.
+pub fn sleeping_group(name: &str) -> (gpushare_testkit::TestCgroup, Reaped) {
+    let cg = group(name);
+    let p = sleeping(&cg);
+    (cg, p)
+}
+
+/// A [`sleeper`] in `cg`, killed and reaped on drop.
+pub fn sleeping(cg: &gpushare_testkit::TestCgroup) -> Reaped {
+    Reaped(cg.spawn(&mut sleeper()).unwrap())
 }
 
 /// `sleep 300` with no stdin.
