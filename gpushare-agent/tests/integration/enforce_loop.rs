@@ -18,7 +18,7 @@ use gpushare_testkit::{
 
 use crate::util::{
     AgentProcess, Reaped, V1Group, agent_dir, cgroup_quota, counter_value, key, one_gpu, sleeper,
-    sleeping_group, spawn_with_pid, workload,
+    sleeping_group, spawn_with_pid, wait_until, workload,
 };
 use crate::util::{group, needs_root, sleeping};
 
@@ -192,15 +192,11 @@ fn a_workload_thawed_behind_the_agents_back_is_frozen_again_and_counted() {
     assert!(cg.wait_frozen(true), "frozen over quota");
     std::fs::write(cg.dir().join("cgroup.freeze"), "0").unwrap();
     assert!(cg.wait_frozen(false));
-    let deadline = Instant::now() + WAIT;
-    while !cg.is_frozen() {
-        assert!(
-            Instant::now() < deadline,
-            "never frozen again after an external thaw\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(
+        WAIT,
+        || format!("never frozen again after an external thaw\n{}", agent.log()),
+        || cg.is_frozen(),
+    );
     agent.wait_state(&key(&cg), "frozen");
     let metrics = agent.get("/metrics").1;
     assert!(
@@ -364,15 +360,11 @@ fn a_thaw_the_kernel_did_not_apply_is_reported_frozen_and_retried() {
         "the state must be what the kernel says"
     );
     drop(blocked);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while cg.is_frozen() {
-        assert!(
-            Instant::now() < deadline,
-            "the failed thaw was never retried\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(
+        Duration::from_secs(30),
+        || format!("the failed thaw was never retried\n{}", agent.log()),
+        || !cg.is_frozen(),
+    );
     agent.wait_state(&key(&cg), "ok");
 }
 
@@ -400,25 +392,26 @@ fn a_kill_step_whose_signal_is_caught_is_followed_by_sigkill_and_reported_as_it_
     let agent = AgentProcess::start(&sc, &quotas, &[]);
     agent.wait_used(&key(&cg), GIB);
     sc.write(&one_gpu(&[(pid, 3 * GIB)])).unwrap();
-    let deadline = Instant::now() + WAIT;
-    while !std::fs::read_to_string(&log).is_ok_and(|s| s.contains("TERM")) {
-        assert!(Instant::now() < deadline, "no SIGTERM\n{}", agent.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(
+        WAIT,
+        || format!("no SIGTERM\n{}", agent.log()),
+        || std::fs::read_to_string(&log).is_ok_and(|s| s.contains("TERM")),
+    );
     // Half a second of steps after the signal (less than the kill step's grace).
     agent.steps_over(Duration::from_millis(500), |_| {});
     assert!(p.0.try_wait().unwrap().is_none(), "it caught SIGTERM");
     let state = state_of(&agent, &key(&cg));
     assert_ne!(state, "killed", "reported killed while it runs");
     assert_eq!(state, "killing");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while p.0.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "a process that caught the kill step's signal is left running\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(
+        Duration::from_secs(30),
+        || {
+            format!(
+                "a process that caught the kill step's signal is left running\n{}",
+                agent.log()
+            )
+        },
+        || p.0.try_wait().unwrap().is_some(),
+    );
     let _ = std::fs::remove_file(&log);
 }

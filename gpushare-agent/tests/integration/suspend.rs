@@ -9,7 +9,7 @@ use gpushare_testkit::{TestCgroup, nvml::Scenario, nvml::fake_cuda_lib, unique};
 use serde_json::{Value, json};
 
 use crate::util::{
-    AgentProcess, agent_dir, cgroup_quota, counter_value, key, sleeping_group, workload,
+    AgentProcess, agent_dir, cgroup_quota, counter_value, key, sleeping_group, wait_until, workload,
 };
 use crate::util::{group, needs_root, sleeping};
 
@@ -181,11 +181,11 @@ fn a_resume_that_restored_but_could_not_unlock_is_retried_until_it_is_done() {
         &json!({ "workload": key(&cg) }).to_string(),
     );
     assert_eq!(code, 200, "{body}");
-    let deadline = std::time::Instant::now() + WAIT;
-    while cuda_state(&sc, p.pid()) != "locked" {
-        assert!(std::time::Instant::now() < deadline, "never restored");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(
+        WAIT,
+        || "never restored".into(),
+        || cuda_state(&sc, p.pid()) == "locked",
+    );
     sc.write(&on_small_gpu(json!({}))).unwrap();
     // Its memory is back on the GPU (1 GiB free for a 6 GiB footprint): that is no reason to wait.
     agent.wait_for(WAIT, |s| {
@@ -454,17 +454,18 @@ fn driver_limit(sc: &Scenario, uuid: &str, dir: &Path) -> Option<(u64, u64)> {
 
 /// Waits until the soft driver limit of `cg` on GPU-susp is `want` (`None`: no limit).
 fn wait_driver_limit(sc: &Scenario, cg: &TestCgroup, want: Option<u64>, agent: &AgentProcess) {
-    let deadline = std::time::Instant::now() + WAIT;
-    while driver_limit(sc, "GPU-susp", cg.dir()).map(|(soft, _)| soft) != want {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "driver limit of {} is {:?}, not {want:?}\n{}",
-            cg.rel_path(),
-            driver_limit(sc, "GPU-susp", cg.dir()),
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(
+        WAIT,
+        || {
+            format!(
+                "driver limit of {} is {:?}, not {want:?}\n{}",
+                cg.rel_path(),
+                driver_limit(sc, "GPU-susp", cg.dir()),
+                agent.log()
+            )
+        },
+        || driver_limit(sc, "GPU-susp", cg.dir()).map(|(soft, _)| soft) == want,
+    );
 }
 
 #[test]

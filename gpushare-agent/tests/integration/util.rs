@@ -335,11 +335,18 @@ pub fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Waits until `cond` holds, polling every 10 ms; panics naming `what` after `timeout`.
-pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+/// Waits until `cond` holds, polling every 10 ms; after `timeout`, panics with `what()` (what
+/// did not happen, and the agent's log or whatever tells why).
+pub fn wait_until(
+    timeout: Duration,
+    what: impl FnOnce() -> String,
+    mut cond: impl FnMut() -> bool,
+) {
     let deadline = Instant::now() + timeout;
     while !cond() {
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        if Instant::now() >= deadline {
+            panic!("not within {timeout:?}: {}", what());
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -355,7 +362,7 @@ pub fn wait_clock_tick_after_start(pid: u32) {
     let tps = procfs::ticks_per_second() as f64;
     wait_until(
         Duration::from_secs(5),
-        "the clock ticks past the process's start time",
+        || "the clock never ticked past the process's start time".into(),
         || {
             let up = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
             let secs: f64 = up
