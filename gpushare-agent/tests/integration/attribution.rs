@@ -9,7 +9,7 @@ use gpushare_agent::{
 };
 use gpushare_testkit::{FakeDeviceNode, FakeGpuProcess, nvml::Scenario, unique};
 
-use crate::util::{AgentProcess, agent_dir, one_gpu, poll_until, workload};
+use crate::util::{AgentProcess, agent_dir, kernel_holds, one_gpu, poll_until, workload};
 use crate::util::{group, needs_root};
 
 fn tracker(min_interval_ns: u64) -> Tracker {
@@ -200,14 +200,7 @@ fn reconcile_recovers_a_gpu_task_whose_open_event_was_missed() {
         .get(p.pid())
         .expect("bootstrapped from /proc");
     assert_eq!(t.cgroup_path.as_deref(), Some(cg.rel_path()));
-    assert!(
-        tracker
-            .kernel()
-            .unwrap()
-            .gpu_tasks()
-            .iter()
-            .any(|(pid, _)| *pid == p.pid())
-    );
+    assert!(kernel_holds(&tracker, p.pid()));
     let pid = p.pid();
     p.kill();
     // Its exit event is delivered (it is in the kernel table now).
@@ -393,12 +386,7 @@ fn an_open_still_in_progress_is_waited_for_and_counts_once_it_succeeds() {
     assert!(!seen.contains(&Change::Added(pid)), "{seen:?}");
     assert!(tracker.table().get(pid).is_none());
     assert!(
-        tracker
-            .kernel()
-            .unwrap()
-            .gpu_tasks()
-            .iter()
-            .any(|(t, _)| *t == pid),
+        kernel_holds(&tracker, pid),
         "the kernel entry of an open in progress stays"
     );
     // A writer lets the open complete: now it is a GPU task.

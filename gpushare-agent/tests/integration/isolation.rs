@@ -52,6 +52,9 @@ impl Drop for Proc {
     }
 }
 
+/// Freeze after a grace period of 200 ms.
+const FREEZE: &str = "[defaults]\ngrace = \"200ms\"\nladder = [ { action = \"freeze\" } ]\n";
+
 fn scenario(procs: &[(u32, u64)]) -> serde_json::Value {
     let list: Vec<_> = procs
         .iter()
@@ -279,10 +282,7 @@ fn sigkill_while_frozen_then_restart_keeps_what_still_applies_and_thaws_what_doe
     let a_cg = group("crash-a");
     let a = Proc::start(&a_cg, &[]);
     let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
-    let quotas = format!(
-        "[defaults]\ngrace = \"200ms\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
-        cgroup_quota(&a_cg, "2GiB")
-    );
+    let quotas = format!("{FREEZE}{}", cgroup_quota(&a_cg, "2GiB"));
     let mut agent = AgentProcess::start(&sc, &quotas, &[]);
     agent.wait_state(&key(&a_cg), "frozen");
     assert!(a_cg.wait_frozen(true));
@@ -344,10 +344,7 @@ fn a_bad_quota_file_is_rejected_with_its_location_and_the_last_good_one_stays() 
     let a_cg = group("bad-a");
     let a = Proc::start(&a_cg, &[]);
     let sc = Scenario::create(&scenario(&[(a.pid(), GIB)])).unwrap();
-    let good = format!(
-        "[defaults]\ngrace = \"200ms\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
-        cgroup_quota(&a_cg, "2GiB")
-    );
+    let good = format!("{FREEZE}{}", cgroup_quota(&a_cg, "2GiB"));
     let agent = AgentProcess::start(&sc, &good, &[]);
     assert!(
         agent
@@ -662,10 +659,7 @@ fn keep_frozen_on_exit_leaves_the_freeze_to_the_next_start_which_takes_it_over()
     let cg = group("keep");
     let a = Proc::start(&cg, &[]);
     let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
-    let quotas = format!(
-        "[defaults]\ngrace = \"200ms\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
-        cgroup_quota(&cg, "2GiB")
-    );
+    let quotas = format!("{FREEZE}{}", cgroup_quota(&cg, "2GiB"));
     let mut agent = AgentProcess::start(&sc, &quotas, &["--keep-frozen-on-exit"]);
     agent.wait_state(&key(&cg), "frozen");
     assert!(cg.wait_frozen(true));

@@ -375,6 +375,16 @@ pub fn wait_clock_tick_after_start(pid: u32) {
     );
 }
 
+/// Whether the kernel's table of GPU tasks holds `pid`.
+pub fn kernel_holds(tracker: &Tracker, pid: u32) -> bool {
+    tracker
+        .kernel()
+        .unwrap()
+        .gpu_tasks()
+        .iter()
+        .any(|(t, _)| *t == pid)
+}
+
 /// The workload row of `key` on GPU `gpu` ("all" for all-GPU quotas).
 pub fn workload<'a>(
     s: &'a Snapshot,
