@@ -7,11 +7,10 @@ use gpushare_agent::{
     attribution::{CgroupResolver, Change, Source, WorkloadKind, cgroupfs, tracker::Tracker},
     ebpf::{KernelPrograms, LoadOptions},
 };
-use gpushare_testkit::{
-    FakeDeviceNode, FakeGpuProcess, TestCgroup, nvml::Scenario, require_root, unique,
-};
+use gpushare_testkit::{FakeDeviceNode, FakeGpuProcess, nvml::Scenario, unique};
 
-use crate::util::{AgentProcess, agent_dir, one_gpu, poll_until, workload};
+use crate::util::{AgentProcess, agent_dir, kernel_holds, one_gpu, poll_until, workload};
+use crate::util::{group, needs_root};
 
 fn tracker(min_interval_ns: u64) -> Tracker {
     let opts = LoadOptions {
@@ -26,14 +25,12 @@ fn tracker(min_interval_ns: u64) -> Tracker {
 
 #[test]
 fn ebpf_attributes_gpu_tasks_to_their_cgroups_counts_ioctls_and_forgets_exits() {
-    if !require_root("ebpf_attributes_gpu_tasks") {
-        return;
-    }
+    needs_root!("ebpf_attributes_gpu_tasks");
     // Rate limit of 50 ms: a burst of allocations yields one prompt event, not one per call.
     let mut tracker = tracker(50_000_000);
     let node = FakeDeviceNode::create(&unique("attr")).unwrap();
-    let cg_a = TestCgroup::create(&unique("a")).unwrap();
-    let cg_b = TestCgroup::create(&unique("b")).unwrap();
+    let cg_a = group("a");
+    let cg_b = group("b");
 
     let mut a = FakeGpuProcess::spawn(Some(&cg_a), &[node.path()], &[]).unwrap();
     let mut b = FakeGpuProcess::spawn(Some(&cg_b), &[node.path()], &[]).unwrap();
@@ -135,13 +132,11 @@ fn within_a_few_percent(got: u64, want: u64) {
 
 #[test]
 fn gpu_task_that_moves_cgroup_is_reattributed_on_its_next_allocation() {
-    if !require_root("gpu_task_that_moves_cgroup") {
-        return;
-    }
+    needs_root!("gpu_task_that_moves_cgroup");
     let mut tracker = tracker(0);
     let node = FakeDeviceNode::create(&unique("move")).unwrap();
-    let from = TestCgroup::create(&unique("from")).unwrap();
-    let to = TestCgroup::create(&unique("to")).unwrap();
+    let from = group("from");
+    let to = group("to");
     let mut p = FakeGpuProcess::spawn(Some(&from), &[node.path()], &[]).unwrap();
     let pid = p.pid();
     poll_until(&mut tracker, Duration::from_secs(5), |t, _| {
@@ -165,12 +160,10 @@ fn gpu_task_that_moves_cgroup_is_reattributed_on_its_next_allocation() {
 
 #[test]
 fn procfs_fallback_attributes_pids_and_reconcile_forgets_dead_ones() {
-    if !require_root("procfs_fallback") {
-        return;
-    }
+    needs_root!("procfs_fallback");
     let root = cgroupfs::find_cgroup2_mount().unwrap();
     let mut tracker = Tracker::procfs_only(CgroupResolver::new(root), "test".into());
-    let cg = TestCgroup::create(&unique("procfs")).unwrap();
+    let cg = group("procfs");
     let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
     let pid = p.pid();
     let entry = tracker
@@ -195,11 +188,9 @@ fn procfs_fallback_attributes_pids_and_reconcile_forgets_dead_ones() {
 
 #[test]
 fn reconcile_recovers_a_gpu_task_whose_open_event_was_missed() {
-    if !require_root("reconcile_recovers") {
-        return;
-    }
+    needs_root!("reconcile_recovers");
     let node = FakeDeviceNode::create(&unique("pre")).unwrap();
-    let cg = TestCgroup::create(&unique("pre")).unwrap();
+    let cg = group("pre");
     // Started before the agent: no open event will ever arrive for it.
     let p = FakeGpuProcess::spawn(Some(&cg), &[node.path()], &[]).unwrap();
     let mut tracker = tracker(0);
@@ -209,14 +200,7 @@ fn reconcile_recovers_a_gpu_task_whose_open_event_was_missed() {
         .get(p.pid())
         .expect("bootstrapped from /proc");
     assert_eq!(t.cgroup_path.as_deref(), Some(cg.rel_path()));
-    assert!(
-        tracker
-            .kernel()
-            .unwrap()
-            .gpu_tasks()
-            .iter()
-            .any(|(pid, _)| *pid == p.pid())
-    );
+    assert!(kernel_holds(&tracker, p.pid()));
     let pid = p.pid();
     p.kill();
     // Its exit event is delivered (it is in the kernel table now).
@@ -231,14 +215,12 @@ fn reconcile_recovers_a_gpu_task_whose_open_event_was_missed() {
 /// that tells "at once" from "30 s later", not a speed claim).
 #[test]
 fn an_allocation_ioctl_makes_the_agent_re_sample_at_once() {
-    if !require_root("an_allocation_ioctl_makes_the_agent_re_sample_at_once") {
-        return;
-    }
+    needs_root!("an_allocation_ioctl_makes_the_agent_re_sample_at_once");
     const GIB: u64 = 1 << 30;
     const INTERVAL: Duration = Duration::from_secs(30);
     const BOUND: Duration = Duration::from_secs(3);
     let node = FakeDeviceNode::create(&unique("resample")).unwrap();
-    let cg = TestCgroup::create(&unique("resample")).unwrap();
+    let cg = group("resample");
     let mut p = FakeGpuProcess::spawn(Some(&cg), &[node.path()], &[]).unwrap();
     let key = format!("cgroup://{}", cg.rel_path());
     let sc = Scenario::create(&one_gpu(&[(p.pid(), GIB)])).unwrap();
@@ -264,9 +246,7 @@ fn an_allocation_ioctl_makes_the_agent_re_sample_at_once() {
 
 #[test]
 fn reconcile_replaces_a_confirmed_task_whose_pid_was_reused_while_its_events_waited() {
-    if !require_root("reconcile_replaces_a_reused_pid") {
-        return;
-    }
+    needs_root!("reconcile_replaces_a_reused_pid");
     let mut tracker = tracker(0);
     let node = FakeDeviceNode::create(&unique("reuse")).unwrap();
     let first = FakeGpuProcess::spawn(None, &[node.path()], &[]).unwrap();
@@ -283,7 +263,7 @@ fn reconcile_replaces_a_confirmed_task_whose_pid_was_reused_while_its_events_wai
     assert!(!tracker.reconcile().removed.contains(&pid));
     // It lives a while, as GPU processes do: start times have clock-tick resolution (10 ms), and a
     // reuse within the same tick would be the same identity.
-    std::thread::sleep(Duration::from_millis(50));
+    crate::util::wait_clock_tick_after_start(pid);
     // It exits and its pid goes to a new GPU process, with no event applied in between (as when
     // the ring buffer overflowed): only the kernel table tells.
     first.kill();
@@ -320,9 +300,7 @@ fn reconcile_replaces_a_confirmed_task_whose_pid_was_reused_while_its_events_wai
 
 #[test]
 fn every_open_syscall_and_a_thread_make_a_gpu_task_and_a_failed_open_does_not() {
-    if !require_root("every_open_syscall") {
-        return;
-    }
+    needs_root!("every_open_syscall");
     let mut tracker = tracker(0);
     let node = FakeDeviceNode::create(&unique("opens")).unwrap();
     let path = node.path().to_str().unwrap().to_string();
@@ -393,9 +371,7 @@ fn every_open_syscall_and_a_thread_make_a_gpu_task_and_a_failed_open_does_not() 
 
 #[test]
 fn an_open_still_in_progress_is_waited_for_and_counts_once_it_succeeds() {
-    if !require_root("an_open_still_in_progress") {
-        return;
-    }
+    needs_root!("an_open_still_in_progress");
     let mut tracker = tracker(0);
     // A FIFO named like an nvidia node: opening it read-only blocks until a writer comes, as a
     // first open of a real GPU can take long.
@@ -410,12 +386,7 @@ fn an_open_still_in_progress_is_waited_for_and_counts_once_it_succeeds() {
     assert!(!seen.contains(&Change::Added(pid)), "{seen:?}");
     assert!(tracker.table().get(pid).is_none());
     assert!(
-        tracker
-            .kernel()
-            .unwrap()
-            .gpu_tasks()
-            .iter()
-            .any(|(t, _)| *t == pid),
+        kernel_holds(&tracker, pid),
         "the kernel entry of an open in progress stays"
     );
     // A writer lets the open complete: now it is a GPU task.

@@ -8,14 +8,31 @@ use gpushare_agent::{
     enforce::{Enforcer, Outcome, Target},
     policy::{GpuScope, GroupState},
 };
-use gpushare_testkit::{FakeGpuProcess, TestCgroup, require_root, unique};
+use gpushare_testkit::{FakeGpuProcess, unique};
 
 use crate::util::V1Group;
+use crate::util::{group, needs_root};
 
 fn enforcer(dry_run: bool) -> (Enforcer, std::path::PathBuf) {
     let state = std::env::temp_dir().join(unique("gpushare-state"));
     let root = cgroupfs::find_cgroup2_mount().unwrap();
     (Enforcer::new(root, &state, dry_run).unwrap(), state)
+}
+
+/// An executor (see [`enforcer`]) and a fake GPU process in a test cgroup named after `name`.
+fn enforced(
+    dry_run: bool,
+    name: &str,
+) -> (
+    Enforcer,
+    std::path::PathBuf,
+    gpushare_testkit::TestCgroup,
+    FakeGpuProcess,
+) {
+    let (enf, state) = enforcer(dry_run);
+    let cg = group(name);
+    let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
+    (enf, state, cg, p)
 }
 
 /// The outcome of a freeze once the kernel settled it: a freeze is `pending` until every task of
@@ -36,6 +53,19 @@ fn settled(enf: &mut Enforcer, o: Outcome) -> Outcome {
     }
 }
 
+/// `enf.freeze(...)` of the group `rel` now, then [`settled`].
+fn freeze_settled(
+    enf: &mut Enforcer,
+    key: &str,
+    rel: &str,
+    scope: GpuScope,
+    pid: Option<u32>,
+    reason: &str,
+) -> Outcome {
+    let o = enf.freeze(key, rel, scope, pid, reason, Instant::now());
+    settled(enf, o)
+}
+
 fn wait_exit(pid: u32) -> bool {
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
@@ -50,27 +80,22 @@ fn wait_exit(pid: u32) -> bool {
 
 #[test]
 fn freeze_is_recorded_before_it_happens_and_thaw_only_undoes_our_own() {
-    if !require_root("freeze_is_recorded") {
-        return;
-    }
+    needs_root!("freeze_is_recorded");
     let (mut enf, state) = enforcer(false);
-    let ours = TestCgroup::create(&unique("ours")).unwrap();
-    let theirs = TestCgroup::create(&unique("theirs")).unwrap();
+    let ours = group("ours");
+    let theirs = group("theirs");
     let _p1 = FakeGpuProcess::spawn(Some(&ours), &[], &[]).unwrap();
     let _p2 = FakeGpuProcess::spawn(Some(&theirs), &[], &[]).unwrap();
 
     assert_eq!(
-        {
-            let o = enf.freeze(
-                "w://ours",
-                ours.rel_path(),
-                GpuScope::All,
-                None,
-                "test",
-                Instant::now(),
-            );
-            settled(&mut enf, o)
-        },
+        freeze_settled(
+            &mut enf,
+            "w://ours",
+            ours.rel_path(),
+            GpuScope::All,
+            None,
+            "test"
+        ),
         Outcome::Ok
     );
     assert!(ours.is_frozen(), "kernel reports the group frozen");
@@ -120,43 +145,35 @@ fn freeze_is_recorded_before_it_happens_and_thaw_only_undoes_our_own() {
 
 #[test]
 fn a_restarted_enforcer_observes_its_earlier_freezes_as_its_own_and_thaws_them_on_request() {
-    if !require_root("restarted_enforcer") {
-        return;
-    }
+    needs_root!("restarted_enforcer");
     let state = std::env::temp_dir().join(unique("gpushare-state"));
     let root = cgroupfs::find_cgroup2_mount().unwrap();
-    let keep = TestCgroup::create(&unique("keep")).unwrap();
-    let release = TestCgroup::create(&unique("release")).unwrap();
+    let keep = group("keep");
+    let release = group("release");
     let _a = FakeGpuProcess::spawn(Some(&keep), &[], &[]).unwrap();
     let _b = FakeGpuProcess::spawn(Some(&release), &[], &[]).unwrap();
     {
         let mut enf = Enforcer::new(root.clone(), &state, false).unwrap();
         assert_eq!(
-            {
-                let o = enf.freeze(
-                    "w://keep",
-                    keep.rel_path(),
-                    GpuScope::All,
-                    None,
-                    "t",
-                    Instant::now(),
-                );
-                settled(&mut enf, o)
-            },
+            freeze_settled(
+                &mut enf,
+                "w://keep",
+                keep.rel_path(),
+                GpuScope::All,
+                None,
+                "t"
+            ),
             Outcome::Ok
         );
         assert_eq!(
-            {
-                let o = enf.freeze(
-                    "w://release",
-                    release.rel_path(),
-                    GpuScope::Gpu(1),
-                    None,
-                    "t",
-                    Instant::now(),
-                );
-                settled(&mut enf, o)
-            },
+            freeze_settled(
+                &mut enf,
+                "w://release",
+                release.rel_path(),
+                GpuScope::Gpu(1),
+                None,
+                "t"
+            ),
             Outcome::Ok
         );
         // The agent dies here without thawing (as with SIGKILL).
@@ -187,24 +204,17 @@ fn a_restarted_enforcer_observes_its_earlier_freezes_as_its_own_and_thaws_them_o
 
 #[test]
 fn a_group_removed_while_frozen_leaves_no_record() {
-    if !require_root("group_removed_while_frozen") {
-        return;
-    }
-    let (mut enf, state) = enforcer(false);
-    let cg = TestCgroup::create(&unique("gone")).unwrap();
-    let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
+    needs_root!("group_removed_while_frozen");
+    let (mut enf, state, cg, p) = enforced(false, "gone");
     assert_eq!(
-        {
-            let o = enf.freeze(
-                "w://gone",
-                cg.rel_path(),
-                GpuScope::All,
-                None,
-                "t",
-                Instant::now(),
-            );
-            settled(&mut enf, o)
-        },
+        freeze_settled(
+            &mut enf,
+            "w://gone",
+            cg.rel_path(),
+            GpuScope::All,
+            None,
+            "t"
+        ),
         Outcome::Ok
     );
     let dir = cg.dir().to_path_buf();
@@ -224,9 +234,7 @@ fn a_group_removed_while_frozen_leaves_no_record() {
 
 #[test]
 fn signals_reach_verified_processes_and_never_a_reused_pid() {
-    if !require_root("signals_reach_verified") {
-        return;
-    }
+    needs_root!("signals_reach_verified");
     let (enf, state) = enforcer(false);
     let victim = FakeGpuProcess::spawn(None, &[], &[]).unwrap();
     let id = procinfo::snapshot(victim.pid()).unwrap().identity;
@@ -255,12 +263,8 @@ fn signals_reach_verified_processes_and_never_a_reused_pid() {
 
 #[test]
 fn dry_run_reports_and_touches_nothing() {
-    if !require_root("dry_run_reports") {
-        return;
-    }
-    let (mut enf, state) = enforcer(true);
-    let cg = TestCgroup::create(&unique("dry")).unwrap();
-    let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
+    needs_root!("dry_run_reports");
+    let (mut enf, state, cg, p) = enforced(true, "dry");
     let id = procinfo::snapshot(p.pid()).unwrap().identity;
     assert_eq!(
         enf.freeze(
@@ -289,25 +293,18 @@ fn dry_run_reports_and_touches_nothing() {
 
 #[test]
 fn kill_uses_cgroup_kill_even_on_a_frozen_group_and_the_agents_own_groups_are_refused() {
-    if !require_root("kill_uses_cgroup_kill") {
-        return;
-    }
-    let (mut enf, state) = enforcer(false);
-    let cg = TestCgroup::create(&unique("kill")).unwrap();
-    let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
+    needs_root!("kill_uses_cgroup_kill");
+    let (mut enf, state, cg, p) = enforced(false, "kill");
     let id = procinfo::snapshot(p.pid()).unwrap().identity;
     assert_eq!(
-        {
-            let o = enf.freeze(
-                "w://kill",
-                cg.rel_path(),
-                GpuScope::All,
-                None,
-                "t",
-                Instant::now(),
-            );
-            settled(&mut enf, o)
-        },
+        freeze_settled(
+            &mut enf,
+            "w://kill",
+            cg.rel_path(),
+            GpuScope::All,
+            None,
+            "t"
+        ),
         Outcome::Ok
     );
     assert_eq!(
@@ -348,12 +345,8 @@ fn kill_uses_cgroup_kill_even_on_a_frozen_group_and_the_agents_own_groups_are_re
 
 #[test]
 fn a_group_frozen_by_the_v1_freezer_is_someone_elses_and_is_left_alone_at_once() {
-    if !require_root("v1_frozen_group") {
-        return;
-    }
-    let (mut enf, state) = enforcer(false);
-    let cg = TestCgroup::create(&unique("paused")).unwrap();
-    let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
+    needs_root!("v1_frozen_group");
+    let (mut enf, state, cg, p) = enforced(false, "paused");
     // What `docker pause` does on a hybrid host: the v1 freezer.
     let Some(group) = V1Group::create(&unique("gpushare-test-paused")) else {
         gpushare_testkit::loud_skip("no v1 freezer mounted (pure cgroup v2 host)");
@@ -402,9 +395,7 @@ fn a_group_frozen_by_the_v1_freezer_is_someone_elses_and_is_left_alone_at_once()
 #[test]
 fn without_a_v2_freezer_the_v1_freezer_group_is_frozen_recorded_taken_over_thawed_and_killed() {
     use gpushare_agent::enforce::freeze::Freezer;
-    if !require_root("the_v1_freezer_path") {
-        return;
-    }
+    needs_root!("the_v1_freezer_path");
     let name = unique("gpushare-test-v1");
     let Some(group) = V1Group::create(&name) else {
         gpushare_testkit::loud_skip("the v1 freezer path: no v1 freezer mounted (pure v2 host)");
@@ -439,15 +430,10 @@ fn without_a_v2_freezer_the_v1_freezer_group_is_frozen_recorded_taken_over_thawe
     );
     assert!(enf.records().is_empty());
     // With one: its v1 freezer group is frozen, and recorded as such first.
-    let o = enf.freeze(
-        &key,
-        &rel,
-        GpuScope::All,
-        Some(p.pid()),
-        "t",
-        Instant::now(),
+    assert_eq!(
+        freeze_settled(&mut enf, &key, &rel, GpuScope::All, Some(p.pid()), "t"),
+        Outcome::Ok
     );
-    assert_eq!(settled(&mut enf, o), Outcome::Ok);
     assert_eq!(group.state(), "FROZEN");
     let rec = enf.record(&group.0).expect("recorded");
     assert_eq!((rec.freezer, rec.workload.as_str()), (Freezer::V1, &*key));
@@ -474,15 +460,10 @@ fn without_a_v2_freezer_the_v1_freezer_group_is_frozen_recorded_taken_over_thawe
     assert!(enf.record(&group.0).is_none(), "a thaw drops the record");
     // Killed while v1-frozen: no cgroup.kill there, so SIGKILL to the process and a thaw, without
     // which a v1-frozen task cannot die.
-    let o = enf.freeze(
-        &key,
-        &rel,
-        GpuScope::All,
-        Some(p.pid()),
-        "t",
-        Instant::now(),
+    assert_eq!(
+        freeze_settled(&mut enf, &key, &rel, GpuScope::All, Some(p.pid()), "t"),
+        Outcome::Ok
     );
-    assert_eq!(settled(&mut enf, o), Outcome::Ok);
     assert_eq!(group.state(), "FROZEN");
     assert_eq!(enf.kill(&key, &rel, &[Target::from(id)]), Outcome::Ok);
     assert!(wait_exit(id.pid), "killed while v1-frozen");

@@ -13,13 +13,14 @@ use gpushare_testkit::{
     docker::{GpuContainer, docker, require_docker},
     loud_skip,
     nvml::Scenario,
-    require_root, unique,
+    unique,
 };
 
 use crate::util::{
     AgentProcess, Reaped, V1Group, agent_dir, cgroup_quota, counter_value, key, one_gpu, sleeper,
-    spawn_with_pid, workload,
+    sleeping_group, spawn_with_pid, wait_until, workload,
 };
+use crate::util::{group, needs_root, sleeping};
 
 const GIB: u64 = 1 << 30;
 const WAIT: Duration = Duration::from_secs(15);
@@ -36,12 +37,9 @@ fn state_of(agent: &AgentProcess, key: &str) -> String {
 /// its pid within one sample interval. The sample's memory is B's; it must never be charged to A.
 #[test]
 fn a_reused_pid_is_charged_to_its_new_owner_never_to_the_workload_that_held_it() {
-    if !require_root("a_reused_pid_is_charged_to_its_new_owner") {
-        return;
-    }
-    let a = TestCgroup::create(&unique("reuse-a")).unwrap();
-    let b = TestCgroup::create(&unique("reuse-b")).unwrap();
-    let pa = Reaped(a.spawn(&mut sleeper()).unwrap());
+    needs_root!("a_reused_pid_is_charged_to_its_new_owner");
+    let (a, pa) = sleeping_group("reuse-a");
+    let b = group("reuse-b");
     let pid = pa.pid();
     let sc = Scenario::create(&one_gpu(&[(pid, GIB)])).unwrap();
     let quotas = format!(
@@ -50,9 +48,7 @@ fn a_reused_pid_is_charged_to_its_new_owner_never_to_the_workload_that_held_it()
         cgroup_quota(&b, "8GiB")
     );
     let agent = AgentProcess::start_in(agent_dir(&quotas), &sc, &["--no-ebpf"], "1s");
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&a), "all").is_some_and(|w| w.used_bytes == GIB)
-    });
+    agent.wait_used(&key(&a), GIB);
     // A's process exits; B's next process gets the same pid and uses 3 GiB: over A's quota, well
     // within B's. All of it between two samples.
     agent.wait_next_step();
@@ -72,15 +68,14 @@ fn a_reused_pid_is_charged_to_its_new_owner_never_to_the_workload_that_held_it()
         "A is still charged for B's memory: {:?}",
         workload(&s, &key(&a), "all")
     );
-    for _ in 0..10 {
+    // Not frozen at any step over the next second (a sample or more).
+    let s = agent.steps_over(Duration::from_secs(1), |_| {
         assert!(
             !a.is_frozen() && !b.is_frozen(),
             "a workload was frozen for memory that is not its own\n{}",
             agent.log()
         );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let s = agent.state().unwrap();
+    });
     let owner = s
         .processes
         .iter()
@@ -94,14 +89,12 @@ fn a_reused_pid_is_charged_to_its_new_owner_never_to_the_workload_that_held_it()
 /// unit; over quota, the unit's root is frozen, and with it every process of the unit.
 #[test]
 fn a_unit_whose_gpu_process_lives_in_a_child_cgroup_is_frozen_at_the_units_root() {
-    if !require_root("a_unit_whose_gpu_process_lives_in_a_child_cgroup") {
-        return;
-    }
+    needs_root!("a_unit_whose_gpu_process_lives_in_a_child_cgroup");
     let unit = format!("{}.service", unique("deleg"));
     let root = TestCgroup::create(&unit).unwrap();
     let worker = TestCgroup::create(&format!("{unit}/worker")).unwrap();
-    let main = Reaped(root.spawn(&mut sleeper()).unwrap());
-    let gpu = Reaped(worker.spawn(&mut sleeper()).unwrap());
+    let main = sleeping(&root);
+    let gpu = sleeping(&worker);
     let sc = Scenario::create(&one_gpu(&[(gpu.pid(), 3 * GIB)])).unwrap();
     let quotas = format!("{FREEZE}\n[[quota]]\nunit = \"{unit}\"\ngpu_memory = \"2GiB\"\n");
     let agent = AgentProcess::start(&sc, &quotas, &[]);
@@ -111,9 +104,7 @@ fn a_unit_whose_gpu_process_lives_in_a_child_cgroup_is_frozen_at_the_units_root(
         agent.log()
     );
     assert!(worker.is_frozen());
-    let s = agent.wait_for(WAIT, |s| {
-        workload(s, &format!("unit://{unit}"), "all").is_some_and(|w| w.state == "frozen")
-    });
+    let s = agent.wait_state(&format!("unit://{unit}"), "frozen");
     let row = workload(&s, &format!("unit://{unit}"), "all").unwrap();
     assert_eq!(row.cgroup_path, root.rel_path(), "the workload is its root");
     assert!(main.pid() > 0);
@@ -171,9 +162,7 @@ fn a_container_whose_gpu_process_is_in_a_child_cgroup_is_frozen_whole() {
     );
     sc.write(&one_gpu(&[(c.pid(), GIB)])).unwrap();
     let agent = AgentProcess::start(&sc, &quotas, &[]);
-    agent.wait_for(WAIT, |s| {
-        workload(s, &c.key(), "all").is_some_and(|w| w.used_bytes == GIB)
-    });
+    agent.wait_used(&c.key(), GIB);
     sc.write(&one_gpu(&[(c.pid(), 3 * GIB)])).unwrap();
     assert!(
         c.wait_v2_frozen(true, WAIT),
@@ -185,9 +174,7 @@ fn a_container_whose_gpu_process_is_in_a_child_cgroup_is_frozen_whole() {
         procs.lines().any(|l| l.trim() == side.to_string()),
         "the side process is at the root, and so frozen with it"
     );
-    let s = agent.wait_for(WAIT, |s| {
-        workload(s, &c.key(), "all").is_some_and(|w| w.state == "frozen")
-    });
+    let s = agent.wait_state(&c.key(), "frozen");
     assert_eq!(
         Some(workload(&s, &c.key(), "all").unwrap().cgroup_path.clone()),
         c.v2_rel_path()
@@ -198,28 +185,19 @@ fn a_container_whose_gpu_process_is_in_a_child_cgroup_is_frozen_whole() {
 /// unpause` on a pure v2 host), a workload still over quota is frozen again, and that is counted.
 #[test]
 fn a_workload_thawed_behind_the_agents_back_is_frozen_again_and_counted() {
-    if !require_root("a_workload_thawed_behind_the_agents_back") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("extthaw")).unwrap();
-    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    needs_root!("a_workload_thawed_behind_the_agents_back");
+    let (cg, p) = sleeping_group("extthaw");
     let sc = Scenario::create(&one_gpu(&[(p.pid(), 3 * GIB)])).unwrap();
     let agent = AgentProcess::start(&sc, &format!("{FREEZE}{}", cgroup_quota(&cg, "2GiB")), &[]);
     assert!(cg.wait_frozen(true), "frozen over quota");
     std::fs::write(cg.dir().join("cgroup.freeze"), "0").unwrap();
     assert!(cg.wait_frozen(false));
-    let deadline = Instant::now() + WAIT;
-    while !cg.is_frozen() {
-        assert!(
-            Instant::now() < deadline,
-            "never frozen again after an external thaw\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    wait_until(
+        WAIT,
+        || format!("never frozen again after an external thaw\n{}", agent.log()),
+        || cg.is_frozen(),
+    );
+    agent.wait_state(&key(&cg), "frozen");
     let metrics = agent.get("/metrics").1;
     assert!(
         counter_value(
@@ -236,13 +214,11 @@ fn a_workload_thawed_behind_the_agents_back_is_frozen_again_and_counted() {
 /// group: the old freeze does not count for it, and over quota it is enforced afresh.
 #[test]
 fn a_group_recreated_under_the_same_path_is_a_new_group_and_is_enforced_afresh() {
-    if !require_root("a_group_recreated_under_the_same_path") {
-        return;
-    }
+    needs_root!("a_group_recreated_under_the_same_path");
     let name = unique("recreate");
     let cg = TestCgroup::create(&name).unwrap();
     let rel = cg.rel_path().to_string();
-    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    let p = sleeping(&cg);
     let sc = Scenario::create(&one_gpu(&[(p.pid(), 3 * GIB)])).unwrap();
     let agent = AgentProcess::start_in(
         agent_dir(&format!("{FREEZE}{}", cgroup_quota(&cg, "2GiB"))),
@@ -251,9 +227,7 @@ fn a_group_recreated_under_the_same_path_is_a_new_group_and_is_enforced_afresh()
         "1s",
     );
     assert!(cg.wait_frozen(true), "frozen over quota");
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    agent.wait_state(&key(&cg), "frozen");
     let old_inode = cg.id();
     // Between two samples: the group goes and comes back, with a new process over quota.
     agent.wait_next_step();
@@ -262,16 +236,14 @@ fn a_group_recreated_under_the_same_path_is_a_new_group_and_is_enforced_afresh()
     let cg = TestCgroup::create(&name).unwrap();
     assert_eq!(cg.rel_path(), rel);
     assert_ne!(cg.id(), old_inode, "a new group");
-    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    let p = sleeping(&cg);
     sc.write(&one_gpu(&[(p.pid(), 3 * GIB)])).unwrap();
     assert!(
         cg.wait_frozen(true),
         "the new group over quota is never frozen: the old freeze was taken for it\n{}",
         agent.log()
     );
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    agent.wait_state(&key(&cg), "frozen");
 }
 
 /// Problems 3 and 4: one task cannot stop (here it is held by another freezer, as a task in D
@@ -280,12 +252,9 @@ fn a_group_recreated_under_the_same_path_is_a_new_group_and_is_enforced_afresh()
 /// task can stop.
 #[test]
 fn a_freeze_that_cannot_settle_is_reported_as_freezing_and_never_stalls_the_agent() {
-    if !require_root("a_freeze_that_cannot_settle") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("stuck")).unwrap();
-    let gpu = Reaped(cg.spawn(&mut sleeper()).unwrap());
-    let stuck = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    needs_root!("a_freeze_that_cannot_settle");
+    let (cg, stuck) = sleeping_group("stuck");
+    let gpu = sleeping(&cg);
     let Some(v1) = V1Group::create(&unique("gpushare-test-stuck")) else {
         loud_skip("a_freeze_that_cannot_settle: no v1 freezer mounted (pure cgroup v2 host)");
         return;
@@ -294,16 +263,13 @@ fn a_freeze_that_cannot_settle_is_reported_as_freezing_and_never_stalls_the_agen
     v1.set("FROZEN");
     let sc = Scenario::create(&one_gpu(&[(gpu.pid(), GIB)])).unwrap();
     let agent = AgentProcess::start(&sc, &format!("{FREEZE}{}", cgroup_quota(&cg, "2GiB")), &[]);
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.used_bytes == GIB)
-    });
+    agent.wait_used(&key(&cg), GIB);
     sc.write(&one_gpu(&[(gpu.pid(), 3 * GIB)])).unwrap();
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "freezing")
-    });
+    agent.wait_state(&key(&cg), "freezing");
     let requested = std::fs::read_to_string(cg.dir().join("cgroup.freeze")).unwrap();
     assert_eq!(requested.trim(), "1", "the freeze was asked for");
-    // While the freeze cannot settle the agent answers at once and never claims `frozen`.
+    // While the freeze cannot settle the agent answers at once and never claims `frozen`: checked
+    // at each of 20 steps.
     for _ in 0..20 {
         let t = Instant::now();
         let (code, _) = agent.get("/healthz");
@@ -319,7 +285,7 @@ fn a_freeze_that_cannot_settle_is_reported_as_freezing_and_never_stalls_the_agen
             "frozen",
             "reported frozen while it is not"
         );
-        std::thread::sleep(Duration::from_millis(100));
+        agent.wait_next_step();
     }
     let metrics = agent.get("/metrics").1;
     assert!(
@@ -333,9 +299,7 @@ fn a_freeze_that_cannot_settle_is_reported_as_freezing_and_never_stalls_the_agen
     // The task can stop now: the freeze settles and the state follows the kernel.
     v1.set("THAWED");
     assert!(cg.wait_frozen(true), "never frozen\n{}", agent.log());
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    agent.wait_state(&key(&cg), "frozen");
 }
 
 /// Covers a file with another one (a bind mount), undone on drop.
@@ -372,20 +336,23 @@ impl Drop for BindMount {
 /// reported as what the kernel says, frozen, and retried until it takes.
 #[test]
 fn a_thaw_the_kernel_did_not_apply_is_reported_frozen_and_retried() {
-    if !require_root("a_thaw_the_kernel_did_not_apply") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("nothaw")).unwrap();
-    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    needs_root!("a_thaw_the_kernel_did_not_apply");
+    let (cg, p) = sleeping_group("nothaw");
     let sc = Scenario::create(&one_gpu(&[(p.pid(), 3 * GIB)])).unwrap();
     let agent = AgentProcess::start(&sc, &format!("{FREEZE}{}", cgroup_quota(&cg, "2GiB")), &[]);
     assert!(cg.wait_frozen(true));
     let blocked = BindMount::new(Path::new("/dev/null"), &cg.dir().join("cgroup.freeze"));
     sc.write(&one_gpu(&[(p.pid(), GIB)])).unwrap();
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.used_bytes == GIB)
+    agent.wait_used(&key(&cg), GIB);
+    // For two seconds of steps, each retrying the thaw: still frozen, and reported so.
+    agent.steps_over(Duration::from_secs(2), |s| {
+        assert!(cg.is_frozen());
+        assert_eq!(
+            workload(s, &key(&cg), "all").map(|w| w.state.as_str()),
+            Some("frozen"),
+            "the state must be what the kernel says"
+        );
     });
-    std::thread::sleep(Duration::from_secs(2));
     assert!(cg.is_frozen());
     assert_eq!(
         state_of(&agent, &key(&cg)),
@@ -393,28 +360,20 @@ fn a_thaw_the_kernel_did_not_apply_is_reported_frozen_and_retried() {
         "the state must be what the kernel says"
     );
     drop(blocked);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while cg.is_frozen() {
-        assert!(
-            Instant::now() < deadline,
-            "the failed thaw was never retried\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "ok")
-    });
+    wait_until(
+        Duration::from_secs(30),
+        || format!("the failed thaw was never retried\n{}", agent.log()),
+        || !cg.is_frozen(),
+    );
+    agent.wait_state(&key(&cg), "ok");
 }
 
 /// Problem 3: a kill step with a catchable signal. The process catches SIGTERM and survives: it is
 /// never reported killed while it lives, and SIGKILL follows after the kill step's grace.
 #[test]
 fn a_kill_step_whose_signal_is_caught_is_followed_by_sigkill_and_reported_as_it_happened() {
-    if !require_root("a_kill_step_whose_signal_is_caught") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("term")).unwrap();
+    needs_root!("a_kill_step_whose_signal_is_caught");
+    let cg = group("term");
     let log = std::env::temp_dir().join(unique("term-log"));
     let mut cmd = std::process::Command::new("bash");
     cmd.arg("-c")
@@ -431,28 +390,28 @@ fn a_kill_step_whose_signal_is_caught_is_followed_by_sigkill_and_reported_as_it_
         cgroup_quota(&cg, "2GiB")
     );
     let agent = AgentProcess::start(&sc, &quotas, &[]);
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.used_bytes == GIB)
-    });
+    agent.wait_used(&key(&cg), GIB);
     sc.write(&one_gpu(&[(pid, 3 * GIB)])).unwrap();
-    let deadline = Instant::now() + WAIT;
-    while !std::fs::read_to_string(&log).is_ok_and(|s| s.contains("TERM")) {
-        assert!(Instant::now() < deadline, "no SIGTERM\n{}", agent.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(500));
+    wait_until(
+        WAIT,
+        || format!("no SIGTERM\n{}", agent.log()),
+        || std::fs::read_to_string(&log).is_ok_and(|s| s.contains("TERM")),
+    );
+    // Half a second of steps after the signal (less than the kill step's grace).
+    agent.steps_over(Duration::from_millis(500), |_| {});
     assert!(p.0.try_wait().unwrap().is_none(), "it caught SIGTERM");
     let state = state_of(&agent, &key(&cg));
     assert_ne!(state, "killed", "reported killed while it runs");
     assert_eq!(state, "killing");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while p.0.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "a process that caught the kill step's signal is left running\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(
+        Duration::from_secs(30),
+        || {
+            format!(
+                "a process that caught the kill step's signal is left running\n{}",
+                agent.log()
+            )
+        },
+        || p.0.try_wait().unwrap().is_some(),
+    );
     let _ = std::fs::remove_file(&log);
 }

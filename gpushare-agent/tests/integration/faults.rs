@@ -15,12 +15,14 @@ use gpushare_agent::{
     policy::GpuScope,
     snapshot::Snapshot,
 };
-use gpushare_testkit::{
-    FakeDeviceNode, FakeGpuProcess, TestCgroup, nvml::Scenario, require_root, unique,
-};
+use gpushare_testkit::{FakeDeviceNode, FakeGpuProcess, TestCgroup, nvml::Scenario, unique};
 use serde_json::json;
 
-use crate::util::{AgentProcess, agent_dir, counter_value, key, usr1_recorder, workload};
+use crate::util::{
+    AgentProcess, agent_dir, counter_value, key, usr1_recorder, wait_clock_tick_after_start,
+    workload,
+};
+use crate::util::{group, needs_root};
 
 const GIB: u64 = 1 << 30;
 
@@ -55,9 +57,7 @@ impl Drop for Reaped {
 
 #[test]
 fn ring_buffer_overflow_is_counted_and_the_table_is_reconciled() {
-    if !require_root("ring_buffer_overflow") {
-        return;
-    }
+    needs_root!("ring_buffer_overflow");
     // One page of ring buffer: about 70 events. 200 new GPU tasks overflow it.
     let opts = LoadOptions {
         events_bytes: Some(4096),
@@ -69,7 +69,7 @@ fn ring_buffer_overflow_is_counted_and_the_table_is_reconciled() {
         CgroupResolver::new(cgroupfs::find_cgroup2_mount().unwrap()),
     );
     let node = FakeDeviceNode::create(&unique("storm")).unwrap();
-    let cg = TestCgroup::create(&unique("storm")).unwrap();
+    let cg = group("storm");
     let procs: Vec<FakeGpuProcess> = (0..200)
         .map(|_| FakeGpuProcess::spawn(Some(&cg), &[node.path()], &[]).unwrap())
         .collect();
@@ -116,16 +116,14 @@ fn ring_buffer_overflow_is_counted_and_the_table_is_reconciled() {
 
 #[test]
 fn a_reused_pid_is_never_signalled() {
-    if !require_root("a_reused_pid_is_never_signalled") {
-        return;
-    }
+    needs_root!("a_reused_pid_is_never_signalled");
     let state = std::env::temp_dir().join(unique("gpushare-state"));
     let enf = Enforcer::new(cgroupfs::find_cgroup2_mount().unwrap(), &state, false).unwrap();
     // The process the agent sampled...
     let mut first = Command::new("sleep").arg("60").spawn().unwrap();
     let pid = first.id();
     // It lives a while, as GPU processes do (start times have clock-tick resolution, 10 ms).
-    std::thread::sleep(Duration::from_millis(50));
+    wait_clock_tick_after_start(pid);
     let sampled: ProcessIdentity = procinfo::snapshot(pid).unwrap().identity;
     // ...exits, and an unrelated process is made to get the same pid (ns_last_pid), between the
     // sample and the action.
@@ -159,15 +157,13 @@ fn a_reused_pid_is_never_signalled() {
 
 #[test]
 fn an_unwritable_state_directory_refuses_freezes_rather_than_freezing_unrecorded() {
-    if !require_root("an_unwritable_state_directory") {
-        return;
-    }
+    needs_root!("an_unwritable_state_directory");
     let state = std::env::temp_dir().join(unique("gpushare-state"));
     let mut enf = Enforcer::new(cgroupfs::find_cgroup2_mount().unwrap(), &state, false).unwrap();
     // The directory goes away and a file takes its place: nothing can be written there.
     std::fs::remove_dir_all(&state).unwrap();
     std::fs::write(&state, "not a directory").unwrap();
-    let cg = TestCgroup::create(&unique("nostate")).unwrap();
+    let cg = group("nostate");
     let _p = Reaped(cg.spawn(Command::new("sleep").arg("60")).unwrap());
     assert_eq!(
         enf.freeze(
@@ -186,10 +182,8 @@ fn an_unwritable_state_directory_refuses_freezes_rather_than_freezing_unrecorded
 
 #[test]
 fn nvml_errors_and_a_lost_gpu_inside_the_grace_period_never_lead_to_enforcement() {
-    if !require_root("nvml_errors_mid_run") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("nvmlerr")).unwrap();
+    needs_root!("nvml_errors_mid_run");
+    let cg = group("nvmlerr");
     let log = std::env::temp_dir().join(unique("usr1"));
     let p = Reaped(cg.spawn(&mut usr1_recorder(&log)).unwrap());
     let pid = p.0.id();
@@ -255,23 +249,21 @@ fn nvml_errors_and_a_lost_gpu_inside_the_grace_period_never_lead_to_enforcement(
             bad["devices"][0]["lost"] = json!(true);
         }
         sc.write(&bad).unwrap();
-        let held = Instant::now();
-        while held.elapsed() < GRACE + Duration::from_secs(1) {
+        // Checked at every step until past the grace period and a second more.
+        agent.steps_over(GRACE + Duration::from_secs(1), |s| {
             assert!(
                 !cg.is_frozen(),
                 "{what}: froze on failed NVML data\n{}",
                 agent.log()
             );
-            let s = agent.state().unwrap();
-            let state = workload(&s, &k, "all").map(|w| w.state.clone());
+            let state = workload(s, &k, "all").map(|w| w.state.clone());
             assert_eq!(
                 state.as_deref(),
                 Some("over_quota"),
                 "{what}: the workload's state changed on failed NVML data\n{}",
                 agent.log()
             );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        });
         let s = agent.wait_next_step();
         assert!(
             s.health
@@ -330,9 +322,7 @@ fn nvml_errors_and_a_lost_gpu_inside_the_grace_period_never_lead_to_enforcement(
 
 #[test]
 fn no_driver_at_start_keeps_the_agent_running_and_says_so() {
-    if !require_root("no_driver_at_start") {
-        return;
-    }
+    needs_root!("no_driver_at_start");
     let sc = Scenario::create(&json!({ "devices": [] })).unwrap();
     let agent = AgentProcess::start(&sc, "", &["--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
     let (code, body) = agent.get("/healthz");
@@ -388,9 +378,7 @@ fn covered(dir: &Path, state_dir: &Path) -> bool {
 
 #[test]
 fn sigkill_at_random_moments_never_leaves_a_wrong_freeze() {
-    if !require_root("sigkill_at_random_moments") {
-        return;
-    }
+    needs_root!("sigkill_at_random_moments");
     let seed = std::env::var("GPUSHARE_KILL_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -413,8 +401,8 @@ fn sigkill_at_random_moments_never_leaves_a_wrong_freeze() {
          (GPUSHARE_KILL_SEED={seed} GPUSHARE_KILL_ITERATIONS={iterations} replays it)"
     );
     let mut rng = Rng(seed);
-    let over = TestCgroup::create(&unique("rk-over")).unwrap();
-    let under = TestCgroup::create(&unique("rk-under")).unwrap();
+    let over = group("rk-over");
+    let under = group("rk-under");
     let po = Reaped(
         over.spawn(Command::new("sleep").arg("300").stdin(Stdio::null()))
             .unwrap(),
@@ -488,9 +476,7 @@ fn sigkill_at_random_moments_never_leaves_a_wrong_freeze() {
                         // Back within quota (thawed), then over it again with the pause set: the
                         // agent records the freeze and waits before writing cgroup.freeze.
                         sc.write(&usage(GIB)).unwrap();
-                        agent.wait_for(Duration::from_secs(10), |s| {
-                            workload(s, &key(&over), "all").is_some_and(|w| w.state == "ok")
-                        });
+                        agent.wait_state(&key(&over), "ok");
                         assert!(over.wait_frozen(false), "{what}: thawed within quota");
                         std::fs::write(&pause, "").unwrap();
                         sc.write(&usage(3 * GIB)).unwrap();
@@ -567,21 +553,30 @@ fn sigkill_at_random_moments_never_leaves_a_wrong_freeze() {
 
 #[test]
 fn churn_leaves_no_series_of_exited_workloads_and_no_leaks() {
-    if !require_root("churn_soak") {
-        return;
-    }
+    needs_root!("churn_soak");
     let secs: u64 = std::env::var("GPUSHARE_SOAK_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    let parent = TestCgroup::create(&unique("soak")).unwrap();
+    let parent = group("soak");
     let sc = Scenario::create(&scenario(&[], json!({}))).unwrap();
     let quotas = format!(
         "[defaults]\ngrace = \"0s\"\nladder = [ {{ action = \"freeze\" }} ]\n\n[[quota]]\ncgroup = \"{}/*\"\ngpu_memory = \"2GiB\"\n",
         parent.rel_path()
     );
-    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    let mut agent = AgentProcess::start(&sc, &quotas, &[]);
     let agent_pid = agent.pid().unwrap();
+    // The agent must keep stepping throughout: a crashed or stalled agent would leave no series
+    // and no record either.
+    let steps = |agent: &AgentProcess| {
+        counter_value(
+            &agent.get("/metrics").1,
+            "gpushare_sample_duration_seconds_count",
+            "",
+        )
+    };
+    let steps0 = steps(&agent);
+    let mut last_step = agent.state().expect("the agent answers").taken_at_unix;
     let rss = || -> u64 {
         procfs::process::Process::new(agent_pid as i32)
             .unwrap()
@@ -639,12 +634,20 @@ fn churn_leaves_no_series_of_exited_workloads_and_no_leaks() {
         }
         let procs: Vec<(u32, u64)> = live.iter().map(|(_, p, b)| (p.0.id(), *b)).collect();
         sc.write(&scenario(&procs, json!({}))).unwrap();
-        std::thread::sleep(Duration::from_millis(250));
+        // One step of the agent an iteration: it must publish a new one each time.
+        let s = agent.wait_next_step();
+        assert!(
+            s.taken_at_unix > last_step,
+            "iteration {n}: the agent's last step did not advance ({} after {last_step})",
+            s.taken_at_unix
+        );
+        last_step = s.taken_at_unix;
         if baseline.is_none() && start.elapsed() > Duration::from_secs(3) {
             baseline = Some((rss(), fds()));
         }
     }
-    std::thread::sleep(Duration::from_millis(600));
+    // A few whole steps after the last change, so that it is all applied.
+    agent.wait_steps(3);
     let (rss0, fds0) = baseline.expect("ran long enough for a baseline");
     let (rss1, fds1) = (rss(), fds());
     let metrics = agent.get("/metrics").1;
@@ -662,6 +665,15 @@ fn churn_leaves_no_series_of_exited_workloads_and_no_leaks() {
             "stale freeze record for {g}:\n{ledger}"
         );
     }
+    // Still up and reporting at the end.
+    assert!(agent.is_running(), "the agent died\n{}", agent.log());
+    assert_eq!(agent.get("/healthz").0, 200, "/healthz\n{}", agent.log());
+    let steps1 = steps(&agent);
+    assert!(
+        steps1 >= steps0 + n as f64,
+        "the agent took {} steps over {n} iterations",
+        steps1 - steps0
+    );
     eprintln!(
         "churn: {n} workloads in {secs}s; agent RSS {rss0} -> {rss1} kB, fds {fds0} -> {fds1}"
     );
@@ -674,10 +686,8 @@ fn churn_leaves_no_series_of_exited_workloads_and_no_leaks() {
 
 #[test]
 fn quota_file_deleted_or_replaced_mid_run() {
-    if !require_root("quota_file_deleted_or_replaced") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("qdel")).unwrap();
+    needs_root!("quota_file_deleted_or_replaced");
+    let cg = group("qdel");
     let p = Reaped(
         cg.spawn(Command::new("sleep").arg("300").stdin(Stdio::null()))
             .unwrap(),
@@ -693,7 +703,7 @@ fn quota_file_deleted_or_replaced_mid_run() {
     )
     .unwrap();
     agent.wait_for(Duration::from_secs(15), |s| !s.counters.quota_config_valid);
-    std::thread::sleep(Duration::from_millis(500));
+    agent.steps_over(Duration::from_millis(500), |_| {});
     assert!(cg.is_frozen(), "a broken file must not thaw anything");
     // Deleted: no file means no entries; the quota is gone, so the workload is no longer liable.
     std::fs::remove_file(agent.quotas_path()).unwrap();

@@ -3,10 +3,11 @@
 
 use std::{path::Path, process::Child, time::Duration};
 
-use gpushare_testkit::{TestCgroup, nvml::Scenario, require_root, unique};
+use gpushare_testkit::{TestCgroup, nvml::Scenario, unique};
 use serde_json::json;
 
 use crate::util::{AgentProcess, cgroup_quota, counter_value, key, usr1_recorder, workload};
+use crate::util::{group, needs_root};
 
 const GIB: u64 = 1 << 30;
 const FAST: &str = r#"
@@ -51,6 +52,9 @@ impl Drop for Proc {
     }
 }
 
+/// Freeze after a grace period of 200 ms.
+const FREEZE: &str = "[defaults]\ngrace = \"200ms\"\nladder = [ { action = \"freeze\" } ]\n";
+
 fn scenario(procs: &[(u32, u64)]) -> serde_json::Value {
     let list: Vec<_> = procs
         .iter()
@@ -90,13 +94,11 @@ fn container_key(cg: &TestCgroup) -> String {
 #[test]
 fn over_quota_workload_is_signalled_then_frozen_neighbours_untouched_and_raising_the_quota_thaws_it()
  {
-    if !require_root("over_quota_workload_is_signalled_then_frozen") {
-        return;
-    }
-    let a_cg = TestCgroup::create(&unique("iso-a")).unwrap();
-    let b_cg = TestCgroup::create(&unique("iso-b")).unwrap();
+    needs_root!("over_quota_workload_is_signalled_then_frozen");
+    let a_cg = group("iso-a");
+    let b_cg = group("iso-b");
     // Outside any quota: a plain cgroup nobody names, with a huge footprint. Never touched.
-    let c_cg = TestCgroup::create(&unique("iso-c")).unwrap();
+    let c_cg = group("iso-c");
     let mut a = Proc::start(&a_cg, &[]);
     let mut b = Proc::start(&b_cg, &[]);
     let mut c = Proc::start(&c_cg, &[]);
@@ -124,9 +126,7 @@ fn over_quota_workload_is_signalled_then_frozen_neighbours_untouched_and_raising
         (c.pid(), 60 * GIB),
     ]))
     .unwrap();
-    let s = agent.wait_for(Duration::from_secs(10), |s| {
-        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    let s = agent.wait_state(&key(&a_cg), "frozen");
     assert!(a_cg.wait_frozen(true), "A's cgroup reports frozen");
     assert!(a.usr1s() >= 1, "A was signalled before it was frozen");
     assert!(
@@ -152,9 +152,7 @@ fn over_quota_workload_is_signalled_then_frozen_neighbours_untouched_and_raising
         cgroup_quota(&a_cg, "4GiB"),
         cgroup_quota(&b_cg, "2GiB")
     ));
-    agent.wait_for(Duration::from_secs(10), |s| {
-        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "ok")
-    });
+    agent.wait_state(&key(&a_cg), "ok");
     assert!(a_cg.wait_frozen(false), "A thawed");
     assert!(
         !std::fs::read_to_string(agent.ledger())
@@ -166,11 +164,9 @@ fn over_quota_workload_is_signalled_then_frozen_neighbours_untouched_and_raising
 
 #[test]
 fn elastic_workload_borrows_idle_memory_and_is_isolated_under_pressure() {
-    if !require_root("elastic_workload_borrows") {
-        return;
-    }
-    let a_cg = TestCgroup::create(&unique("el-a")).unwrap();
-    let other_cg = TestCgroup::create(&unique("el-other")).unwrap();
+    needs_root!("elastic_workload_borrows");
+    let a_cg = group("el-a");
+    let other_cg = group("el-other");
     let a = Proc::start(&a_cg, &[]);
     let other = Proc::start(&other_cg, &[]);
     let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB), (other.pid(), GIB)])).unwrap();
@@ -183,16 +179,13 @@ fn elastic_workload_borrows_idle_memory_and_is_isolated_under_pressure() {
         workload(s, &key(&a_cg), "all").is_some_and(|w| w.used_bytes == 3 * GIB)
     });
     // Over its quota but the GPU has 76 GiB free: left alone for several samples.
-    std::thread::sleep(Duration::from_millis(1500));
-    let s = agent.state().unwrap();
+    let s = agent.steps_over(Duration::from_millis(1500), |_| {});
     assert_eq!(workload(&s, &key(&a_cg), "all").unwrap().state, "ok");
     assert!(!a_cg.is_frozen());
     // Pressure: another process takes 70 GiB, free falls to 7 GiB < 10 GiB reserve.
     sc.write(&scenario(&[(a.pid(), 3 * GIB), (other.pid(), 70 * GIB)]))
         .unwrap();
-    agent.wait_for(Duration::from_secs(10), |s| {
-        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    agent.wait_state(&key(&a_cg), "frozen");
     assert!(a_cg.wait_frozen(true));
     assert!(
         !other_cg.is_frozen(),
@@ -201,17 +194,13 @@ fn elastic_workload_borrows_idle_memory_and_is_isolated_under_pressure() {
     // Pressure gone: it may borrow again.
     sc.write(&scenario(&[(a.pid(), 3 * GIB), (other.pid(), GIB)]))
         .unwrap();
-    agent.wait_for(Duration::from_secs(10), |s| {
-        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "ok")
-    });
+    agent.wait_state(&key(&a_cg), "ok");
     assert!(a_cg.wait_frozen(false));
 }
 
 #[test]
 fn quotas_from_the_environment_gpushare_and_hami() {
-    if !require_root("quotas_from_the_environment") {
-        return;
-    }
+    needs_root!("quotas_from_the_environment");
     // Env quotas apply to containers and pods: these groups are named like containerd's scopes.
     // No runtime spec exists for them, so the quota comes from each container's first process.
     let cgs: Vec<TestCgroup> = (0..4).map(|_| container_cgroup()).collect();
@@ -289,20 +278,13 @@ fn quotas_from_the_environment_gpushare_and_hami() {
 
 #[test]
 fn sigkill_while_frozen_then_restart_keeps_what_still_applies_and_thaws_what_does_not() {
-    if !require_root("sigkill_while_frozen") {
-        return;
-    }
-    let a_cg = TestCgroup::create(&unique("crash-a")).unwrap();
+    needs_root!("sigkill_while_frozen");
+    let a_cg = group("crash-a");
     let a = Proc::start(&a_cg, &[]);
     let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
-    let quotas = format!(
-        "[defaults]\ngrace = \"200ms\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
-        cgroup_quota(&a_cg, "2GiB")
-    );
+    let quotas = format!("{FREEZE}{}", cgroup_quota(&a_cg, "2GiB"));
     let mut agent = AgentProcess::start(&sc, &quotas, &[]);
-    agent.wait_for(Duration::from_secs(10), |s| {
-        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    agent.wait_state(&key(&a_cg), "frozen");
     assert!(a_cg.wait_frozen(true));
 
     // Crash: nobody thaws; the ledger says who froze it.
@@ -315,14 +297,12 @@ fn sigkill_while_frozen_then_restart_keeps_what_still_applies_and_thaws_what_doe
     );
     // Restart while it is still over quota: it stays frozen, and the agent owns it again.
     agent.restart();
-    let s = agent.wait_for(Duration::from_secs(10), |s| {
-        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    let s = agent.wait_state(&key(&a_cg), "frozen");
     assert_eq!(
         workload(&s, &key(&a_cg), "all").unwrap().used_bytes,
         3 * GIB
     );
-    std::thread::sleep(Duration::from_millis(600));
+    agent.steps_over(Duration::from_millis(600), |_| {});
     assert!(
         a_cg.is_frozen(),
         "still liable: kept frozen across the restart"
@@ -352,9 +332,7 @@ fn sigkill_while_frozen_then_restart_keeps_what_still_applies_and_thaws_what_doe
 
     // SIGTERM thaws what the agent froze.
     sc.write(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
-    agent.wait_for(Duration::from_secs(10), |s| {
-        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    agent.wait_state(&key(&a_cg), "frozen");
     assert!(a_cg.wait_frozen(true));
     assert_eq!(agent.stop(), Some(0));
     assert!(a_cg.wait_frozen(false), "SIGTERM thawed it");
@@ -362,16 +340,11 @@ fn sigkill_while_frozen_then_restart_keeps_what_still_applies_and_thaws_what_doe
 
 #[test]
 fn a_bad_quota_file_is_rejected_with_its_location_and_the_last_good_one_stays() {
-    if !require_root("a_bad_quota_file_is_rejected") {
-        return;
-    }
-    let a_cg = TestCgroup::create(&unique("bad-a")).unwrap();
+    needs_root!("a_bad_quota_file_is_rejected");
+    let a_cg = group("bad-a");
     let a = Proc::start(&a_cg, &[]);
     let sc = Scenario::create(&scenario(&[(a.pid(), GIB)])).unwrap();
-    let good = format!(
-        "[defaults]\ngrace = \"200ms\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
-        cgroup_quota(&a_cg, "2GiB")
-    );
+    let good = format!("{FREEZE}{}", cgroup_quota(&a_cg, "2GiB"));
     let agent = AgentProcess::start(&sc, &good, &[]);
     assert!(
         agent
@@ -398,19 +371,15 @@ fn a_bad_quota_file_is_rejected_with_its_location_and_the_last_good_one_stays() 
     );
     // The last good configuration is still in force: the 2 GiB quota still isolates A.
     sc.write(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
-    agent.wait_for(Duration::from_secs(10), |s| {
-        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    agent.wait_state(&key(&a_cg), "frozen");
     assert!(a_cg.wait_frozen(true));
     assert!(Path::new(&path).exists());
 }
 
 #[test]
 fn an_operator_release_thaws_and_the_ladder_starts_again() {
-    if !require_root("an_operator_release_thaws") {
-        return;
-    }
-    let a_cg = TestCgroup::create(&unique("rel-a")).unwrap();
+    needs_root!("an_operator_release_thaws");
+    let a_cg = group("rel-a");
     let a = Proc::start(&a_cg, &[]);
     let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
     let quotas = format!(
@@ -418,9 +387,7 @@ fn an_operator_release_thaws_and_the_ladder_starts_again() {
         cgroup_quota(&a_cg, "2GiB")
     );
     let agent = AgentProcess::start(&sc, &quotas, &[]);
-    agent.wait_for(Duration::from_secs(10), |s| {
-        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    agent.wait_state(&key(&a_cg), "frozen");
     assert!(a_cg.wait_frozen(true));
     let (code, body) = agent.post_local(
         "/api/v1/release",
@@ -433,9 +400,7 @@ fn an_operator_release_thaws_and_the_ladder_starts_again() {
     let s = agent.state().unwrap();
     assert_ne!(workload(&s, &key(&a_cg), "all").unwrap().state, "frozen");
     // ...but, still over quota, frozen again once it has passed.
-    agent.wait_for(Duration::from_secs(10), |s| {
-        workload(s, &key(&a_cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    agent.wait_state(&key(&a_cg), "frozen");
     // Unknown names get a clear answer.
     let (code, body) = agent.post_local("/api/v1/release", r#"{"workload":"docker://nope"}"#);
     assert_eq!(code, 404);
@@ -444,9 +409,7 @@ fn an_operator_release_thaws_and_the_ladder_starts_again() {
 
 #[test]
 fn an_env_limit_one_process_of_a_shared_unit_sets_does_not_freeze_the_unit() {
-    if !require_root("an_env_limit_of_a_shared_unit") {
-        return;
-    }
+    needs_root!("an_env_limit_of_a_shared_unit");
     // A unit that runs many users' processes (cron.service, a notebook hub): one of them sets a
     // tiny HAMi limit in its own environment. Env quotas are only for containers and pods.
     let unit = TestCgroup::create(&format!("{}.service", unique("shared"))).unwrap();
@@ -459,8 +422,7 @@ fn an_env_limit_one_process_of_a_shared_unit_sets_does_not_freeze_the_unit() {
         s.processes.iter().filter(|p| p.workload == key).count() == 2
     });
     // Well past the grace period and every step of the ladder.
-    std::thread::sleep(Duration::from_millis(2000));
-    let s = agent.state().unwrap();
+    let s = agent.steps_over(Duration::from_millis(2000), |_| {});
     let rows: Vec<_> = s.workloads.iter().filter(|w| w.workload == key).collect();
     assert!(!rows.is_empty());
     for w in &rows {
@@ -473,9 +435,7 @@ fn an_env_limit_one_process_of_a_shared_unit_sets_does_not_freeze_the_unit() {
 
 #[test]
 fn an_invalid_file_at_start_observes_only_and_a_protected_workload_is_never_signalled() {
-    if !require_root("an_invalid_file_at_start") {
-        return;
-    }
+    needs_root!("an_invalid_file_at_start");
     // A container with a 1 GiB env quota, using 2 GiB, that the operator protected; the file also
     // has an error. Starting with the built-in defaults would signal it (SIGUSR1 after 5 s).
     let cg = container_cgroup();
@@ -486,7 +446,7 @@ fn an_invalid_file_at_start_observes_only_and_a_protected_workload_is_never_sign
         container_key(&cg)
     );
     let agent = AgentProcess::start(&sc, &quotas, &[]);
-    std::thread::sleep(Duration::from_millis(6500));
+    agent.steps_over(Duration::from_millis(6500), |_| {});
     assert_eq!(
         p.usr1s(),
         0,
@@ -513,18 +473,16 @@ fn an_invalid_file_at_start_observes_only_and_a_protected_workload_is_never_sign
     agent.wait_for(Duration::from_secs(15), |s| s.counters.quota_config_valid);
     let (_, body) = agent.get("/api/v1/state");
     assert!(!body.contains("observe only"), "{body}");
-    std::thread::sleep(Duration::from_millis(1000));
+    agent.steps_over(Duration::from_millis(1000), |_| {});
     assert_eq!(p.usr1s(), 0, "protected");
 }
 
 #[test]
 fn an_invalid_file_at_start_uses_the_last_good_configuration_kept_in_the_state_directory() {
-    if !require_root("the_last_good_configuration_is_kept") {
-        return;
-    }
+    needs_root!("the_last_good_configuration_is_kept");
     let protected = container_cgroup();
     let p = Proc::start(&protected, &[("ALIYUN_COM_GPU_MEM_CONTAINER", "1")]);
-    let b_cg = TestCgroup::create(&unique("kept-b")).unwrap();
+    let b_cg = group("kept-b");
     let b = Proc::start(&b_cg, &[]);
     let sc = Scenario::create(&scenario(&[(p.pid(), 2 * GIB), (b.pid(), GIB)])).unwrap();
     let good = format!(
@@ -533,9 +491,7 @@ fn an_invalid_file_at_start_uses_the_last_good_configuration_kept_in_the_state_d
         cgroup_quota(&b_cg, "2GiB")
     );
     let mut agent = AgentProcess::start(&sc, &good, &[]);
-    agent.wait_for(Duration::from_secs(10), |s| {
-        workload(s, &key(&b_cg), "all").is_some_and(|w| w.state == "ok")
-    });
+    agent.wait_state(&key(&b_cg), "ok");
     assert_eq!(agent.stop(), Some(0));
     // The operator breaks the file while the agent is down; B grows past its quota.
     agent.write_quotas(&good.replace("\"2GiB\"", "2048"));
@@ -548,9 +504,7 @@ fn an_invalid_file_at_start_uses_the_last_good_configuration_kept_in_the_state_d
         agent.log()
     );
     // The kept configuration is enforced: B is frozen by its quota; the protected one is not.
-    agent.wait_for(Duration::from_secs(10), |s| {
-        workload(s, &key(&b_cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    agent.wait_state(&key(&b_cg), "frozen");
     assert!(b_cg.wait_frozen(true));
     assert!(!protected.is_frozen());
     assert_eq!(p.usr1s(), 0);
@@ -558,13 +512,11 @@ fn an_invalid_file_at_start_uses_the_last_good_configuration_kept_in_the_state_d
 
 #[test]
 fn a_signal_step_goes_only_to_processes_that_catch_the_signal() {
-    if !require_root("a_signal_step_goes_only_to_catchers") {
-        return;
-    }
+    needs_root!("a_signal_step_goes_only_to_catchers");
     // The default ladder (alert, SIGUSR1 after 5 s, freeze after 15 s) on two workloads over
     // quota: one process has no handler (SIGUSR1 would kill it), the other catches SIGUSR1.
-    let plain_cg = TestCgroup::create(&unique("sig-plain")).unwrap();
-    let catcher_cg = TestCgroup::create(&unique("sig-catch")).unwrap();
+    let plain_cg = group("sig-plain");
+    let catcher_cg = group("sig-catch");
     let mut plain = plain_cg
         .spawn(
             std::process::Command::new("sleep")
@@ -593,7 +545,9 @@ fn a_signal_step_goes_only_to_processes_that_catch_the_signal() {
         "the catcher got SIGUSR1\n{}",
         agent.log()
     );
-    std::thread::sleep(Duration::from_millis(500));
+    // The signal went to both in one step: half a second of steps more, for the one without a
+    // handler to have died if it would.
+    agent.steps_over(Duration::from_millis(500), |_| {});
     let gone = plain.try_wait().unwrap();
     let _ = plain.kill();
     let _ = plain.wait();
@@ -618,9 +572,7 @@ fn a_signal_step_goes_only_to_processes_that_catch_the_signal() {
 
 #[test]
 fn a_reload_that_changes_the_gpushare_unit_reaches_running_containers() {
-    if !require_root("a_reload_that_changes_the_gpushare_unit") {
-        return;
-    }
+    needs_root!("a_reload_that_changes_the_gpushare_unit");
     // A container granted 2 (GiB, as configured) uses 1 GiB: within quota. The operator finds the
     // device plugin runs with --memory-unit MiB and fixes the setting: the container, still running,
     // is now over its 2 MiB quota.
@@ -648,18 +600,14 @@ fn a_reload_that_changes_the_gpushare_unit_reaches_running_containers() {
 
 #[test]
 fn a_dry_run_decides_and_reports_the_whole_ladder_but_signals_and_freezes_nothing() {
-    if !require_root("a_dry_run_decides_and_reports") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("dry")).unwrap();
+    needs_root!("a_dry_run_decides_and_reports");
+    let cg = group("dry");
     let mut a = Proc::start(&cg, &[]);
     let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
     let quotas = format!("{FAST}{}", cgroup_quota(&cg, "2GiB"));
     let agent = AgentProcess::start(&sc, &quotas, &["--dry-run"]);
     // It reports the state the ladder would have reached...
-    let s = agent.wait_for(Duration::from_secs(10), |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    let s = agent.wait_state(&key(&cg), "frozen");
     assert!(s.health.dry_run);
     // ... and what it would have done, in the metrics and the log ...
     let metrics = agent.get("/metrics").1;
@@ -687,7 +635,7 @@ fn a_dry_run_decides_and_reports_the_whole_ladder_but_signals_and_freezes_nothin
     assert!(log.contains("dry run: would freeze"), "{log}");
     // ... while nothing was touched: a few more steps, and still no signal, no freeze, no
     // record, no mark.
-    std::thread::sleep(Duration::from_millis(600));
+    agent.steps_over(Duration::from_millis(600), |_| {});
     assert!(!cg.is_frozen(), "frozen in a dry run");
     assert_eq!(
         std::fs::read_to_string(cg.dir().join("cgroup.freeze"))
@@ -707,27 +655,27 @@ fn a_dry_run_decides_and_reports_the_whole_ladder_but_signals_and_freezes_nothin
 
 #[test]
 fn keep_frozen_on_exit_leaves_the_freeze_to_the_next_start_which_takes_it_over() {
-    if !require_root("keep_frozen_on_exit") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("keep")).unwrap();
+    needs_root!("keep_frozen_on_exit");
+    let cg = group("keep");
     let a = Proc::start(&cg, &[]);
     let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
-    let quotas = format!(
-        "[defaults]\ngrace = \"200ms\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
-        cgroup_quota(&cg, "2GiB")
-    );
+    let quotas = format!("{FREEZE}{}", cgroup_quota(&cg, "2GiB"));
     let mut agent = AgentProcess::start(&sc, &quotas, &["--keep-frozen-on-exit"]);
-    agent.wait_for(Duration::from_secs(10), |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    agent.wait_state(&key(&cg), "frozen");
     assert!(cg.wait_frozen(true));
     // SIGTERM: a clean exit that leaves the freeze, recorded and marked, in place.
+    // The agent has exited: nothing can thaw the group after this.
     assert_eq!(agent.stop(), Some(0));
-    std::thread::sleep(Duration::from_millis(300));
     assert!(
         cg.is_frozen(),
         "thawed on exit despite --keep-frozen-on-exit"
+    );
+    assert_eq!(
+        std::fs::read_to_string(cg.dir().join("cgroup.freeze"))
+            .unwrap()
+            .trim(),
+        "1",
+        "the freeze request is left in place"
     );
     assert!(
         std::fs::read_to_string(agent.ledger())
@@ -750,9 +698,7 @@ fn keep_frozen_on_exit_leaves_the_freeze_to_the_next_start_which_takes_it_over()
     });
     assert!(cg.is_frozen());
     sc.write(&scenario(&[(a.pid(), GIB)])).unwrap();
-    agent.wait_for(Duration::from_secs(10), |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "ok")
-    });
+    agent.wait_state(&key(&cg), "ok");
     assert!(
         cg.wait_frozen(false),
         "the adopted freeze is the agent's own"

@@ -12,10 +12,11 @@ use std::{
 use gpushare_agent::attribution::cgroupfs::find_cgroup2_mount;
 use gpushare_testkit::{
     nvml::{SCENARIO_ENV, Scenario, fake_nvml_lib},
-    require_root, unique, workspace_bin,
+    unique, workspace_bin,
 };
 use serde_json::json;
 
+use crate::util::needs_root;
 use crate::util::{AgentProcess, workload};
 
 const GIB: u64 = 1 << 30;
@@ -210,9 +211,7 @@ fn assert_clean(node: &Node, names: &[&str]) {
 
 #[test]
 fn launch_places_services_by_best_fit_and_by_spread_counting_every_reservation() {
-    if !require_root("launch_places_services") {
-        return;
-    }
+    needs_root!("launch_places_services");
     // Free memory: GPU 0 16 GiB, GPU 1 8 GiB, GPU 2 24 GiB.
     let node = Node::new(&[16, 8, 24]);
     let mut a = Running::start(&node, "6GiB", &[]);
@@ -276,9 +275,7 @@ fn launch_places_services_by_best_fit_and_by_spread_counting_every_reservation()
 
 #[test]
 fn quotas_in_the_operators_files_that_name_a_gpu_count_as_reserved() {
-    if !require_root("quotas_in_the_operators_files") {
-        return;
-    }
+    needs_root!("quotas_in_the_operators_files");
     let node = Node::new(&[16, 16]);
     std::fs::write(
         &node.quotas,
@@ -329,9 +326,7 @@ fn quotas_in_the_operators_files_that_name_a_gpu_count_as_reserved() {
 
 #[test]
 fn twenty_concurrent_launches_never_overbook_a_gpu() {
-    if !require_root("twenty_concurrent_launches") {
-        return;
-    }
+    needs_root!("twenty_concurrent_launches");
     // Two 10 GiB GPUs hold three 3 GiB services each: 6 of 20 launches fit, 14 must be refused.
     let node = Node::new(&[10, 10]);
     let mut runs: Vec<Running> = (0..20)
@@ -367,9 +362,7 @@ fn twenty_concurrent_launches_never_overbook_a_gpu() {
 
 #[test]
 fn the_agent_sees_the_quota_while_the_service_runs_and_forgets_it_after() {
-    if !require_root("the_agent_sees_the_quota") {
-        return;
-    }
+    needs_root!("the_agent_sees_the_quota");
     let node = Node::new(&[16, 16]);
     let agent = AgentProcess::start(&node.scenario, "", &[]);
     let agent_node = Node {
@@ -440,9 +433,7 @@ fn the_agent_sees_the_quota_while_the_service_runs_and_forgets_it_after() {
 
 #[test]
 fn exit_statuses_pass_through_and_failures_to_start_leave_nothing() {
-    if !require_root("exit_statuses_pass_through") {
-        return;
-    }
+    needs_root!("exit_statuses_pass_through");
     let node = Node::new(&[8]);
     let status = |cmd: &[&str]| {
         let out = node
@@ -516,9 +507,7 @@ fn status_with(node: &Node, opts: &[&str], cmd: &[&str]) -> (Option<i32>, String
 #[test]
 fn a_frozen_service_is_killed_when_the_launcher_is_told_to_stop_and_stale_registrations_are_collected()
  {
-    if !require_root("a_frozen_service_is_killed") {
-        return;
-    }
+    needs_root!("a_frozen_service_is_killed");
     let node = Node::new(&[8]);
     // It ignores SIGTERM (so even a thawed one would not stop) and is frozen.
     let mut frozen = Running::start_with(

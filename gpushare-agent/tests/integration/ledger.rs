@@ -9,13 +9,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpushare_testkit::{TestCgroup, nvml::Scenario, require_root, unique, workspace_bin};
+use gpushare_testkit::{TestCgroup, nvml::Scenario, workspace_bin};
 use serde_json::json;
 
-use crate::util::{AgentProcess, Reaped, agent_dir, key, one_gpu, sleeper, workload};
+use crate::util::needs_root;
+use crate::util::{AgentProcess, agent_dir, key, one_gpu, sleeping_group};
 
 const GIB: u64 = 1 << 30;
-const WAIT: Duration = Duration::from_secs(15);
 const FREEZE: &str = "[defaults]\ngrace = \"0s\"\nladder = [ { action = \"freeze\" } ]\n";
 
 fn cgroup_quota(cg: &TestCgroup, size: &str, gpu: Option<u32>) -> String {
@@ -55,11 +55,8 @@ fn agent_bin() -> std::path::PathBuf {
 /// must not stop the agent from starting, and the freezes the file lists are still reconciled.
 #[test]
 fn a_ledger_with_a_byte_that_is_not_utf8_still_starts_and_reconciles_its_freezes() {
-    if !require_root("a_ledger_with_a_byte_that_is_not_utf8") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("ledger-utf8")).unwrap();
-    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    needs_root!("a_ledger_with_a_byte_that_is_not_utf8");
+    let (cg, p) = sleeping_group("ledger-utf8");
     let dir = agent_dir(&format!("{FREEZE}{}", cgroup_quota(&cg, "2GiB", None)));
     let text = json!({ "version": 1, "freezes": [record(&cg, "REASON")] }).to_string();
     let bytes = text.replace("REASON", "over quota \u{1}").into_bytes();
@@ -81,13 +78,9 @@ fn a_ledger_with_a_byte_that_is_not_utf8_still_starts_and_reconciles_its_freezes
 /// moved aside as corrupt: its freezes are reconciled.
 #[test]
 fn a_ledger_from_a_newer_version_is_read_and_its_freezes_reconciled() {
-    if !require_root("a_ledger_from_a_newer_version") {
-        return;
-    }
-    let thaw = TestCgroup::create(&unique("ledger-new-thaw")).unwrap();
-    let keep = TestCgroup::create(&unique("ledger-new-keep")).unwrap();
-    let pt = Reaped(thaw.spawn(&mut sleeper()).unwrap());
-    let pk = Reaped(keep.spawn(&mut sleeper()).unwrap());
+    needs_root!("a_ledger_from_a_newer_version");
+    let (thaw, pt) = sleeping_group("ledger-new-thaw");
+    let (keep, pk) = sleeping_group("ledger-new-keep");
     let dir = agent_dir(&format!(
         "{FREEZE}{}{}",
         cgroup_quota(&thaw, "2GiB", None),
@@ -109,9 +102,7 @@ fn a_ledger_from_a_newer_version_is_read_and_its_freezes_reconciled() {
         "within quota: thawed\n{}",
         agent.log()
     );
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&keep), "all").is_some_and(|w| w.state == "frozen")
-    });
+    agent.wait_state(&key(&keep), "frozen");
     assert!(keep.is_frozen(), "still over quota: kept");
     assert!(
         !dir.join("state/freezes.json.corrupt").exists(),
@@ -124,13 +115,9 @@ fn a_ledger_from_a_newer_version_is_read_and_its_freezes_reconciled() {
 /// `release` knows it.
 #[test]
 fn reconciliation_is_per_gpu_and_release_knows_the_freezes_of_an_earlier_run() {
-    if !require_root("reconciliation_is_per_gpu") {
-        return;
-    }
-    let on0 = TestCgroup::create(&unique("ledger-gpu0")).unwrap();
-    let on1 = TestCgroup::create(&unique("ledger-gpu1")).unwrap();
-    let p0 = Reaped(on0.spawn(&mut sleeper()).unwrap());
-    let p1 = Reaped(on1.spawn(&mut sleeper()).unwrap());
+    needs_root!("reconciliation_is_per_gpu");
+    let (on0, p0) = sleeping_group("ledger-gpu0");
+    let (on1, p1) = sleeping_group("ledger-gpu1");
     let dir = agent_dir(&format!(
         "{FREEZE}{}{}",
         cgroup_quota(&on0, "2GiB", Some(0)),
@@ -151,7 +138,7 @@ fn reconciliation_is_per_gpu_and_release_knows_the_freezes_of_an_earlier_run() {
         "GPU 0 is healthy and the workload within quota: thawed although GPU 1 is degraded\n{}",
         agent.log()
     );
-    std::thread::sleep(Duration::from_secs(1));
+    agent.steps_over(Duration::from_secs(1), |_| {});
     assert!(on1.is_frozen(), "its GPU is degraded: kept");
     let (code, body) = agent.post_local(
         "/api/v1/release",
@@ -164,11 +151,8 @@ fn reconciliation_is_per_gpu_and_release_knows_the_freezes_of_an_earlier_run() {
 /// Problem 5: `--dry-run` never writes to a cgroup, also not to re-apply an earlier run's freeze.
 #[test]
 fn dry_run_does_not_reapply_an_earlier_runs_freeze() {
-    if !require_root("dry_run_does_not_reapply") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("ledger-dry")).unwrap();
-    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    needs_root!("dry_run_does_not_reapply");
+    let (cg, p) = sleeping_group("ledger-dry");
     let dir = agent_dir(&format!("{FREEZE}{}", cgroup_quota(&cg, "2GiB", None)));
     // The earlier run recorded the freeze and died before applying it.
     let file = json!({ "version": 1, "freezes": [record(&cg, "r")] });
@@ -176,10 +160,8 @@ fn dry_run_does_not_reapply_an_earlier_runs_freeze() {
     let before = std::fs::read_to_string(cg.dir().join("cgroup.freeze")).unwrap();
     let sc = Scenario::create(&one_gpu(&[(p.pid(), 3 * GIB)])).unwrap();
     let agent = AgentProcess::start_in(dir, &sc, &["--dry-run"], "200ms");
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.used_bytes == 3 * GIB)
-    });
-    std::thread::sleep(Duration::from_secs(1));
+    agent.wait_used(&key(&cg), 3 * GIB);
+    agent.steps_over(Duration::from_secs(1), |_| {});
     assert!(!cg.is_frozen(), "a dry run froze a group\n{}", agent.log());
     assert_eq!(
         std::fs::read_to_string(cg.dir().join("cgroup.freeze")).unwrap(),
@@ -227,9 +209,7 @@ fn run_with_deadline(cmd: &mut Command, limit: Duration) -> Option<std::process:
 /// refuses too while an agent runs.
 #[test]
 fn a_second_agent_on_the_same_state_directory_refuses_to_start() {
-    if !require_root("a_second_agent_refuses") {
-        return;
-    }
+    needs_root!("a_second_agent_refuses");
     let sc = Scenario::create(&one_gpu(&[])).unwrap();
     let first = AgentProcess::start(&sc, "", &[]);
     let pid = first.pid().unwrap();
@@ -264,15 +244,10 @@ fn a_second_agent_on_the_same_state_directory_refuses_to_start() {
 /// agent running, undoes every freeze it made and nothing else.
 #[test]
 fn freezes_survive_a_lost_ledger_and_thaw_all_undoes_them_without_an_agent() {
-    if !require_root("thaw_all_without_an_agent") {
-        return;
-    }
-    let a = TestCgroup::create(&unique("ledger-lost-a")).unwrap();
-    let b = TestCgroup::create(&unique("ledger-lost-b")).unwrap();
-    let theirs = TestCgroup::create(&unique("ledger-lost-theirs")).unwrap();
-    let pa = Reaped(a.spawn(&mut sleeper()).unwrap());
-    let pb = Reaped(b.spawn(&mut sleeper()).unwrap());
-    let _pt = Reaped(theirs.spawn(&mut sleeper()).unwrap());
+    needs_root!("thaw_all_without_an_agent");
+    let (a, pa) = sleeping_group("ledger-lost-a");
+    let (b, pb) = sleeping_group("ledger-lost-b");
+    let (theirs, _pt) = sleeping_group("ledger-lost-theirs");
     let quotas = format!(
         "{FREEZE}{}{}",
         cgroup_quota(&a, "2GiB", None),
@@ -293,9 +268,7 @@ fn freezes_survive_a_lost_ledger_and_thaw_all_undoes_them_without_an_agent() {
         "the lost ledger's freeze of a was not found\n{}",
         agent.log()
     );
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&b), "all").is_some_and(|w| w.state == "frozen")
-    });
+    agent.wait_state(&key(&b), "frozen");
     // The agent cannot run any more; the operator undoes what it froze.
     agent.sigkill();
     std::fs::write(agent.ledger(), b"garbage").unwrap();

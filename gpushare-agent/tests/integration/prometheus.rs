@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use gpushare_testkit::free_port;
 
 use crate::util::{AgentProcess, usr1_recorder};
+use crate::util::{group, needs_root};
 
 const GIB: u64 = 1 << 30;
 
@@ -151,8 +152,8 @@ fn prometheus_scrapes_workload_memory_and_sees_isolation_state_change() {
     if !require_root("prometheus_scrapes_workload_memory") || which("prometheus").is_none() {
         return;
     }
-    let a_cg = TestCgroup::create(&unique("prom-a")).unwrap();
-    let b_cg = TestCgroup::create(&unique("prom-b")).unwrap();
+    let a_cg = group("prom-a");
+    let b_cg = group("prom-b");
     let log = std::env::temp_dir().join(unique("usr1"));
     let mut a = a_cg.spawn(&mut usr1_recorder(&log)).unwrap();
     let mut b = b_cg.spawn(&mut usr1_recorder(&log)).unwrap();
@@ -225,15 +226,13 @@ fn prometheus_scrapes_workload_memory_and_sees_isolation_state_change() {
 
 #[test]
 fn promtool_accepts_the_agents_metrics_and_the_shipped_alert_rules() {
-    if !require_root("promtool_accepts") {
-        return;
-    }
+    needs_root!("promtool_accepts");
     let Some(promtool) = which("promtool") else {
         return;
     };
-    let cg = TestCgroup::create(&unique("promtool")).unwrap();
+    let cg = group("promtool");
     // A second workload, with a quota on GPU 0 only (a per-device limit, as HAMi's are).
-    let per_gpu = TestCgroup::create(&unique("promtool-gpu0")).unwrap();
+    let per_gpu = group("promtool-gpu0");
     let log = std::env::temp_dir().join(unique("usr1"));
     let mut p = cg.spawn(&mut usr1_recorder(&log)).unwrap();
     let mut q = per_gpu.spawn(&mut usr1_recorder(&log)).unwrap();

@@ -5,12 +5,13 @@
 
 use std::{path::Path, time::Duration};
 
-use gpushare_testkit::{TestCgroup, nvml::Scenario, nvml::fake_cuda_lib, require_root, unique};
+use gpushare_testkit::{TestCgroup, nvml::Scenario, nvml::fake_cuda_lib, unique};
 use serde_json::{Value, json};
 
 use crate::util::{
-    AgentProcess, Reaped, agent_dir, cgroup_quota, counter_value, key, sleeper, workload,
+    AgentProcess, agent_dir, cgroup_quota, counter_value, key, sleeping_group, wait_until, workload,
 };
+use crate::util::{group, needs_root, sleeping};
 
 const GIB: u64 = 1 << 30;
 const WAIT: Duration = Duration::from_secs(20);
@@ -68,13 +69,9 @@ const SUSPEND: &str = "[defaults]\ngrace = \"0s\"\nladder = [ { action = \"suspe
 
 #[test]
 fn a_workload_over_quota_is_suspended_its_gpu_memory_freed_and_a_release_brings_it_back() {
-    if !require_root("a_workload_over_quota_is_suspended") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("susp")).unwrap();
-    let neighbour_cg = TestCgroup::create(&unique("susp-n")).unwrap();
-    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
-    let n = Reaped(neighbour_cg.spawn(&mut sleeper()).unwrap());
+    needs_root!("a_workload_over_quota_is_suspended");
+    let (cg, p) = sleeping_group("susp");
+    let (neighbour_cg, n) = sleeping_group("susp-n");
     let sc = Scenario::create(&scenario(&[(p.pid(), GIB), (n.pid(), GIB)], json!({}))).unwrap();
     // A release restarts the ladder from the grace period: 5 s leave time to look at the resumed
     // workload before it would be suspended again.
@@ -85,15 +82,11 @@ fn a_workload_over_quota_is_suspended_its_gpu_memory_freed_and_a_release_brings_
         cgroup_quota(&neighbour_cg, "8GiB")
     );
     let agent = start(&sc, &quotas);
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.used_bytes == GIB)
-    });
+    agent.wait_used(&key(&cg), GIB);
     assert_eq!(used_on_gpu(&agent), 2 * GIB);
     sc.write(&scenario(&[(p.pid(), 6 * GIB), (n.pid(), GIB)], json!({})))
         .unwrap();
-    let s = agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "suspended")
-    });
+    let s = agent.wait_state(&key(&cg), "suspended");
     let row = workload(&s, &key(&cg), "all").unwrap();
     assert_eq!(row.suspended_bytes, 6 * GIB, "{row:?}");
     assert_eq!(
@@ -147,13 +140,9 @@ fn a_workload_over_quota_is_suspended_its_gpu_memory_freed_and_a_release_brings_
 
 #[test]
 fn a_resume_that_restored_but_could_not_unlock_is_retried_until_it_is_done() {
-    if !require_root("a_resume_that_restored_but_could_not_unlock") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("susp-unlock")).unwrap();
-    let neighbour_cg = TestCgroup::create(&unique("susp-unlock-n")).unwrap();
-    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
-    let n = Reaped(neighbour_cg.spawn(&mut sleeper()).unwrap());
+    needs_root!("a_resume_that_restored_but_could_not_unlock");
+    let (cg, p) = sleeping_group("susp-unlock");
+    let (neighbour_cg, n) = sleeping_group("susp-unlock-n");
     // An 8 GiB GPU: once p's 6 GiB are restored, 1 GiB is free, less than its footprint.
     let on_small_gpu = |cuda: Value| {
         let mut v = scenario(&[(p.pid(), 6 * GIB), (n.pid(), GIB)], cuda);
@@ -170,9 +159,7 @@ fn a_resume_that_restored_but_could_not_unlock_is_retried_until_it_is_done() {
         )
     };
     let agent = start(&sc, &quotas("0s"));
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "suspended")
-    });
+    agent.wait_state(&key(&cg), "suspended");
     assert_eq!(cuda_state(&sc, p.pid()), "checkpointed");
     // The release restarts the ladder: a 20 s grace leaves the resume time to be retried.
     let loaded = agent
@@ -194,11 +181,11 @@ fn a_resume_that_restored_but_could_not_unlock_is_retried_until_it_is_done() {
         &json!({ "workload": key(&cg) }).to_string(),
     );
     assert_eq!(code, 200, "{body}");
-    let deadline = std::time::Instant::now() + WAIT;
-    while cuda_state(&sc, p.pid()) != "locked" {
-        assert!(std::time::Instant::now() < deadline, "never restored");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(
+        WAIT,
+        || "never restored".into(),
+        || cuda_state(&sc, p.pid()) == "locked",
+    );
     sc.write(&on_small_gpu(json!({}))).unwrap();
     // Its memory is back on the GPU (1 GiB free for a 6 GiB footprint): that is no reason to wait.
     agent.wait_for(WAIT, |s| {
@@ -211,15 +198,10 @@ fn a_resume_that_restored_but_could_not_unlock_is_retried_until_it_is_done() {
 
 #[test]
 fn elastic_mode_suspends_the_largest_borrower_under_pressure_and_resumes_it_when_room_returns() {
-    if !require_root("elastic_mode_suspends_the_largest_borrower") {
-        return;
-    }
-    let big = TestCgroup::create(&unique("el-big")).unwrap();
-    let small = TestCgroup::create(&unique("el-small")).unwrap();
-    let other = TestCgroup::create(&unique("el-other")).unwrap();
-    let pb = Reaped(big.spawn(&mut sleeper()).unwrap());
-    let ps = Reaped(small.spawn(&mut sleeper()).unwrap());
-    let po = Reaped(other.spawn(&mut sleeper()).unwrap());
+    needs_root!("elastic_mode_suspends_the_largest_borrower");
+    let (big, pb) = sleeping_group("el-big");
+    let (small, ps) = sleeping_group("el-small");
+    let (_other, po) = sleeping_group("el-other");
     let quotas = format!(
         "[defaults]\nmode = \"elastic\"\nelastic_reserve = \"8GiB\"\ngrace = \"0s\"\nladder = [ {{ action = \"suspend\" }} ]\n{}{}",
         cgroup_quota(&big, "2GiB"),
@@ -229,9 +211,7 @@ fn elastic_mode_suspends_the_largest_borrower_under_pressure_and_resumes_it_when
     let calm = [(pb.pid(), 20 * GIB), (ps.pid(), 4 * GIB), (po.pid(), GIB)];
     let sc = Scenario::create(&scenario(&calm, json!({}))).unwrap();
     let agent = start(&sc, &quotas);
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&big), "all").is_some_and(|w| w.used_bytes == 20 * GIB)
-    });
+    agent.wait_used(&key(&big), 20 * GIB);
     // Another process takes 52 GiB: 3 GiB free, below the 8 GiB reserve. Suspending big alone
     // covers it.
     let pressed = [
@@ -240,11 +220,8 @@ fn elastic_mode_suspends_the_largest_borrower_under_pressure_and_resumes_it_when
         (po.pid(), 53 * GIB),
     ];
     sc.write(&scenario(&pressed, json!({}))).unwrap();
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&big), "all").is_some_and(|w| w.state == "suspended")
-    });
-    std::thread::sleep(Duration::from_secs(1));
-    let s = agent.state().unwrap();
+    agent.wait_state(&key(&big), "suspended");
+    let s = agent.steps_over(Duration::from_secs(1), |_| {});
     assert_eq!(
         workload(&s, &key(&small), "all").unwrap().state,
         "ok",
@@ -253,9 +230,7 @@ fn elastic_mode_suspends_the_largest_borrower_under_pressure_and_resumes_it_when
     assert_eq!(cuda_state(&sc, ps.pid()), "running");
     // The other process shrinks to 1 GiB: 55 GiB free >= 20 GiB + 8 GiB reserve: resumed.
     sc.write(&scenario(&calm, json!({}))).unwrap();
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&big), "all").is_some_and(|w| w.state == "ok")
-    });
+    agent.wait_state(&key(&big), "ok");
     assert_eq!(cuda_state(&sc, pb.pid()), "running");
     assert!(big.wait_frozen(false));
 }
@@ -286,14 +261,12 @@ fn wait_fallthrough(agent: &AgentProcess, reason: &str) -> String {
 /// as the freeze step before it left it (frozen), and nothing is left locked or checkpointed.
 fn falls_through(name: &str, cuda: impl Fn(u32) -> Value, driver: u32, reason: &str) {
     let cg = TestCgroup::create(&unique(name)).unwrap();
-    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    let p = sleeping(&cg);
     let pid = p.pid();
     let sc = Scenario::create(&scenario_on(&[(pid, GIB)], cuda(pid), driver)).unwrap();
     let quotas = format!("{FREEZE_THEN_SUSPEND}{}", cgroup_quota(&cg, "2GiB"));
     let agent = start(&sc, &quotas);
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.used_bytes == GIB)
-    });
+    agent.wait_used(&key(&cg), GIB);
     sc.write(&scenario_on(&[(pid, 3 * GIB)], cuda(pid), driver))
         .unwrap();
     let metrics = wait_fallthrough(&agent, reason);
@@ -302,9 +275,7 @@ fn falls_through(name: &str, cuda: impl Fn(u32) -> Value, driver: u32, reason: &
         1.0,
         "{name}: one fall-through, no retry: {metrics}"
     );
-    let s = agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    let s = agent.wait_state(&key(&cg), "frozen");
     assert!(
         cg.wait_frozen(true),
         "{name}: frozen as the freeze step left it"
@@ -333,9 +304,7 @@ fn falls_through(name: &str, cuda: impl Fn(u32) -> Value, driver: u32, reason: &
 
 #[test]
 fn each_driver_failure_falls_through_with_its_reason_and_leaves_nothing_locked() {
-    if !require_root("each_driver_failure_falls_through") {
-        return;
-    }
+    needs_root!("each_driver_failure_falls_through");
     falls_through(
         "ft-uvm",
         |pid| json!({ "processes": { pid.to_string(): { "checkpoint_error": { "code": 801 } } } }),
@@ -353,15 +322,12 @@ fn each_driver_failure_falls_through_with_its_reason_and_leaves_nothing_locked()
 
 #[test]
 fn a_container_memory_limit_too_small_for_the_checkpoint_skips_the_step() {
-    if !require_root("a_container_memory_limit_too_small") {
-        return;
-    }
+    needs_root!("a_container_memory_limit_too_small");
     let Some(mem_root) = gpushare_agent::enforce::freeze::v1_root("memory") else {
         gpushare_testkit::loud_skip("no v1 memory controller mounted (pure cgroup v2 host)");
         return;
     };
-    let cg = TestCgroup::create(&unique("ft-mem")).unwrap();
-    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    let (cg, p) = sleeping_group("ft-mem");
     let mem = MemGroup::create(
         &mem_root.join(unique("gpushare-test-mem")),
         64 << 20,
@@ -383,13 +349,9 @@ fn a_container_memory_limit_too_small_for_the_checkpoint_skips_the_step() {
 
 #[test]
 fn a_sigkilled_agents_suspensions_are_kept_or_resumed_at_the_next_start() {
-    if !require_root("a_sigkilled_agents_suspensions") {
-        return;
-    }
-    let keep = TestCgroup::create(&unique("sk-keep")).unwrap();
-    let back = TestCgroup::create(&unique("sk-back")).unwrap();
-    let pk = Reaped(keep.spawn(&mut sleeper()).unwrap());
-    let pb = Reaped(back.spawn(&mut sleeper()).unwrap());
+    needs_root!("a_sigkilled_agents_suspensions");
+    let (keep, pk) = sleeping_group("sk-keep");
+    let (back, pb) = sleeping_group("sk-back");
     let sc = Scenario::create(&scenario(
         &[(pk.pid(), 3 * GIB), (pb.pid(), 3 * GIB)],
         json!({}),
@@ -459,28 +421,19 @@ impl Drop for MemGroup {
 
 #[test]
 fn a_workload_an_earlier_step_froze_is_thawed_locked_checkpointed_and_frozen_again() {
-    if !require_root("a_workload_an_earlier_step_froze_is_suspended") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("susp-frozen")).unwrap();
-    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    needs_root!("a_workload_an_earlier_step_froze_is_suspended");
+    let (cg, p) = sleeping_group("susp-frozen");
     let sc = Scenario::create(&scenario(&[(p.pid(), GIB)], json!({}))).unwrap();
     let agent = start(
         &sc,
         &format!("{FREEZE_THEN_SUSPEND}{}", cgroup_quota(&cg, "2GiB")),
     );
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.used_bytes == GIB)
-    });
+    agent.wait_used(&key(&cg), GIB);
     sc.write(&scenario(&[(p.pid(), 3 * GIB)], json!({})))
         .unwrap();
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "frozen")
-    });
+    agent.wait_state(&key(&cg), "frozen");
     // A frozen process could not answer the lock: the suspend thaws it first.
-    agent.wait_for(WAIT, |s| {
-        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "suspended")
-    });
+    agent.wait_state(&key(&cg), "suspended");
     assert_eq!(cuda_state(&sc, p.pid()), "checkpointed");
     assert!(cg.wait_frozen(true), "frozen again");
     let metrics = agent.get("/metrics").1;
@@ -501,34 +454,32 @@ fn driver_limit(sc: &Scenario, uuid: &str, dir: &Path) -> Option<(u64, u64)> {
 
 /// Waits until the soft driver limit of `cg` on GPU-susp is `want` (`None`: no limit).
 fn wait_driver_limit(sc: &Scenario, cg: &TestCgroup, want: Option<u64>, agent: &AgentProcess) {
-    let deadline = std::time::Instant::now() + WAIT;
-    while driver_limit(sc, "GPU-susp", cg.dir()).map(|(soft, _)| soft) != want {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "driver limit of {} is {:?}, not {want:?}\n{}",
-            cg.rel_path(),
-            driver_limit(sc, "GPU-susp", cg.dir()),
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(
+        WAIT,
+        || {
+            format!(
+                "driver limit of {} is {:?}, not {want:?}\n{}",
+                cg.rel_path(),
+                driver_limit(sc, "GPU-susp", cg.dir()),
+                agent.log()
+            )
+        },
+        || driver_limit(sc, "GPU-susp", cg.dir()).map(|(soft, _)| soft) == want,
+    );
 }
 
 #[test]
 fn where_the_driver_takes_per_cgroup_limits_each_quota_is_also_a_driver_limit_on_the_root() {
-    if !require_root("driver_limits") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("dlim")).unwrap();
+    needs_root!("driver_limits");
+    let cg = group("dlim");
     let worker = TestCgroup::create(&format!(
         "{}/worker",
         cg.rel_path().trim_start_matches("/gpushare-test/")
     ))
     .unwrap();
-    let p = Reaped(worker.spawn(&mut sleeper()).unwrap());
+    let p = sleeping(&worker);
     // A second workload whose quota names no GPU: its limit goes on each GPU it uses.
-    let all = TestCgroup::create(&unique("dlim-all")).unwrap();
-    let q = Reaped(all.spawn(&mut sleeper()).unwrap());
+    let (all, q) = sleeping_group("dlim-all");
     let sc = Scenario::create(&scenario(&[(p.pid(), GIB), (q.pid(), GIB)], json!({}))).unwrap();
     let quotas = format!(
         "[defaults]\nladder = []\n\n[[quota]]\ncgroup = \"{}\"\ngpu = 0\ngpu_memory = \"2GiB\"\ntolerance = \"512MiB\"\n{}",
@@ -563,21 +514,16 @@ fn where_the_driver_takes_per_cgroup_limits_each_quota_is_also_a_driver_limit_on
     off["memory_limits_supported"] = json!(false);
     sc.write(&off).unwrap();
     let agent = start(&sc, &quotas);
-    std::thread::sleep(Duration::from_secs(1));
-    let s = agent.state().unwrap();
+    let s = agent.steps_over(Duration::from_secs(1), |_| {});
     assert_eq!(s.gpus[0].isolation_backend, "soft");
     assert_eq!(driver_limit(&sc, "GPU-susp", cg.dir()), None);
 }
 
 #[test]
 fn driver_limits_a_sigkilled_agent_left_are_cleared_at_the_next_start_when_no_longer_wanted() {
-    if !require_root("driver_limits_after_sigkill") {
-        return;
-    }
-    let gone = TestCgroup::create(&unique("dlim-gone")).unwrap();
-    let kept = TestCgroup::create(&unique("dlim-kept")).unwrap();
-    let p = Reaped(gone.spawn(&mut sleeper()).unwrap());
-    let q = Reaped(kept.spawn(&mut sleeper()).unwrap());
+    needs_root!("driver_limits_after_sigkill");
+    let (gone, p) = sleeping_group("dlim-gone");
+    let (kept, q) = sleeping_group("dlim-kept");
     let sc = Scenario::create(&scenario(&[(p.pid(), GIB), (q.pid(), GIB)], json!({}))).unwrap();
     let quotas = |kept_gib: u64, with_gone: bool| {
         let mut text = "[defaults]\nladder = []\n".to_string();
@@ -609,11 +555,8 @@ fn driver_limits_a_sigkilled_agent_left_are_cleared_at_the_next_start_when_no_lo
 
 #[test]
 fn a_dry_run_sets_no_driver_limit() {
-    if !require_root("driver_limits_dry_run") {
-        return;
-    }
-    let cg = TestCgroup::create(&unique("dlim-dry")).unwrap();
-    let p = Reaped(cg.spawn(&mut sleeper()).unwrap());
+    needs_root!("driver_limits_dry_run");
+    let (cg, p) = sleeping_group("dlim-dry");
     let sc = Scenario::create(&scenario(&[(p.pid(), GIB)], json!({}))).unwrap();
     let quotas = format!("[defaults]\nladder = []\n{}", cgroup_quota(&cg, "2GiB"));
     let agent = AgentProcess::start(&sc, &quotas, &["--dry-run"]);

@@ -230,11 +230,56 @@ impl AgentProcess {
         }
     }
 
+    /// Waits (up to 20 s) until the all-GPU row of workload `key` is in `state`.
+    pub fn wait_state(&self, key: &str, state: &str) -> Snapshot {
+        self.wait_for(Duration::from_secs(20), |s| {
+            workload(s, key, "all").is_some_and(|w| w.state == state)
+        })
+    }
+
+    /// Waits (up to 20 s) until the all-GPU row of workload `key` shows `bytes` used.
+    pub fn wait_used(&self, key: &str, bytes: u64) -> Snapshot {
+        self.wait_for(Duration::from_secs(20), |s| {
+            workload(s, key, "all").is_some_and(|w| w.used_bytes == bytes)
+        })
+    }
+
     /// Waits until the agent publishes the result of a new step, and returns it: what a test does
     /// right after has (nearly) a whole sample interval before the next step.
     pub fn wait_next_step(&self) -> Snapshot {
         let before = self.state().map(|s| s.taken_at_unix).unwrap_or(0.0);
         self.wait_for(Duration::from_secs(10), |s| s.taken_at_unix > before)
+    }
+
+    /// Waits until the agent has published `n` new steps; the last one.
+    pub fn wait_steps(&self, n: u32) -> Snapshot {
+        let mut s = self.wait_next_step();
+        for _ in 1..n {
+            s = self.wait_next_step();
+        }
+        s
+    }
+
+    /// For an assertion that something does NOT happen for a while: calls `check` on each step
+    /// the agent publishes until one taken at least `d` after this call, and returns that one.
+    /// Where a sleep would also pass with a stalled or dead agent, this needs it to keep
+    /// stepping all along.
+    pub fn steps_over(&self, d: Duration, mut check: impl FnMut(&Snapshot)) -> Snapshot {
+        let until = unix_now() + d.as_secs_f64();
+        loop {
+            let s = self.wait_next_step();
+            check(&s);
+            if s.taken_at_unix >= until {
+                return s;
+            }
+        }
+    }
+
+    /// Whether the agent's process is still running (not exited, not a zombie).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().is_ok_and(|st| st.is_none()))
     }
 
     /// The agent's log so far.
@@ -274,6 +319,64 @@ impl Drop for AgentProcess {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Seconds since the epoch, as the agent stamps its steps (`taken_at_unix`).
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Waits until `cond` holds, polling every 10 ms; after `timeout`, panics with `what()` (what
+/// did not happen, and the agent's log or whatever tells why).
+pub fn wait_until(
+    timeout: Duration,
+    what: impl FnOnce() -> String,
+    mut cond: impl FnMut() -> bool,
+) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        if Instant::now() >= deadline {
+            panic!("not within {timeout:?}: {}", what());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until the kernel's clock has ticked past the start time of `pid` (start times have
+/// clock-tick resolution, 10 ms): a process started from now on has a later start time, so a
+/// pid reused by it is told apart by its start time.
+pub fn wait_clock_tick_after_start(pid: u32) {
+    let start = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.stat())
+        .map(|s| s.starttime)
+        .expect("the process's start time");
+    let tps = procfs::ticks_per_second() as f64;
+    wait_until(
+        Duration::from_secs(5),
+        || "the clock never ticked past the process's start time".into(),
+        || {
+            let up = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
+            let secs: f64 = up
+                .split_whitespace()
+                .next()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0.0);
+            (secs * tps) as u64 > start + 1
+        },
+    );
+}
+
+/// Whether the kernel's table of GPU tasks holds `pid`.
+pub fn kernel_holds(tracker: &Tracker, pid: u32) -> bool {
+    tracker
+        .kernel()
+        .unwrap()
+        .gpu_tasks()
+        .iter()
+        .any(|(t, _)| *t == pid)
 }
 
 /// The workload row of `key` on GPU `gpu` ("all" for all-GPU quotas).
@@ -368,6 +471,34 @@ impl Drop for Reaped {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Returns from the test, after a loud SKIPPED line, unless it runs as root (see
+/// [`gpushare_testkit::require_root`]).
+macro_rules! needs_root {
+    ($test:expr) => {
+        if !gpushare_testkit::require_root($test) {
+            return;
+        }
+    };
+}
+pub(crate) use needs_root;
+
+/// A test cgroup named after `name` (made unique), removed on drop.
+pub fn group(name: &str) -> gpushare_testkit::TestCgroup {
+    gpushare_testkit::TestCgroup::create(&gpushare_testkit::unique(name)).unwrap()
+}
+
+/// A test cgroup named after `name` with a [`sleeper`] in it.
+pub fn sleeping_group(name: &str) -> (gpushare_testkit::TestCgroup, Reaped) {
+    let cg = group(name);
+    let p = sleeping(&cg);
+    (cg, p)
+}
+
+/// A [`sleeper`] in `cg`, killed and reaped on drop.
+pub fn sleeping(cg: &gpushare_testkit::TestCgroup) -> Reaped {
+    Reaped(cg.spawn(&mut sleeper()).unwrap())
 }
 
 /// `sleep 300` with no stdin.
