@@ -172,10 +172,6 @@ fn run(cli: Cli) -> Result<()> {
             if is_root() {
                 // Where everything can run (root, as CI), a test that skips fails instead.
                 cmd.env(gpushare_testkit::skip::REQUIRE_ENV, "1");
-                // Read directly by tests/integration/{nvml,prometheus}.rs until they ask
-                // `gpushare_testkit::skip::required()`.
-                cmd.env("GPUSHARE_REQUIRE_ROOT", "1");
-                cmd.env("GPUSHARE_REQUIRE_PYENV", "1");
             } else {
                 skip(
                     "the tests that need root, and any that lacks something (each says SKIPPED \

@@ -183,13 +183,10 @@ fn sampler_follows_the_mock_across_scenario_changes() {
 /// real name, must see what the agent sees: devices, pids, memory.
 fn real_clients_agree_with_the_agent(scenario: &Scenario, agent: &GpuSample) {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let pyenv = std::env::var_os("GPUSHARE_PYENV")
-        .map(Into::into)
-        .unwrap_or_else(|| root.join("target/pyenv"));
-    let python = std::path::Path::new(&pyenv).join("bin/python");
+    let python = gpushare_testkit::skip::pyenv().join("bin/python");
     if !python.exists() {
         assert!(
-            std::env::var("GPUSHARE_REQUIRE_PYENV").as_deref() != Ok("1"),
+            !gpushare_testkit::skip::required(),
             "no python venv at {} (scripts/setup.sh creates it)",
             python.display()
         );

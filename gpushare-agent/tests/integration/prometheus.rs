@@ -113,7 +113,7 @@ fn which(bin: &str) -> Option<std::path::PathBuf> {
     });
     if found.is_none() {
         assert!(
-            std::env::var("GPUSHARE_REQUIRE_ROOT").as_deref() != Ok("1"),
+            !gpushare_testkit::skip::required(),
             "{bin} not installed (scripts/setup.sh installs Debian's prometheus package)"
         );
         gpushare_testkit::loud_skip(&format!("{bin} not installed; run scripts/setup.sh"));
