@@ -7,7 +7,11 @@
 #   structurally instead: Kustomization (resources exist and are all listed), ServiceMonitor and
 #   PodMonitor (Prometheus Operator CRDs: required fields, and that their selector and port match
 #   the agent's pods/service). Cross-references are checked too (the ConfigMap and service account
-#   the DaemonSet uses, the service selector, /healthz probes, --listen 0.0.0.0:9402).
+#   the DaemonSet uses, the service selector, /healthz probes, --listen 0.0.0.0:9402), and the image:
+#   the DaemonSet's image is `<NAME>:<version>` as `cargo xtask image` tags it (NAME from
+#   xtask/src/image.rs, the workspace version from Cargo.toml), kustomization.yaml maps that name
+#   (`images:` with newName and newTag = the version), and a built archive in target/image/ carries
+#   that tag.
 # - the ConfigMap's quotas.toml and deploy/quotas.toml with `gpushare-agent check`;
 # - deploy/systemd/gpushare-agent.service with `systemd-analyze verify` (any diagnostic fails it),
 #   on a copy whose ExecStart points at the built binary (verify needs it to exist).
@@ -47,6 +51,14 @@ import yaml
 
 root, tmp = sys.argv[1], sys.argv[2]
 base = os.path.join(root, "deploy", "kubernetes")
+
+# The image the build produces: `<NAME>:<workspace version>`.
+import re, tomllib
+with open(os.path.join(root, "Cargo.toml"), "rb") as f:
+    VERSION = tomllib.load(f)["workspace"]["package"]["version"]
+with open(os.path.join(root, "xtask", "src", "image.rs")) as f:
+    IMAGE_NAME = re.search(r'pub const NAME: &str = "([^"]+)";', f.read()).group(1)
+IMAGE_REF = f"{IMAGE_NAME}:{VERSION}"
 versions = sorted({v for v in kv.utils.all_versions() if tuple(map(int, v.split(".")[:2])) >= (1, 28)},
                   key=lambda v: tuple(map(int, v.split("."))))
 versions = [versions[0], versions[-1]] if len(versions) > 1 else versions
@@ -131,12 +143,25 @@ def check_kustomization(path, d, errs):
     for f in sorted(os.listdir(here)):
         if f.endswith(".yaml") and f != "kustomization.yaml" and f not in listed and f not in text:
             errs.append(f"{f} is neither listed nor mentioned")
+    # The kustomization beside the DaemonSet names the image the build produces, in one place.
+    if "daemonset.yaml" in listed:
+        images = [i for i in (d.get("images") or []) if i.get("name") == IMAGE_NAME]
+        if len(images) != 1:
+            errs.append(f"images: needs exactly one entry named {IMAGE_NAME!r} (the build's name), has {d.get('images')}")
+        else:
+            i = images[0]
+            if str(i.get("newTag")) != VERSION:
+                errs.append(f"images: newTag is {i.get('newTag')!r}, the build tags {VERSION!r} (Cargo.toml)")
+            if not i.get("newName"):
+                errs.append("images: newName (the operator's repository) is missing")
 
 def check_daemonset(d, errs):
     spec = get(d, "spec", "template", "spec", default={})
     if not spec.get("hostPID"):
         errs.append("hostPID must be true (the agent sees every pod's processes)")
     c = get(spec, "containers", 0, default={})
+    if c.get("image") != IMAGE_REF:
+        errs.append(f"image is {c.get('image')!r}, not {IMAGE_REF!r} (what `cargo xtask image` tags; kustomization.yaml maps it)")
     args = c.get("args", [])
     if "--listen" not in args or args[args.index("--listen") + 1] != "0.0.0.0:9402":
         errs.append("args must contain --listen 0.0.0.0:9402")
@@ -205,6 +230,19 @@ while IFS= read -r line; do
   esac
 done < "$TMP/k8s.out"
 if ((py_rc != 0)); then fail "deploy/kubernetes: the manifest checker crashed (exit $py_rc)"; fi
+
+# 1b. A built image archive carries the tag the manifests name.
+ref="$(sed -n 's/^pub const NAME: &str = "\(.*\)";/\1/p' "$ROOT/xtask/src/image.rs"):$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml")"
+archive="$ROOT/target/image/${ref%%:*}-${ref#*:}.tar"
+if [[ -f "$archive" ]]; then
+  if tags="$(tar -xOf "$archive" manifest.json 2>/dev/null)" && grep -qF "\"RepoTags\":[\"$ref\"]" <<<"$tags"; then
+    pass "${archive#"$ROOT"/}: tagged $ref, as the DaemonSet names it"
+  else
+    fail "${archive#"$ROOT"/}: manifest.json does not tag it $ref: ${tags:-unreadable}"
+  fi
+else
+  echo "note: no image archive built (cargo xtask image); the manifests were checked against $ref"
+fi
 
 # 2. Quota files.
 if [[ ! -x "$AGENT" ]]; then

@@ -6,7 +6,10 @@
 #   2. freeze: a CUDA process over its quota is frozen, and a neighbour in its own cgroup can still allocate
 #      within its quota meanwhile (the memory each holds is printed);
 #   3. suspend: a process over its quota is suspended (CUDA checkpoint), NVML shows its memory released, it is
-#      resumed by a release, and its tensor's contents are intact (the time each took is printed).
+#      resumed by a release, and its tensor's contents are intact (the time each took is printed);
+#   4. image: the agent inside the image of `cargo xtask image` loads the host's real libnvidia-ml
+#      (mounted where the NVIDIA container runtime puts it, with the device nodes) and lists the
+#      same GPUs as nvidia-smi. Skipped (said so, not failed) without a Docker engine or the archive.
 # Finishes within 3 minutes; prints PASS/FAIL lines; exits 1 if any check failed.
 #
 # Usage: scripts/gpu-smoke.sh [path/to/gpushare-agent]   (default: target/release, then target/debug)
@@ -28,8 +31,9 @@ fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
 info() { echo "----- $*"; }
 now_ms() { date +%s%3N; }
 
-AGENT_PID=""; PIDS=(); CGS=()
+AGENT_PID=""; PIDS=(); CGS=(); IMAGE_CONTAINER=""
 cleanup() {
+  [[ -n "$IMAGE_CONTAINER" ]] && docker rm -f "$IMAGE_CONTAINER" >/dev/null 2>&1
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
   [[ -n "$AGENT_PID" ]] && kill -TERM "$AGENT_PID" 2>/dev/null && wait "$AGENT_PID" 2>/dev/null
   for cg in "${CGS[@]}"; do
@@ -188,6 +192,48 @@ info "metrics"
 curl_metrics | grep -E "^gpushare_(suspend|resume)_duration_seconds_(sum|count)|^gpushare_suspend_fallthroughs|^gpushare_enforcement_latency_seconds_(sum|count)|^gpushare_gpu_isolation_backend" | sed 's/^/  /'
 kill -TERM "$AGENT_PID"; wait "$AGENT_PID"; RC=$?; AGENT_PID=""
 [[ $RC -eq 0 ]] && pass "agent stopped cleanly on SIGTERM" || fail "agent exit status $RC"
+# 4. The image (not run where this script was written: no GPU there; kept simple on purpose).
+VERSION="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml")"
+IMAGE_TAR="$ROOT/target/image/gpushare-agent-$VERSION.tar"
+info "4. image: the host's libnvidia-ml inside $(basename "$IMAGE_TAR")"
+NVML_LIB="$(ldconfig -p | awk '/libnvidia-ml\.so\.1 .*x86-64/ {print $NF; exit}')"
+if ! command -v docker >/dev/null || ! docker info >/dev/null 2>&1; then
+  echo "  SKIPPED: no Docker engine answers (start dockerd to run this step)"
+elif [[ ! -f "$IMAGE_TAR" ]]; then
+  echo "  SKIPPED: no image archive (build it: cargo xtask image)"
+elif [[ -z "$NVML_LIB" ]]; then
+  fail "libnvidia-ml.so.1 is not in the loader cache (ldconfig -p)"
+else
+  REF="$(docker load -q -i "$IMAGE_TAR" | sed -n 's/^Loaded image: //p')"
+  IPORT=$((PORT + 1))
+  DEVS=(); for d in /dev/nvidia*; do [[ -c "$d" ]] && DEVS+=(--device "$d"); done
+  mkdir -p "$WORK/image-state" "$WORK/image-run"
+  IMAGE_CONTAINER="gpushare-smoke-image-$$"
+  # The DaemonSet's security settings; host network only to reach the agent from here.
+  docker run -d --name "$IMAGE_CONTAINER" --network host --pid host --user 0 --read-only \
+    --cap-drop ALL --cap-add SYS_ADMIN --cap-add SYS_PTRACE --cap-add DAC_READ_SEARCH --cap-add KILL \
+    --security-opt seccomp=unconfined "${DEVS[@]}" \
+    -v "$(readlink -f "$NVML_LIB"):/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1:ro" \
+    -v /sys/fs/cgroup:/sys/fs/cgroup -v /sys/kernel/tracing:/sys/kernel/tracing:ro \
+    -v "$WORK/image-state:/var/lib/gpushare" -v "$WORK/image-run:/run/gpushare" \
+    "$REF" --listen "127.0.0.1:$IPORT" >/dev/null || fail "docker run $REF"
+  for _ in $(seq 1 60); do docker logs "$IMAGE_CONTAINER" 2>&1 | grep -q "NVML ready" && break; sleep 0.5; done
+  READY="$(docker logs "$IMAGE_CONTAINER" 2>&1 | grep -o 'NVML ready: driver [^,]*, [0-9]* GPU(s)' | head -1)"
+  if [[ -n "$READY" ]]; then
+    pass "in the image ($REF): $READY"
+    GPUS_IN="$("$AGENT" status --json --listen "127.0.0.1:$IPORT" 2>/dev/null | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["gpus"]))' 2>/dev/null)"
+    GPUS_SMI="$(nvidia-smi -L | grep -c '^GPU ')"
+    [[ "$GPUS_IN" == "$GPUS_SMI" ]] && pass "the agent in the image lists $GPUS_IN GPU(s), as nvidia-smi does" \
+      || fail "the agent in the image lists '${GPUS_IN}' GPU(s), nvidia-smi $GPUS_SMI"
+  else
+    fail "the agent in the image did not load NVML: $(docker logs "$IMAGE_CONTAINER" 2>&1 | tail -5)"
+  fi
+  docker stop -t 10 "$IMAGE_CONTAINER" >/dev/null
+  [[ "$(docker inspect -f '{{.State.ExitCode}}' "$IMAGE_CONTAINER")" == 0 ]] && pass "the agent in the image stopped cleanly" \
+    || fail "the agent in the image exited $(docker inspect -f '{{.State.ExitCode}}' "$IMAGE_CONTAINER")"
+  docker rm -f "$IMAGE_CONTAINER" >/dev/null; IMAGE_CONTAINER=""
+fi
+
 kill "$WATCHDOG" 2>/dev/null
 echo "agent log: $LOG"
 if [[ $FAILS -eq 0 ]]; then echo "RESULT: PASS"; else echo "RESULT: FAIL ($FAILS checks failed)"; exit 1; fi

@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 #[path = "../../gpushare-agent/src/client.rs"]
 mod client;
 mod demo;
+mod image;
 mod structure;
 
 #[derive(Parser)]
@@ -53,6 +54,10 @@ enum Cmd {
     /// Build the mock libnvidia-ml and the mock libcuda and install them as
     /// target/fake-nvml/libnvidia-ml.so.1 and target/fake-nvml/libcuda.so.1.
     FakeNvml,
+    /// Build the agent's container image (release build, no base image):
+    /// target/image/gpushare-agent-<version>.tar, an OCI layout and a Docker archive in one
+    /// (`docker load -i`, `skopeo copy docker-archive:...`, `ctr images import`).
+    Image,
     /// A guided end-to-end run without a GPU: launch three services on mock GPUs, start the agent,
     /// grow one past its quota and watch it being signalled and frozen, release it, clean up (root).
     Demo {
@@ -164,6 +169,9 @@ fn run(cli: Cli) -> Result<()> {
                         .and_then(|s| check(s, "fuzz/run.sh")),
                 );
             }
+            // Before the tests: gpushare-agent/tests/image.rs runs the archive in Docker.
+            step("image: release build, the archive built twice (one digest)");
+            run_step("image", image::build_checked(&root).map(drop));
             step("tests");
             let mut test = vec!["test", "--no-fail-fast"];
             test.extend(args.iter().map(String::as_str));
@@ -245,6 +253,7 @@ fn run(cli: Cli) -> Result<()> {
             )?;
             install_fake_nvml(&root).map(|_| ())
         }
+        Cmd::Image => image::build(&root).map(drop),
         Cmd::Demo { fast } => {
             if !is_root() {
                 bail!(
@@ -345,7 +354,7 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
 }
 
 /// The agent optimised, and the mock NVML too: it runs inside the agent's process in the footprint.
-fn build_release(root: &Path) -> Result<()> {
+pub(crate) fn build_release(root: &Path) -> Result<()> {
     cargo(
         root,
         &[
