@@ -8,7 +8,9 @@
 #   PodMonitor (Prometheus Operator CRDs: required fields, and that their selector and port match
 #   the agent's pods/service). Cross-references are checked too (the ConfigMap and service account
 #   the DaemonSet uses, the service selector, /healthz probes, --listen 0.0.0.0:9402).
-# - the ConfigMap's quotas.toml and deploy/quotas.toml with `gpushare-agent check`;
+# - the ConfigMap's quotas.toml, deploy/quotas.toml and the Debian package's
+#   deploy/debian/quotas.toml with `gpushare-agent check`, and the package's maintainer scripts
+#   with `sh -n` (`cargo xtask deb --test` runs them);
 # - deploy/systemd/gpushare-agent.service with `systemd-analyze verify` (any diagnostic fails it),
 #   on a copy whose ExecStart points at the built binary (verify needs it to exist).
 #
@@ -210,7 +212,7 @@ if ((py_rc != 0)); then fail "deploy/kubernetes: the manifest checker crashed (e
 if [[ ! -x "$AGENT" ]]; then
   fail "quota files: $AGENT is not built (run cargo build)"
 else
-  for q in "$ROOT/deploy/quotas.toml" "$TMP/configmap-quotas.toml"; do
+  for q in "$ROOT/deploy/quotas.toml" "$ROOT/deploy/debian/quotas.toml" "$TMP/configmap-quotas.toml"; do
     name="${q#"$ROOT"/}"
     [[ "$q" == "$TMP"/* ]] && name="deploy/kubernetes/configmap.yaml (data.quotas.toml)"
     if [[ ! -f "$q" ]]; then fail "$name: missing"; continue; fi
@@ -226,6 +228,15 @@ else
     fi
   done
 fi
+
+# The Debian package's maintainer scripts (dpkg runs them with /bin/sh).
+for script in postinst prerm postrm; do
+  if out="$(sh -n "$ROOT/deploy/debian/$script" 2>&1)"; then
+    pass "deploy/debian/$script: sh -n"
+  else
+    fail "deploy/debian/$script: sh -n:"$'\n'"$out"
+  fi
+done
 
 # 3. The systemd unit.
 unit="$ROOT/deploy/systemd/gpushare-agent.service"
