@@ -332,9 +332,10 @@ const SCANNED: [&str; 10] = [
 /// The package's test, as root, on this machine: installs `deb` without starting the service
 /// (a `policy-rc.d` answering 101; no unit starts where systemd does not run), checks what it
 /// installed and runs `gpushare-agent check` on the shipped quota file; then runs the installed
-/// agent over the mock NVML (`nvml_lib`) until it freezes a test workload, kills it with SIGKILL
-/// (no SIGTERM thaw), and removes the package: prerm's `thaw --all` must thaw the workload. Then
-/// purges it and finds no unit, program, lock or file left. Refuses to run where the package or
+/// agent over the mock NVML (`nvml_lib`) until it freezes a test workload and kills it with
+/// SIGKILL (no SIGTERM thaw), twice: with the workload's parent frozen too (the thaw cannot take)
+/// `dpkg -r` must be refused, saying what stays frozen; then prerm's `thaw --all` must thaw the
+/// workload and the package go. Then purges it and finds no unit, program, lock or file left. Refuses to run where the package or
 /// an agent's directories already exist (the purge would delete the host's own).
 pub fn test(root: &Path, deb: &Path, nvml_lib: &Path) -> Result<()> {
     for tool in ["dpkg", "deb-systemd-helper", "systemd-analyze"] {
@@ -371,6 +372,30 @@ pub fn test(root: &Path, deb: &Path, nvml_lib: &Path) -> Result<()> {
         dpkg_status()?
     );
     installed_as_expected(root)?;
+
+    step("a removal that would leave a workload frozen is refused");
+    let stuck = frozen_by_a_killed_agent(root, nvml_lib)?;
+    // Someone else freezes its parent too: the thaw cannot take (the kernel keeps reporting the
+    // workload frozen), so the program must stay installed to undo the freeze later.
+    fs::write(stuck.parent.dir().join("cgroup.freeze"), "1")?;
+    let (removed, refusal) = dpkg_result(&["-r", PACKAGE], deb)?;
+    ensure!(
+        !removed,
+        "dpkg -r removed the package although a workload stayed frozen:\n{refusal}"
+    );
+    ensure!(
+        refusal.contains(&format!("NOT thawed cgroup://{}", stuck.cgroup.rel_path()))
+            && refusal.contains("NOT removed"),
+        "prerm did not say what stays frozen and why:\n{refusal}"
+    );
+    ensure!(
+        // `deinstall ok installed`: selected for removal, still installed.
+        dpkg_status()?.is_some_and(|s| s.ends_with(" ok installed")) && Path::new(EXEC_TO).exists(),
+        "a refused removal must leave the package installed: {:?}",
+        dpkg_status()?
+    );
+    fs::write(stuck.parent.dir().join("cgroup.freeze"), "0")?;
+    drop(stuck);
 
     step("a freeze left by a killed agent is thawed by the removal");
     let workload = frozen_by_a_killed_agent(root, nvml_lib)?;
@@ -473,15 +498,18 @@ fn installed_as_expected(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A workload frozen by the installed agent, which was then killed (SIGKILL: no thaw).
+/// A workload frozen by the installed agent, which was then killed (SIGKILL: no thaw): the
+/// group `cgroup`, a child of `parent`.
 struct FrozenWorkload {
     cgroup: gpushare_testkit::TestCgroup,
+    parent: gpushare_testkit::TestCgroup,
     process: Child,
     _scenario: gpushare_testkit::nvml::Scenario,
 }
 
 impl Drop for FrozenWorkload {
     fn drop(&mut self) {
+        let _ = fs::write(self.parent.dir().join("cgroup.freeze"), "0");
         let _ = fs::write(self.cgroup.dir().join("cgroup.freeze"), "0");
         let _ = self.process.kill();
         let _ = self.process.wait();
@@ -493,7 +521,11 @@ impl Drop for FrozenWorkload {
 /// over its quota; then kills it.
 fn frozen_by_a_killed_agent(root: &Path, nvml_lib: &Path) -> Result<FrozenWorkload> {
     const GIB: u64 = 1 << 30;
-    let cgroup = gpushare_testkit::TestCgroup::create(&gpushare_testkit::unique("deb"))?;
+    let parent = gpushare_testkit::TestCgroup::create(&gpushare_testkit::unique("deb"))?;
+    let cgroup = gpushare_testkit::TestCgroup::create_at(
+        &gpushare_testkit::cgroup::v2_root()?,
+        &format!("{}/workload", parent.rel_path().trim_start_matches('/')),
+    )?;
     let process = cgroup.spawn(Command::new("sleep").arg("600"))?;
     let scenario = gpushare_testkit::nvml::Scenario::create(&serde_json::json!({
         "devices": [{
@@ -505,6 +537,7 @@ fn frozen_by_a_killed_agent(root: &Path, nvml_lib: &Path) -> Result<FrozenWorklo
     }))?;
     let workload = FrozenWorkload {
         cgroup,
+        parent,
         process,
         _scenario: scenario,
     };
@@ -559,9 +592,16 @@ fn frozen_by_a_killed_agent(root: &Path, nvml_lib: &Path) -> Result<FrozenWorklo
     Ok(workload)
 }
 
-/// `dpkg <args>` (`deb`'s name for `-i`): its output, printed too; an error when it fails. While
-/// another dpkg or apt holds dpkg's lock, waits for it (up to 5 minutes).
+/// `dpkg <args>` (`deb`'s name for `-i`): its output, printed too; an error when it fails.
 fn dpkg(args: &[&str], deb: &Path) -> Result<String> {
+    let (ok, text) = dpkg_result(args, deb)?;
+    ensure!(ok, "dpkg {} failed", args.join(" "));
+    Ok(text)
+}
+
+/// `dpkg <args>`: whether it succeeded, and its output (printed too). While another dpkg or apt
+/// holds dpkg's lock, waits for it (up to 5 minutes).
+fn dpkg_result(args: &[&str], deb: &Path) -> Result<(bool, String)> {
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let mut cmd = Command::new("dpkg");
@@ -587,12 +627,7 @@ fn dpkg(args: &[&str], deb: &Path) -> Result<String> {
             continue;
         }
         eprint!("{text}");
-        ensure!(
-            status.success(),
-            "dpkg {} failed ({status})",
-            args.join(" ")
-        );
-        return Ok(text);
+        return Ok((status.success(), text));
     }
 }
 
