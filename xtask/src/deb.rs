@@ -90,6 +90,31 @@ pub fn build(root: &Path) -> Result<PathBuf> {
         0o644,
     )?;
     put(&format!("{doc}/copyright"), copyright().as_bytes(), 0o644)?;
+    // File times in the archive and the changelog's date: the commit's (so one commit gives one
+    // archive), where known.
+    let epoch = stdout(
+        Command::new("git")
+            .current_dir(root)
+            .args(["log", "-1", "--format=%ct"]),
+    )
+    .ok();
+    put(
+        &format!("{doc}/changelog.gz"),
+        &gzip(debian_changelog(&version, &commit, epoch.as_deref())?.as_bytes())?,
+        0o644,
+    )?;
+    // What lintian says of a choice made on purpose.
+    put(
+        &format!("usr/share/lintian/overrides/{PACKAGE}"),
+        format!(
+            "# StateDirectoryMode=0700 in the unit: the freeze ledger and the lock are root's.\n\
+             {PACKAGE}: non-standard-dir-perm 0700 != 0755 [var/lib/gpushare/]\n\
+             # prerm stops the agent even where policy-rc.d forbids actions: its SIGTERM thaws.\n\
+             {PACKAGE}: maintainer-script-calls-systemctl [prerm:*]\n"
+        )
+        .as_bytes(),
+        0o644,
+    )?;
     let state = tree.join("var/lib/gpushare");
     fs::create_dir_all(&state)?;
 
@@ -118,12 +143,7 @@ pub fn build(root: &Path) -> Result<PathBuf> {
     cmd.args(["--root-owner-group", "--build"])
         .arg(&tree)
         .arg(&deb);
-    // File times in the archive: the commit's (reproducible from one commit), where known.
-    if let Ok(t) = stdout(
-        Command::new("git")
-            .current_dir(root)
-            .args(["log", "-1", "--format=%ct"]),
-    ) {
+    if let Some(t) = &epoch {
         cmd.env("SOURCE_DATE_EPOCH", t);
     }
     check(
@@ -170,17 +190,55 @@ fn copyright() -> String {
          Upstream-Name: gpushare\n\
          Source: {}\n\n\
          Files: *\n\
+         Copyright: 2026 the gpushare contributors\n\
          License: {}\n",
         env!("CARGO_PKG_REPOSITORY"),
         env!("CARGO_PKG_LICENSE"),
     )
 }
 
-fn control(version: &str, arch: &str, depends: &str, installed_kib: u64) -> String {
-    let maintainer = match (std::env::var("DEBFULLNAME"), std::env::var("DEBEMAIL")) {
+/// `DEBFULLNAME <DEBEMAIL>` where both are set (Debian's convention), a placeholder otherwise.
+fn maintainer() -> String {
+    match (std::env::var("DEBFULLNAME"), std::env::var("DEBEMAIL")) {
         (Ok(name), Ok(mail)) => format!("{name} <{mail}>"),
         _ => "gpushare maintainers <gpushare@example.invalid>".to_string(),
-    };
+    }
+}
+
+/// The Debian changelog of a native package: one entry, pointing at CHANGELOG.md.
+fn debian_changelog(version: &str, commit: &str, epoch: Option<&str>) -> Result<String> {
+    let mut date = Command::new("date");
+    date.env("LC_ALL", "C").args(["-u", "-R"]);
+    if let Some(t) = epoch {
+        date.arg("-d").arg(format!("@{t}"));
+    }
+    Ok(format!(
+        "{PACKAGE} ({version}) unstable; urgency=medium\n\n  \
+         * Built from commit {commit}. What changed, for an operator:\n    \
+         /usr/share/doc/{PACKAGE}/CHANGELOG.md\n\n \
+         -- {}  {}\n",
+        maintainer(),
+        stdout(&mut date)?
+    ))
+}
+
+/// `bytes` compressed as Debian wants it (`gzip -9n`: no name, no time).
+fn gzip(bytes: &[u8]) -> Result<Vec<u8>> {
+    use std::io::Write;
+    let mut child = Command::new("gzip")
+        .arg("-9n")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running gzip")?;
+    child.stdin.take().expect("piped").write_all(bytes)?;
+    let out = child.wait_with_output()?;
+    ensure!(out.status.success(), "gzip failed ({})", out.status);
+    Ok(out.stdout)
+}
+
+fn control(version: &str, arch: &str, depends: &str, installed_kib: u64) -> String {
+    let maintainer = maintainer();
     format!(
         "Package: {PACKAGE}\n\
          Version: {version}\n\
@@ -316,13 +374,14 @@ fn stdout(cmd: &mut Command) -> Result<String> {
 
 /// Where installing, removing and purging the package may leave something: every path here that
 /// [`is_ours`] is compared before the installation and after the purge.
-const SCANNED: [&str; 10] = [
+const SCANNED: [&str; 11] = [
     "/etc",
     "/usr/bin",
     "/usr/sbin",
     "/usr/lib/systemd",
     "/lib/systemd",
     "/usr/share/doc",
+    "/usr/share/lintian",
     "/var/lib/gpushare",
     "/var/lib/systemd",
     "/var/lib/dpkg/info",
@@ -372,6 +431,16 @@ pub fn test(root: &Path, deb: &Path, nvml_lib: &Path) -> Result<()> {
         dpkg_status()?
     );
     installed_as_expected(root)?;
+    // Every path of the package's own (not /etc, /usr/bin...), to be gone after the purge.
+    let listed: Vec<PathBuf> = stdout(Command::new("dpkg-query").args(["-L", PACKAGE]))?
+        .lines()
+        .map(PathBuf::from)
+        .filter(|p| is_ours(p))
+        .collect();
+    ensure!(
+        listed.iter().any(|p| p == Path::new(EXEC_TO)),
+        "dpkg -L does not list {EXEC_TO}: {listed:?}"
+    );
 
     step("a removal that would leave a workload frozen is refused");
     let stuck = frozen_by_a_killed_agent(root, nvml_lib)?;
@@ -434,6 +503,11 @@ pub fn test(root: &Path, deb: &Path, nvml_lib: &Path) -> Result<()> {
         dpkg_status()?.is_none(),
         "after dpkg -P: {:?}",
         dpkg_status()?
+    );
+    let kept: Vec<&PathBuf> = listed.iter().filter(|p| p.exists()).collect();
+    ensure!(
+        kept.is_empty(),
+        "the package's own paths left after the purge: {kept:?}"
     );
     let after = traces()?;
     let left: Vec<&PathBuf> = after.difference(&before).collect();
