@@ -394,8 +394,9 @@ const SCANNED: [&str; 11] = [
 /// agent over the mock NVML (`nvml_lib`) until it freezes a test workload and kills it with
 /// SIGKILL (no SIGTERM thaw), twice: with the workload's parent frozen too (the thaw cannot take)
 /// `dpkg -r` must be refused, saying what stays frozen; then prerm's `thaw --all` must thaw the
-/// workload and the package go. Then purges it and finds no unit, program, lock or file left. Refuses to run where the package or
-/// an agent's directories already exist (the purge would delete the host's own).
+/// workload and the package go. Then purges it and finds no unit, program, lock or file left.
+/// Refuses to run where the package is installed or an agent runs; sets the agent's directories
+/// of this host aside meanwhile.
 pub fn test(root: &Path, deb: &Path, nvml_lib: &Path) -> Result<()> {
     for tool in ["dpkg", "deb-systemd-helper", "systemd-analyze"] {
         ensure!(
@@ -412,13 +413,9 @@ pub fn test(root: &Path, deb: &Path, nvml_lib: &Path) -> Result<()> {
              it: remove it first (dpkg --purge {PACKAGE})"
         );
     }
-    for dir in ["/etc/gpushare", "/var/lib/gpushare", "/run/gpushare"] {
-        ensure!(
-            !Path::new(dir).exists(),
-            "{dir} exists: an agent of this host's own uses it, and the test's purge would \
-             delete it; run the test on a machine without one"
-        );
-    }
+    // The agent's directories of an earlier `cargo xtask run` (or an operator's): set aside while
+    // the test installs and purges, put back afterwards. Never while an agent holds them.
+    let _aside = SetAside::take(&["/etc/gpushare", "/var/lib/gpushare", "/run/gpushare"])?;
     let before = traces()?;
     let _policy = PolicyRcD::ensure()?;
     let cleanup = Cleanup;
@@ -771,6 +768,76 @@ impl Drop for PolicyRcD {
     fn drop(&mut self) {
         if self.ours {
             let _ = fs::remove_file(POLICY_RC_D);
+        }
+    }
+}
+
+/// Directories of this host's own moved to `<dir>.xtask-deb-test` for the test, and moved back.
+struct SetAside {
+    moved: Vec<(PathBuf, PathBuf)>,
+}
+
+impl SetAside {
+    fn take(dirs: &[&str]) -> Result<Self> {
+        let lock = Path::new("/var/lib/gpushare/agent.lock");
+        if lock.exists() {
+            // The agent's lock is a flock(2): `flock -n` fails while an agent holds it.
+            let free = Command::new("flock")
+                .arg("-n")
+                .arg(lock)
+                .arg("true")
+                .status()
+                .context("running flock (util-linux)")?;
+            ensure!(
+                free.success(),
+                "an agent is running with /var/lib/gpushare (it holds {}): the test would \
+                 install and purge the package under it; stop it first",
+                lock.display()
+            );
+        }
+        let mut aside = Self { moved: Vec::new() };
+        for dir in dirs {
+            let dir = PathBuf::from(dir);
+            if !dir.exists() {
+                continue;
+            }
+            let backup = PathBuf::from(format!("{}.xtask-deb-test", dir.display()));
+            ensure!(
+                !backup.exists(),
+                "{} exists: an earlier package test was interrupted; put it back as {} (or \
+                 remove it) and rerun",
+                backup.display(),
+                dir.display()
+            );
+            fs::rename(&dir, &backup)
+                .with_context(|| format!("setting {} aside", dir.display()))?;
+            eprintln!(
+                "xtask: {} set aside as {} for the test",
+                dir.display(),
+                backup.display()
+            );
+            aside.moved.push((dir, backup));
+        }
+        Ok(aside)
+    }
+}
+
+impl Drop for SetAside {
+    fn drop(&mut self) {
+        for (dir, backup) in self.moved.drain(..).rev() {
+            if dir.exists() {
+                eprintln!(
+                    "xtask: NOT putting {} back: {} exists again",
+                    backup.display(),
+                    dir.display()
+                );
+            } else if let Err(e) = fs::rename(&backup, &dir) {
+                eprintln!(
+                    "xtask: putting {} back as {}: {e}",
+                    backup.display(),
+                    dir.display()
+                );
+            }
         }
     }
 }
