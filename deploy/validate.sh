@@ -8,11 +8,11 @@
 #   PodMonitor (Prometheus Operator CRDs: required fields, and that their selector and port match
 #   the agent's pods/service). Cross-references are checked too (the ConfigMap and service account
 #   the DaemonSet uses, the service selector, /healthz probes, --listen 0.0.0.0:9402).
-# - the ConfigMap's quotas.toml, deploy/quotas.toml and the Debian package's
-#   deploy/debian/quotas.toml with `gpushare-agent check`, and the package's maintainer scripts
-#   with `sh -n` (`cargo xtask deb --test` runs them);
+# - the ConfigMap's quotas.toml and deploy/quotas.toml with `gpushare-agent check`;
 # - deploy/systemd/gpushare-agent.service with `systemd-analyze verify` (any diagnostic fails it),
 #   on a copy whose ExecStart points at the built binary (verify needs it to exist).
+# - the Debian package's deploy/debian/quotas.toml with `gpushare-agent check` too, and its
+#   maintainer scripts with `sh -n` (`cargo xtask deb --test` runs them).
 #
 # Needs the agent built (`cargo build`; or set GPUSHARE_AGENT). The validator is installed once into
 # target/deploy-validate (a Python venv), quietly when it is already there.
