@@ -15,6 +15,8 @@
 # - the ConfigMap's quotas.toml and deploy/quotas.toml with `gpushare-agent check`;
 # - deploy/systemd/gpushare-agent.service with `systemd-analyze verify` (any diagnostic fails it),
 #   on a copy whose ExecStart points at the built binary (verify needs it to exist).
+# - the Debian package's deploy/debian/quotas.toml with `gpushare-agent check` too, and its
+#   maintainer scripts with `sh -n` (`cargo xtask deb --test` runs them).
 #
 # Needs the agent built (`cargo build`; or set GPUSHARE_AGENT). The validator is installed once into
 # target/deploy-validate (a Python venv), quietly when it is already there.
@@ -248,7 +250,7 @@ fi
 if [[ ! -x "$AGENT" ]]; then
   fail "quota files: $AGENT is not built (run cargo build)"
 else
-  for q in "$ROOT/deploy/quotas.toml" "$TMP/configmap-quotas.toml"; do
+  for q in "$ROOT/deploy/quotas.toml" "$ROOT/deploy/debian/quotas.toml" "$TMP/configmap-quotas.toml"; do
     name="${q#"$ROOT"/}"
     [[ "$q" == "$TMP"/* ]] && name="deploy/kubernetes/configmap.yaml (data.quotas.toml)"
     if [[ ! -f "$q" ]]; then fail "$name: missing"; continue; fi
@@ -264,6 +266,15 @@ else
     fi
   done
 fi
+
+# The Debian package's maintainer scripts (dpkg runs them with /bin/sh).
+for script in postinst prerm postrm; do
+  if out="$(sh -n "$ROOT/deploy/debian/$script" 2>&1)"; then
+    pass "deploy/debian/$script: sh -n"
+  else
+    fail "deploy/debian/$script: sh -n:"$'\n'"$out"
+  fi
+done
 
 # 3. The systemd unit.
 unit="$ROOT/deploy/systemd/gpushare-agent.service"

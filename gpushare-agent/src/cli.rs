@@ -6,10 +6,22 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::quota::parse_nonzero_duration;
 
+/// The commit the agent was built from: 12 hex digits of `git rev-parse`, `-dirty` when the
+/// checkout had changes, `unknown` when built outside a git checkout (build.rs).
+pub const COMMIT: &str = env!("GPUSHARE_COMMIT");
+
+/// What `--version` prints after the program's name.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("GPUSHARE_COMMIT"),
+    ")"
+);
+
 /// gpushare node agent: attributes GPU processes to containers with eBPF and enforces per-container
 /// GPU-memory quotas.
 #[derive(Debug, Parser)]
-#[command(name = "gpushare-agent", version, about, long_about = None)]
+#[command(name = "gpushare-agent", version = VERSION, about, long_about = None)]
 pub struct Cli {
     /// What to do; running the agent is the default.
     #[command(subcommand)]

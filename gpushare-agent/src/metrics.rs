@@ -433,7 +433,10 @@ impl Collector for SnapshotCollector {
             "gpushare_build_info",
             "Build information",
             [(
-                vec![("version", env!("CARGO_PKG_VERSION").to_string())],
+                vec![
+                    ("version", env!("CARGO_PKG_VERSION").to_string()),
+                    ("commit", crate::cli::COMMIT.to_string()),
+                ],
                 1.0,
             )],
         )?;

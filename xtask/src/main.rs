@@ -6,13 +6,14 @@ use std::{
     process::{Command, ExitCode},
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, Subcommand};
 
 // The agent's own client (the demo speaks only TCP).
 #[allow(dead_code)]
 #[path = "../../gpushare-agent/src/client.rs"]
 mod client;
+mod deb;
 mod demo;
 mod image;
 mod structure;
@@ -65,6 +66,13 @@ enum Cmd {
         /// on a terminal, a few seconds otherwise.
         #[arg(long)]
         fast: bool,
+    },
+    /// Build the Debian package target/deb/gpushare-agent_<version>_<arch>.deb (dpkg-deb).
+    Deb {
+        /// Then install it here without starting the service, remove and purge it, and check
+        /// what it leaves (root; a step of `test`).
+        #[arg(long)]
+        test: bool,
     },
 }
 
@@ -148,7 +156,7 @@ fn run(cli: Cli) -> Result<()> {
             );
             if is_root() {
                 step("demo (non-interactive)");
-                run_step("demo", demo::run(&root, true, lib));
+                run_step("demo", demo::run(&root, true, lib.clone()));
             } else {
                 skip(
                     "the demo: it needs root (cgroups, a device node, eBPF); run as root, as CI does",
@@ -192,6 +200,16 @@ fn run(cli: Cli) -> Result<()> {
                     .context("running cargo test")
                     .and_then(|s| check(s, "cargo test")),
             );
+            // Alone, after the tests: it installs and purges a system package.
+            if is_root() {
+                step("Debian package: build, install, thaw on removal, purge");
+                run_step(
+                    "deb --test",
+                    deb::build(&root).and_then(|d| deb::test(&root, &d, &lib)),
+                );
+            } else {
+                skip("the Debian package's test: it needs root (dpkg -i); run as root, as CI does");
+            }
             // Each bench once in its quick mode (a few iterations, figures not judged), so a
             // bench that no longer works fails the run. Debug builds: the tests' build serves.
             for (package, bench, needs_root) in BENCHES {
@@ -240,6 +258,28 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Structure => structure::check(&root),
+        Cmd::Deb { test } => {
+            let deb = deb::build(&root)?;
+            if test {
+                ensure!(
+                    is_root(),
+                    "the package's test needs root: `sudo -E cargo xtask deb --test`"
+                );
+                cargo(
+                    &root,
+                    &[
+                        "build",
+                        "-p",
+                        "gpushare-fake-nvml",
+                        "-p",
+                        "gpushare-fake-cuda",
+                    ],
+                )?;
+                let lib = install_fake_nvml(&root)?;
+                deb::test(&root, &deb, &lib)?;
+            }
+            Ok(())
+        }
         Cmd::FakeNvml => {
             cargo(
                 &root,

@@ -13,7 +13,7 @@
 //!
 //! Only what truly varies between runs is replaced, by named placeholders: pids, the unique
 //! names of the test's cgroups and of the agent's directory, timestamps, durations and
-//! histogram observations, and counts of what every process on the machine did (kernel events,
+//! histogram observations, the commit the agent was built from, and counts of what every process on the machine did (kernel events,
 //! identity checks: other tests' GPU tasks count there too). Series that are there in some runs
 //! only are dropped: `freeze` actions with `result="pending"` (whether the kernel had settled the
 //! freeze when the agent first looked is a race) and kernel events by kind (whatever ran).
@@ -138,6 +138,12 @@ impl Fixture {
     fn normalizer(&self, agent: &AgentProcess) -> Normalizer {
         let mut n = Normalizer::default();
         n.literal(&agent.dir.display().to_string(), "<AGENT_DIR>");
+        // `gpushare_build_info`'s commit label: only the value `--version` names is replaced, so
+        // a label that lost or garbled it still differs from the golden file.
+        n.literal(
+            &format!("commit=\"{}\"", built_commit()),
+            "commit=\"<COMMIT>\"",
+        );
         for (name, (cg, p)) in [
             ("UNDER", &self.under),
             ("OVER", &self.over),
@@ -473,6 +479,51 @@ fn check_golden(name: &str, actual: &str) {
 
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden")
+}
+
+/// The commit `gpushare-agent --version` names: `gpushare-agent <version> (commit <commit>)`.
+fn built_commit() -> String {
+    let out = Command::new(gpushare_testkit::workspace_bin("gpushare-agent"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "--version: {out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let prefix = format!("gpushare-agent {} (commit ", env!("CARGO_PKG_VERSION"));
+    text.trim_end()
+        .strip_prefix(&prefix)
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("--version printed {text:?}, not {prefix}<commit>)"))
+        .to_string()
+}
+
+/// `git` in this checkout: its trimmed stdout, or None outside a checkout (a source archive).
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// `--version` names the commit the binary was built from (cargo reran build.rs when HEAD
+/// moved), marked `-dirty` or not; `unknown` only outside a git checkout.
+#[test]
+fn the_version_names_the_commit_the_agent_was_built_from() {
+    let commit = built_commit();
+    match git(&["rev-parse", "--short=12", "HEAD"]) {
+        Some(head) => {
+            assert!(
+                commit == head || commit == format!("{head}-dirty"),
+                "--version names commit {commit:?}; HEAD is {head}"
+            );
+            assert_eq!(head.len(), 12, "{head}");
+        }
+        None => assert_eq!(commit, "unknown"),
+    }
 }
 
 /// `gpushare-agent status [--json]` against `agent`: its stdout.
