@@ -70,6 +70,31 @@ pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
         .expect("a temporary directory")
 }
 
+/// A private temporary directory named `<prefix><random>` that tests write files into; removed on
+/// drop.
+pub struct TempTree(tempfile::TempDir);
+
+impl TempTree {
+    /// A fresh, empty one.
+    pub fn new(prefix: &str) -> Self {
+        Self(temp_dir(prefix))
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &std::path::Path {
+        self.0.path()
+    }
+
+    /// Writes `text` to `rel` (relative to the tree), creating the directories above it; returns
+    /// the file's path.
+    pub fn write(&self, rel: &str, text: &str) -> PathBuf {
+        let p = self.0.path().join(rel);
+        std::fs::create_dir_all(p.parent().expect("a file in a directory")).expect("its directory");
+        std::fs::write(&p, text).expect("the file");
+        p
+    }
+}
+
 /// A free TCP port on loopback.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
