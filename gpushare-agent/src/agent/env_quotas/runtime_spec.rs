@@ -382,36 +382,45 @@ mod tests {
         ] {
             assert_eq!(find_spec(&r, rt, ID), None, "{rt:?}");
         }
-        // containerd, any namespace.
-        let p = t.write(
-            &format!("containerd/k8s.io/{ID}/config.json"),
-            &oci(&["A=1"]),
-        );
-        assert_eq!(
-            find_spec(&r, Runtime::Containerd, ID),
-            Some((SpecKind::OciBundle, p.clone()))
-        );
-        assert_eq!(
-            find_spec(&r, Runtime::Unknown, ID),
-            Some((SpecKind::OciBundle, p))
-        );
-        let p = t.write(&format!("containerd/moby/{ID}/config.json"), &oci(&[]));
-        assert_eq!(
-            find_spec(&r, Runtime::Docker, ID),
-            Some((SpecKind::OciBundle, p))
-        );
-        // Docker's own file comes first for Docker.
-        let p = t.write(&format!("docker/containers/{ID}/config.v2.json"), "{}");
-        assert_eq!(
-            find_spec(&r, Runtime::Docker, ID),
-            Some((SpecKind::DockerConfig, p))
-        );
-        // CRI-O.
-        let p = t.write(&format!("crio/{ID}/userdata/config.json"), &oci(&[]));
-        assert_eq!(
-            find_spec(&r, Runtime::Crio, ID),
-            Some((SpecKind::OciBundle, p))
-        );
+        // Each file written, in turn, is what these runtimes find then, as this kind of spec.
+        for (rel, text, kind, runtimes) in [
+            // containerd, any namespace.
+            (
+                format!("containerd/k8s.io/{ID}/config.json"),
+                oci(&["A=1"]),
+                SpecKind::OciBundle,
+                &[Runtime::Containerd, Runtime::Unknown][..],
+            ),
+            (
+                format!("containerd/moby/{ID}/config.json"),
+                oci(&[]),
+                SpecKind::OciBundle,
+                &[Runtime::Docker],
+            ),
+            // Docker's own file comes first for Docker.
+            (
+                format!("docker/containers/{ID}/config.v2.json"),
+                "{}".into(),
+                SpecKind::DockerConfig,
+                &[Runtime::Docker],
+            ),
+            // CRI-O.
+            (
+                format!("crio/{ID}/userdata/config.json"),
+                oci(&[]),
+                SpecKind::OciBundle,
+                &[Runtime::Crio],
+            ),
+        ] {
+            let p = t.write(&rel, &text);
+            for &rt in runtimes {
+                assert_eq!(
+                    find_spec(&r, rt, ID),
+                    Some((kind, p.clone())),
+                    "{rel}, {rt:?}"
+                );
+            }
+        }
         // Not an id: never a path.
         assert!(spec_candidates(&r, Runtime::Docker, "../../etc").is_empty());
         assert!(spec_candidates(&r, Runtime::Docker, &ID[..12]).is_empty());
