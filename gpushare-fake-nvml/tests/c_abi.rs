@@ -5,33 +5,20 @@
 
 mod common;
 
-use common::{built_lib, memory, pyenv, rich_scenario, skip_or_fail, write_scenario};
+use common::{built_lib, memory, rich_scenario, write_scenario};
 use gpushare_fake_nvml::abi;
 use gpushare_fake_nvml::{ENV_VAR, Process, Scenario};
 use std::fmt::Write as _;
 use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn header_dir() -> Option<PathBuf> {
-    let dir = pyenv().join("nvml-header");
-    dir.join("nvml.h").is_file().then_some(dir)
-}
+use std::process::Output;
 
 /// NVIDIA's header and a scratch directory with the mock installed in its `lib/`; `None` (after
-/// [`skip_or_fail`]) where the header is missing.
+/// a loud skip, or failing under `GPUSHARE_REQUIRE`) where the header is missing.
 fn prepared() -> Option<(PathBuf, tempfile::TempDir, PathBuf)> {
-    let Some(header) = header_dir() else {
-        skip_or_fail(&format!(
-            "NVIDIA's nvml.h not found at {}/nvml-header/nvml.h",
-            pyenv().display()
-        ));
-        return None;
-    };
-    let tmp = tempfile::tempdir().unwrap();
-    let libdir = tmp.path().join("lib");
-    gpushare_fake_nvml::install_into(&built_lib(), &libdir).unwrap();
-    Some((header, tmp, libdir))
+    gpushare_testkit::c_abi::prepared("nvml-header", &["nvml.h"], |libdir| {
+        gpushare_fake_nvml::install_into(&built_lib(), libdir)
+    })
 }
 
 /// The -D macros carrying the Rust mirrors' layout into the C static asserts.
@@ -98,21 +85,9 @@ fn rust_layout_defines() -> Vec<String> {
 
 fn compile(header: &Path, libdir: &Path, out: &Path, extra: &[&str]) {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("abi/nvml_abi_check.c");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let result = Command::new(&cc)
-        .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror"])
-        .arg("-I")
-        .arg(header)
-        .args(rust_layout_defines())
-        .args(extra)
-        .arg(&source)
-        .arg("-L")
-        .arg(libdir)
-        .arg("-lnvidia-ml")
-        .arg("-o")
-        .arg(out)
-        .output()
-        .unwrap_or_else(|e| panic!("running {cc}: {e} (gcc is installed by scripts/setup.sh)"));
+    let mut args = rust_layout_defines();
+    args.extend(extra.iter().map(|e| e.to_string()));
+    let result = gpushare_testkit::c_abi::compile(&source, header, &args, libdir, "nvidia-ml", out);
     assert!(
         result.status.success(),
         "compiling {}:\n{}",
@@ -122,12 +97,7 @@ fn compile(header: &Path, libdir: &Path, out: &Path, extra: &[&str]) {
 }
 
 fn run(exe: &Path, libdir: &Path, state: Option<&Path>) -> Output {
-    let mut cmd = Command::new(exe);
-    cmd.env("LD_LIBRARY_PATH", libdir).env_remove(ENV_VAR);
-    if let Some(state) = state {
-        cmd.env(ENV_VAR, state);
-    }
-    cmd.output().expect("run abi check")
+    gpushare_testkit::c_abi::run(exe, &[], libdir, ENV_VAR, state)
 }
 
 fn used_text(used: Option<u64>) -> String {
