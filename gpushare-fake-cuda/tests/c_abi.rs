@@ -172,15 +172,10 @@ fn c_program_built_against_nvidia_cuda_h_agrees_with_the_mock() {
         return;
     };
     let (_g, env) = lock();
-    let good = tmp.path().join("cuda_abi_check");
-    let broken = tmp.path().join("cuda_abi_check_broken");
-    compiled(&header, &libdir, &good, &[]);
-    compiled(
-        &header,
-        &libdir,
-        &broken,
-        &["-DGPUSHARE_ABI_SELFTEST_BREAK"],
-    );
+    let (good, broken) =
+        gpushare_testkit::c_abi::good_and_broken(tmp.path(), "cuda_abi_check", |out, extra| {
+            compiled(&header, &libdir, out, extra)
+        });
 
     write_scenario(
         &env.state,
@@ -188,14 +183,7 @@ fn c_program_built_against_nvidia_cuda_h_agrees_with_the_mock() {
                  "devices": [{ "uuid": "GPU-a", "name": "x", "memory_total": 1000,
                                "compute_processes": [{ "pid": 4242, "used_memory": 100 }] }] }),
     );
-    let out = run(&good, &libdir, Some(&env.state));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{:?}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = gpushare_testkit::c_abi::stdout_ok(&run(&good, &libdir, Some(&env.state)));
     assert_eq!(stdout, expected());
 
     // Sensitivity: the timeout put 8 bytes too far lands in a reserved word: the lock is refused.

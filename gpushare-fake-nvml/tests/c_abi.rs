@@ -155,15 +155,10 @@ fn c_program_built_against_nvidia_header_agrees_with_the_scenario() {
     let Some((header, tmp, libdir)) = prepared() else {
         return;
     };
-    let good = tmp.path().join("nvml_abi_check");
-    let broken = tmp.path().join("nvml_abi_check_broken");
-    compile(&header, &libdir, &good, &[]);
-    compile(
-        &header,
-        &libdir,
-        &broken,
-        &["-DGPUSHARE_ABI_SELFTEST_BREAK"],
-    );
+    let (good, broken) =
+        gpushare_testkit::c_abi::good_and_broken(tmp.path(), "nvml_abi_check", |out, extra| {
+            compile(&header, &libdir, out, extra)
+        });
 
     let state = tmp.path().join("scenario.json");
     let mut s = rich_scenario();
@@ -174,14 +169,7 @@ fn c_program_built_against_nvidia_header_agrees_with_the_scenario() {
     ];
     write_scenario(&state, &s);
 
-    let out = run(&good, &libdir, Some(&state));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "abi check failed ({:?}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = gpushare_testkit::c_abi::stdout_ok(&run(&good, &libdir, Some(&state)));
     assert_eq!(stdout, expected_output(&s));
 
     // Sensitivity: the same program reading records with a 16-byte stride must disagree.

@@ -76,3 +76,31 @@ pub fn run(
     }
     cmd.output().expect("run the check")
 }
+
+/// The check built twice in `dir` by `compile(out, extra flags)`: as `name`, and as
+/// `<name>_broken` with `-DGPUSHARE_ABI_SELFTEST_BREAK`, the deliberate layout error each check
+/// carries so that its comparison is shown to notice one. Their paths.
+pub fn good_and_broken(
+    dir: &Path,
+    name: &str,
+    mut compile: impl FnMut(&Path, &[&str]),
+) -> (PathBuf, PathBuf) {
+    let good = dir.join(name);
+    let broken = dir.join(format!("{name}_broken"));
+    compile(&good, &[]);
+    compile(&broken, &["-DGPUSHARE_ABI_SELFTEST_BREAK"]);
+    (good, broken)
+}
+
+/// What a run of a check printed, which must have succeeded: panics with its status and both
+/// outputs where it did not.
+pub fn stdout_ok(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the check failed ({:?}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout.into_owned()
+}
