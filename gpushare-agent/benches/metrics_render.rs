@@ -1,7 +1,7 @@
 //! Time to render /metrics with 1,000 workloads and 10,000 processes, in both text formats, next to
 //! the size of what is rendered. Run: `cargo bench -p gpushare-agent --bench metrics_render`.
 
-use std::{sync::Arc, time::Instant};
+use std::sync::Arc;
 
 use gpushare_agent::{
     metrics::{Compat, Metrics, SharedSnapshot},
@@ -12,11 +12,6 @@ const WORKLOADS: usize = 1_000;
 const PROCESSES: usize = 10_000;
 const GPUS: usize = 8;
 const ITERS: usize = 30;
-
-/// `GPUSHARE_BENCH_QUICK=1`: a few iterations, figures not to be judged (a smoke run).
-fn iters() -> usize {
-    gpushare_testkit::bench::iters(ITERS, 3)
-}
 
 fn main() {
     let mut s = Snapshot::default();
@@ -67,14 +62,12 @@ fn main() {
     ] {
         let bytes = f().len();
         let lines = f().lines().count();
-        let mut v: Vec<f64> = (0..iters())
-            .map(|_| {
-                let t = Instant::now();
-                std::hint::black_box(f());
-                t.elapsed().as_secs_f64() * 1e3
-            })
-            .collect();
-        v.sort_by(|a, b| a.total_cmp(b));
+        // `GPUSHARE_BENCH_QUICK=1`: a few iterations, figures not to be judged (a smoke run).
+        let v: Vec<f64> =
+            gpushare_testkit::bench::sorted_us(gpushare_testkit::bench::iters(ITERS, 3), &f)
+                .into_iter()
+                .map(|us| us / 1e3)
+                .collect();
         println!(
             "/metrics ({name}) with {WORKLOADS} workloads, {PROCESSES} processes, {GPUS} GPUs: median {:.1} ms, max {:.1} ms ({lines} lines, {:.1} MiB)",
             v[v.len() / 2],

@@ -129,6 +129,19 @@ struct Config {
     results: Vec<Vec<f64>>,
 }
 
+impl Config {
+    /// The bench itself loading `programs` (none: bare), with no results yet.
+    fn loading(name: impl Into<String>, programs: Option<&[&'static str]>, check: bool) -> Self {
+        Self {
+            name: name.into(),
+            programs: programs.map(<[_]>::to_vec),
+            agent: None,
+            check,
+            results: vec![Vec::new(); OPS.len()],
+        }
+    }
+}
+
 /// A panic, not `exit`: destructors still remove the cgroups, device nodes and processes.
 fn fail(msg: &str) -> ! {
     panic!("overhead bench: FAILED: {msg}; no figure printed");
@@ -172,13 +185,7 @@ fn main() {
     if !fake_proc.exists() {
         fail("gpushare-fake-gpu-proc is not built (run `cargo build`)");
     }
-    let mut configs = vec![Config {
-        name: "bare".into(),
-        programs: None,
-        agent: None,
-        check: false,
-        results: vec![Vec::new(); OPS.len()],
-    }];
+    let mut configs = vec![Config::loading("bare", None, false)];
     if variants {
         // Floors: the sched programs alone; a syscall tracepoint no operation here makes (open(2):
         // Rust opens with openat), i.e. the syscall slow path every syscall takes once anything
@@ -191,31 +198,17 @@ fn main() {
             ("floor: tp on open(2)", &["sys_enter_open"][..]),
             ("floor: empty tp_btf", &["floor_btf_sys_enter"][..]),
         ] {
-            configs.push(Config {
-                name: name.into(),
-                programs: Some(progs.to_vec()),
-                agent: None,
-                check: false,
-                results: vec![Vec::new(); OPS.len()],
-            });
+            configs.push(Config::loading(name, Some(progs), false));
         }
         for (name, progs, _) in PROBE_SETS {
-            configs.push(Config {
-                name: name.to_string(),
-                programs: Some(progs.to_vec()),
-                agent: None,
-                check: true,
-                results: vec![Vec::new(); OPS.len()],
-            });
+            configs.push(Config::loading(*name, Some(progs), true));
         }
     } else {
-        configs.push(Config {
-            name: format!("with programs ({})", PROBE_SETS[0].0),
-            programs: Some(PROBE_SETS[0].1.to_vec()),
-            agent: None,
-            check: true,
-            results: vec![Vec::new(); OPS.len()],
-        });
+        configs.push(Config::loading(
+            format!("with programs ({})", PROBE_SETS[0].0),
+            Some(PROBE_SETS[0].1),
+            true,
+        ));
     }
     if let Some(only) = &only_sets {
         if let Some(unknown) = only.iter().find(|n| !configs.iter().any(|c| &c.name == *n)) {
@@ -233,12 +226,10 @@ fn main() {
             if !bin.exists() {
                 fail(&format!("no agent binary {}", bin.display()));
             }
+            let name = format!("agent {}", bin.display());
             configs.push(Config {
-                name: format!("agent {}", bin.display()),
-                programs: None,
                 agent: Some(bin),
-                check: false,
-                results: vec![Vec::new(); OPS.len()],
+                ..Config::loading(name, None, false)
             });
         }
     }

@@ -13,10 +13,6 @@ const DEVICES: usize = 8;
 const PROCS: usize = 64;
 const ITERS: usize = 2_000;
 
-fn iters() -> usize {
-    gpushare_testkit::bench::iters(ITERS, 20)
-}
-
 fn main() {
     let lib = gpushare_testkit::target_profile_dir().join("../debug/libgpushare_fake_nvml.so");
     let lib = if lib.exists() {
@@ -58,7 +54,8 @@ fn main() {
         .lib_path(lib.as_os_str())
         .init()
         .unwrap();
-    let bare = time(|| {
+    let iters = gpushare_testkit::bench::iters(ITERS, 20);
+    let bare = time(iters, || {
         for i in 0..DEVICES as u32 {
             let d = nvml.device_by_index(i).unwrap();
             let _ = std::hint::black_box((
@@ -70,12 +67,12 @@ fn main() {
             ));
         }
     });
-    let full = time(|| {
+    let full = time(iters, || {
         std::hint::black_box(sampler.sample());
     });
     println!(
         "one full sample, {DEVICES} GPUs x {n_procs} processes, through the mock ({} iterations, median):",
-        iters()
+        iters
     );
     println!("  nvml-wrapper calls alone          {:>9.1} us", bare);
     println!(
@@ -85,6 +82,6 @@ fn main() {
     );
 }
 
-fn time(f: impl FnMut()) -> f64 {
-    gpushare_testkit::bench::median_us(iters(), f)
+fn time(iters: usize, f: impl FnMut()) -> f64 {
+    gpushare_testkit::bench::median_us(iters, f)
 }

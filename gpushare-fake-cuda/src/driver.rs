@@ -3,7 +3,9 @@
 //! that make a lock of a frozen process wait.
 
 use gpushare_fake_driver::checkpoint::{self, CheckpointState};
-use gpushare_fake_driver::cuda::{CHECKPOINT_API_VERSION, CudaProcess, ProcessState, code};
+use gpushare_fake_driver::cuda::{
+    CHECKPOINT_API_VERSION, CudaProcess, InjectedError, ProcessState, code,
+};
 use gpushare_fake_driver::scenario::{ENV_VAR, Refresh, Scenario, WatchedScenario};
 use gpushare_fake_driver::statefile;
 use std::path::PathBuf;
@@ -160,19 +162,34 @@ pub fn lock(fn_name: &str, pid: i32, timeout_ms: u32) -> Result<(), u32> {
     ctx.transition(ProcessState::Running, ProcessState::Locked)
 }
 
+/// The part checkpoint and restore share: the call takes its delay (the process's own, else the
+/// scenario's), then fails with the injected error, if any, leaving the process in the error's
+/// state (`from`, where it names none).
+fn take_time_or_fail(
+    ctx: &Ctx,
+    from: ProcessState,
+    own_delay_ms: Option<u64>,
+    delay_ms: u64,
+    error: Option<InjectedError>,
+) -> Result<(), u32> {
+    std::thread::sleep(Duration::from_millis(own_delay_ms.unwrap_or(delay_ms)));
+    if let Some(e) = error {
+        ctx.transition(from, e.state.unwrap_or(from))?;
+        return Err(e.code.get());
+    }
+    Ok(())
+}
+
 /// `cuCheckpointProcessCheckpoint`.
 pub fn checkpoint(ctx: &Ctx) -> Result<(), u32> {
     ctx.require(ProcessState::Locked)?;
-    let delay = ctx
-        .knobs
-        .checkpoint_delay_ms
-        .unwrap_or(ctx.scenario.cuda.checkpoint_delay_ms);
-    std::thread::sleep(Duration::from_millis(delay));
-    if let Some(e) = ctx.knobs.checkpoint_error {
-        let after = e.state.unwrap_or(ProcessState::Locked);
-        ctx.transition(ProcessState::Locked, after)?;
-        return Err(e.code.get());
-    }
+    take_time_or_fail(
+        ctx,
+        ProcessState::Locked,
+        ctx.knobs.checkpoint_delay_ms,
+        ctx.scenario.cuda.checkpoint_delay_ms,
+        ctx.knobs.checkpoint_error,
+    )?;
     ctx.transition(ProcessState::Locked, ProcessState::Checkpointed)
 }
 
@@ -184,16 +201,13 @@ pub fn restore(ctx: &Ctx) -> Result<(), u32> {
     if !INITIALIZED.load(Ordering::SeqCst) && !ctx.scenario.cuda.persistence_mode {
         return Err(code::ERROR_NOT_INITIALIZED);
     }
-    let delay = ctx
-        .knobs
-        .restore_delay_ms
-        .unwrap_or(ctx.scenario.cuda.restore_delay_ms);
-    std::thread::sleep(Duration::from_millis(delay));
-    if let Some(e) = ctx.knobs.restore_error {
-        let after = e.state.unwrap_or(ProcessState::Checkpointed);
-        ctx.transition(ProcessState::Checkpointed, after)?;
-        return Err(e.code.get());
-    }
+    take_time_or_fail(
+        ctx,
+        ProcessState::Checkpointed,
+        ctx.knobs.restore_delay_ms,
+        ctx.scenario.cuda.restore_delay_ms,
+        ctx.knobs.restore_error,
+    )?;
     let states = checkpoint::read(&ctx.path).map_err(|e| {
         say(&e);
         code::ERROR_UNKNOWN

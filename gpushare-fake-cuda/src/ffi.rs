@@ -246,41 +246,26 @@ pub unsafe extern "C" fn cuCheckpointProcessLock(pid: c_int, args_in: *mut LockA
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(
-    pid: c_int,
-    args_in: *mut ReservedArgs,
-) -> CuResult {
-    let a = unsafe { args(args_in) };
-    with_ctx("cuCheckpointProcessCheckpoint", pid, |ctx| {
-        zeroed(&a)?;
-        driver::checkpoint(ctx)
-    })
+/// The checkpoint calls that take a reserved (all-zero) argument struct and act on the process's
+/// context.
+macro_rules! with_reserved_args {
+    ($($name:ident => |$ctx:ident| $body:expr;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(pid: c_int, args_in: *mut ReservedArgs) -> CuResult {
+            let a = unsafe { args(args_in) };
+            with_ctx(stringify!($name), pid, |$ctx| {
+                zeroed(&a)?;
+                $body
+            })
+        }
+    )*};
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCheckpointProcessRestore(
-    pid: c_int,
-    args_in: *mut ReservedArgs,
-) -> CuResult {
-    let a = unsafe { args(args_in) };
-    with_ctx("cuCheckpointProcessRestore", pid, |ctx| {
-        zeroed(&a)?;
-        driver::restore(ctx)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCheckpointProcessUnlock(
-    pid: c_int,
-    args_in: *mut ReservedArgs,
-) -> CuResult {
-    let a = unsafe { args(args_in) };
-    with_ctx("cuCheckpointProcessUnlock", pid, |ctx| {
-        zeroed(&a)?;
-        ctx.transition(
-            gpushare_fake_driver::cuda::ProcessState::Locked,
-            gpushare_fake_driver::cuda::ProcessState::Running,
-        )
-    })
+with_reserved_args! {
+    cuCheckpointProcessCheckpoint => |ctx| driver::checkpoint(ctx);
+    cuCheckpointProcessRestore => |ctx| driver::restore(ctx);
+    cuCheckpointProcessUnlock => |ctx| ctx.transition(
+        gpushare_fake_driver::cuda::ProcessState::Locked,
+        gpushare_fake_driver::cuda::ProcessState::Running,
+    );
 }

@@ -6,34 +6,21 @@
 
 mod common;
 
-use common::{built_lib, lock, pyenv, skip_or_fail, write_scenario};
+use common::{built_lib, lock, write_scenario};
 use gpushare_fake_cuda::abi;
 use gpushare_fake_driver::ENV_VAR;
 use gpushare_fake_driver::cuda::code;
 use serde_json::json;
 use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn header_dir() -> Option<PathBuf> {
-    let dir = pyenv().join("cuda-header");
-    (dir.join("cuda.h").is_file() && dir.join("cudaTypedefs.h").is_file()).then_some(dir)
-}
+use std::process::Output;
 
 /// NVIDIA's header and a scratch directory with the mock installed in its `lib/`; `None` (after
-/// [`skip_or_fail`]) where the header is missing.
+/// a loud skip, or failing under `GPUSHARE_REQUIRE`) where the header is missing.
 fn prepared() -> Option<(PathBuf, tempfile::TempDir, PathBuf)> {
-    let Some(header) = header_dir() else {
-        skip_or_fail(&format!(
-            "NVIDIA's cuda.h not found at {}/cuda-header/",
-            pyenv().display()
-        ));
-        return None;
-    };
-    let tmp = tempfile::tempdir().unwrap();
-    let libdir = tmp.path().join("lib");
-    gpushare_fake_cuda::install_into(&built_lib(), &libdir).unwrap();
-    Some((header, tmp, libdir))
+    gpushare_testkit::c_abi::prepared("cuda-header", &["cuda.h", "cudaTypedefs.h"], |libdir| {
+        gpushare_fake_cuda::install_into(&built_lib(), libdir)
+    })
 }
 
 /// The -D macros carrying the Rust mirrors into the C static asserts.
@@ -119,22 +106,13 @@ fn compile(
     defines: &[(&str, u64)],
     extra: &[&str],
 ) -> Output {
+    let args: Vec<String> = defines
+        .iter()
+        .map(|(k, v)| format!("-D{k}={v}u"))
+        .chain(extra.iter().map(|e| e.to_string()))
+        .collect();
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("abi/cuda_abi_check.c");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    Command::new(&cc)
-        .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror"])
-        .arg("-I")
-        .arg(header)
-        .args(defines.iter().map(|(k, v)| format!("-D{k}={v}u")))
-        .args(extra)
-        .arg(&source)
-        .arg("-L")
-        .arg(libdir)
-        .arg("-lcuda")
-        .arg("-o")
-        .arg(out)
-        .output()
-        .unwrap_or_else(|e| panic!("running {cc}: {e} (gcc is installed by scripts/setup.sh)"))
+    gpushare_testkit::c_abi::compile(&source, header, &args, libdir, "cuda", out)
 }
 
 fn compiled(header: &Path, libdir: &Path, out: &Path, extra: &[&str]) {
@@ -147,14 +125,7 @@ fn compiled(header: &Path, libdir: &Path, out: &Path, extra: &[&str]) {
 }
 
 fn run(exe: &Path, libdir: &Path, state: Option<&Path>) -> Output {
-    let mut cmd = Command::new(exe);
-    cmd.args(["4242", "4343"])
-        .env("LD_LIBRARY_PATH", libdir)
-        .env_remove(ENV_VAR);
-    if let Some(state) = state {
-        cmd.env(ENV_VAR, state);
-    }
-    cmd.output().expect("run the check")
+    gpushare_testkit::c_abi::run(exe, &["4242", "4343"], libdir, ENV_VAR, state)
 }
 
 /// What the program must print for a CUDA 12.8 driver with pid 4242 on a GPU with room.
@@ -201,15 +172,10 @@ fn c_program_built_against_nvidia_cuda_h_agrees_with_the_mock() {
         return;
     };
     let (_g, env) = lock();
-    let good = tmp.path().join("cuda_abi_check");
-    let broken = tmp.path().join("cuda_abi_check_broken");
-    compiled(&header, &libdir, &good, &[]);
-    compiled(
-        &header,
-        &libdir,
-        &broken,
-        &["-DGPUSHARE_ABI_SELFTEST_BREAK"],
-    );
+    let (good, broken) =
+        gpushare_testkit::c_abi::good_and_broken(tmp.path(), "cuda_abi_check", |out, extra| {
+            compiled(&header, &libdir, out, extra)
+        });
 
     write_scenario(
         &env.state,
@@ -217,14 +183,7 @@ fn c_program_built_against_nvidia_cuda_h_agrees_with_the_mock() {
                  "devices": [{ "uuid": "GPU-a", "name": "x", "memory_total": 1000,
                                "compute_processes": [{ "pid": 4242, "used_memory": 100 }] }] }),
     );
-    let out = run(&good, &libdir, Some(&env.state));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{:?}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = gpushare_testkit::c_abi::stdout_ok(&run(&good, &libdir, Some(&env.state)));
     assert_eq!(stdout, expected());
 
     // Sensitivity: the timeout put 8 bytes too far lands in a reserved word: the lock is refused.

@@ -6,7 +6,6 @@
 //! check in `gpushare-fake-cuda/abi/` compares them with the header.
 
 use serde::{Deserialize, Deserializer, Serialize};
-use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 /// First CUDA driver version with the checkpoint driver API (`cuDriverGetVersion` value; CUDA
@@ -255,38 +254,11 @@ const NEVER_FAIL: &[&str] = &["cuGetErrorName", "cuGetErrorString"];
 impl CudaFunctionName {
     /// Fails for names the mock libcuda does not export.
     pub fn new(name: &str) -> Result<Self, String> {
-        if !NEVER_FAIL.contains(&name) && crate::CUDA_FUNCTIONS.contains(&name) {
-            Ok(Self(name.to_owned()))
-        } else {
-            Err(format!(
-                "`cuda.fail` key {name:?} is not a function this mock can fail (one of: {})",
-                crate::CUDA_FUNCTIONS
-                    .iter()
-                    .filter(|n| !NEVER_FAIL.contains(n))
-                    .copied()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
-        }
-    }
-
-    /// The name.
-    pub fn as_str(&self) -> &str {
-        &self.0
+        crate::failable("cuda.fail", name, crate::CUDA_FUNCTIONS, NEVER_FAIL).map(Self)
     }
 }
 
-impl Borrow<str> for CudaFunctionName {
-    fn borrow(&self) -> &str {
-        &self.0
-    }
-}
-
-impl<'de> Deserialize<'de> for CudaFunctionName {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        CudaFunctionName::new(&String::deserialize(d)?).map_err(serde::de::Error::custom)
-    }
-}
+failable_function_name!(CudaFunctionName);
 
 fn is_zero(v: &u64) -> bool {
     *v == 0
@@ -321,19 +293,25 @@ impl CudaScenario {
                     check_delay(&format!("cuda.processes.{pid}.{field}"), v)?;
                 }
             }
-            if let Some(e) = p.checkpoint_error {
-                check_after(
-                    &format!("cuda.processes.{pid}.checkpoint_error.state"),
-                    e.state,
-                    &[ProcessState::Locked, ProcessState::Failed],
-                )?;
-            }
-            if let Some(e) = p.restore_error {
-                check_after(
-                    &format!("cuda.processes.{pid}.restore_error.state"),
-                    e.state,
-                    &[ProcessState::Checkpointed, ProcessState::Failed],
-                )?;
+            for (field, error, allowed) in [
+                (
+                    "checkpoint_error",
+                    p.checkpoint_error,
+                    [ProcessState::Locked, ProcessState::Failed],
+                ),
+                (
+                    "restore_error",
+                    p.restore_error,
+                    [ProcessState::Checkpointed, ProcessState::Failed],
+                ),
+            ] {
+                if let Some(e) = error {
+                    check_after(
+                        &format!("cuda.processes.{pid}.{field}.state"),
+                        e.state,
+                        &allowed,
+                    )?;
+                }
             }
         }
         Ok(())

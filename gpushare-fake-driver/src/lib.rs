@@ -6,6 +6,50 @@
 //! a cdylib of its own and depends on this rlib, not on the other (a cdylib re-exports the
 //! `#[no_mangle]` functions of every crate it links).
 
+/// A newtype over the name of a function a scenario's `fail` table may make fail, built only by
+/// its checking `new`: `as_str`, `Borrow<str>` (to look a name up), and a `Deserialize` that
+/// checks through `new` (so a typo is reported with its line and column).
+macro_rules! failable_function_name {
+    ($name:ident) => {
+        impl $name {
+            /// The name.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                $name::new(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+/// `name` when it is one of `exported` and not one of `never` (functions that cannot fail), else
+/// what is wrong with the key in `table`, listing the names it could be.
+fn failable(table: &str, name: &str, exported: &[&str], never: &[&str]) -> Result<String, String> {
+    if !never.contains(&name) && exported.contains(&name) {
+        Ok(name.to_owned())
+    } else {
+        Err(format!(
+            "`{table}` key {name:?} is not a function this mock can fail (one of: {})",
+            exported
+                .iter()
+                .filter(|n| !never.contains(n))
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
+}
+
 pub mod checkpoint;
 pub mod cuda;
 pub mod install;

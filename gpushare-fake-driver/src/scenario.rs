@@ -4,7 +4,6 @@
 //! `gpushare-fake-cuda` (the `cuda` section).
 
 use serde::{Deserialize, Deserializer, Serialize};
-use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::fs;
@@ -191,38 +190,11 @@ pub struct FunctionName(String);
 impl FunctionName {
     /// Fails for names the mock does not export (and for nvmlErrorString, which cannot fail).
     pub fn new(name: &str) -> Result<Self, String> {
-        if name != "nvmlErrorString" && crate::NVML_FUNCTIONS.contains(&name) {
-            Ok(Self(name.to_owned()))
-        } else {
-            Err(format!(
-                "`fail` key {name:?} is not a function this mock can fail (one of: {})",
-                crate::NVML_FUNCTIONS
-                    .iter()
-                    .filter(|n| **n != "nvmlErrorString")
-                    .copied()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
+        crate::failable("fail", name, crate::NVML_FUNCTIONS, &["nvmlErrorString"]).map(Self)
     }
 }
 
-impl Borrow<str> for FunctionName {
-    fn borrow(&self) -> &str {
-        &self.0
-    }
-}
-
-impl<'de> Deserialize<'de> for FunctionName {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        FunctionName::new(&s).map_err(serde::de::Error::custom)
-    }
-}
+failable_function_name!(FunctionName);
 
 impl Scenario {
     /// Checks what serde cannot: limits, uniqueness, consistency. The message names the field.
@@ -325,16 +297,8 @@ impl Scenario {
     /// Every pid this scenario lists as a GPU process (compute, graphics, `process_memory_dir`),
     /// on any device, hidden ones included: the processes the mock libcuda knows.
     pub fn gpu_pids(&self) -> BTreeSet<u32> {
-        let all = Scenario {
-            hidden_pids: BTreeSet::new(),
-            ..self.clone()
-        };
-        (0..self.devices.len())
-            .flat_map(|i| {
-                all.compute_processes(i)
-                    .into_iter()
-                    .chain(all.graphics_processes(i))
-            })
+        self.unhidden_processes()
+            .flat_map(|(_, list)| list)
             .map(|p| p.pid)
             .collect()
     }
@@ -342,21 +306,28 @@ impl Scenario {
     /// What `pid` uses on each device (index, bytes; unknown memory counts 0; a pid in both
     /// lists counts once, with the larger value), hidden or not.
     pub fn process_memory(&self, pid: u32) -> Vec<(usize, u64)> {
-        let all = Scenario {
-            hidden_pids: BTreeSet::new(),
-            ..self.clone()
-        };
-        (0..self.devices.len())
-            .filter_map(|i| {
-                all.compute_processes(i)
-                    .into_iter()
-                    .chain(all.graphics_processes(i))
+        self.unhidden_processes()
+            .filter_map(|(i, list)| {
+                list.into_iter()
                     .filter(|p| p.pid == pid)
                     .map(|p| p.used_memory.unwrap_or(0))
                     .max()
                     .map(|used| (i, used))
             })
             .collect()
+    }
+
+    /// Each device's index and its processes, compute then graphics, hidden ones included.
+    fn unhidden_processes(&self) -> impl Iterator<Item = (usize, Vec<Process>)> {
+        let all = Scenario {
+            hidden_pids: BTreeSet::new(),
+            ..self.clone()
+        };
+        (0..self.devices.len()).map(move |i| {
+            let mut list = all.compute_processes(i);
+            list.extend(all.graphics_processes(i));
+            (i, list)
+        })
     }
 
     /// Memory counters of device `index` (zeroes for an unknown index).

@@ -5,33 +5,20 @@
 
 mod common;
 
-use common::{built_lib, memory, pyenv, rich_scenario, skip_or_fail, write_scenario};
+use common::{built_lib, memory, rich_scenario, write_scenario};
 use gpushare_fake_nvml::abi;
 use gpushare_fake_nvml::{ENV_VAR, Process, Scenario};
 use std::fmt::Write as _;
 use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn header_dir() -> Option<PathBuf> {
-    let dir = pyenv().join("nvml-header");
-    dir.join("nvml.h").is_file().then_some(dir)
-}
+use std::process::Output;
 
 /// NVIDIA's header and a scratch directory with the mock installed in its `lib/`; `None` (after
-/// [`skip_or_fail`]) where the header is missing.
+/// a loud skip, or failing under `GPUSHARE_REQUIRE`) where the header is missing.
 fn prepared() -> Option<(PathBuf, tempfile::TempDir, PathBuf)> {
-    let Some(header) = header_dir() else {
-        skip_or_fail(&format!(
-            "NVIDIA's nvml.h not found at {}/nvml-header/nvml.h",
-            pyenv().display()
-        ));
-        return None;
-    };
-    let tmp = tempfile::tempdir().unwrap();
-    let libdir = tmp.path().join("lib");
-    gpushare_fake_nvml::install_into(&built_lib(), &libdir).unwrap();
-    Some((header, tmp, libdir))
+    gpushare_testkit::c_abi::prepared("nvml-header", &["nvml.h"], |libdir| {
+        gpushare_fake_nvml::install_into(&built_lib(), libdir)
+    })
 }
 
 /// The -D macros carrying the Rust mirrors' layout into the C static asserts.
@@ -98,21 +85,9 @@ fn rust_layout_defines() -> Vec<String> {
 
 fn compile(header: &Path, libdir: &Path, out: &Path, extra: &[&str]) {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("abi/nvml_abi_check.c");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let result = Command::new(&cc)
-        .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror"])
-        .arg("-I")
-        .arg(header)
-        .args(rust_layout_defines())
-        .args(extra)
-        .arg(&source)
-        .arg("-L")
-        .arg(libdir)
-        .arg("-lnvidia-ml")
-        .arg("-o")
-        .arg(out)
-        .output()
-        .unwrap_or_else(|e| panic!("running {cc}: {e} (gcc is installed by scripts/setup.sh)"));
+    let mut args = rust_layout_defines();
+    args.extend(extra.iter().map(|e| e.to_string()));
+    let result = gpushare_testkit::c_abi::compile(&source, header, &args, libdir, "nvidia-ml", out);
     assert!(
         result.status.success(),
         "compiling {}:\n{}",
@@ -122,12 +97,7 @@ fn compile(header: &Path, libdir: &Path, out: &Path, extra: &[&str]) {
 }
 
 fn run(exe: &Path, libdir: &Path, state: Option<&Path>) -> Output {
-    let mut cmd = Command::new(exe);
-    cmd.env("LD_LIBRARY_PATH", libdir).env_remove(ENV_VAR);
-    if let Some(state) = state {
-        cmd.env(ENV_VAR, state);
-    }
-    cmd.output().expect("run abi check")
+    gpushare_testkit::c_abi::run(exe, &[], libdir, ENV_VAR, state)
 }
 
 fn used_text(used: Option<u64>) -> String {
@@ -185,15 +155,10 @@ fn c_program_built_against_nvidia_header_agrees_with_the_scenario() {
     let Some((header, tmp, libdir)) = prepared() else {
         return;
     };
-    let good = tmp.path().join("nvml_abi_check");
-    let broken = tmp.path().join("nvml_abi_check_broken");
-    compile(&header, &libdir, &good, &[]);
-    compile(
-        &header,
-        &libdir,
-        &broken,
-        &["-DGPUSHARE_ABI_SELFTEST_BREAK"],
-    );
+    let (good, broken) =
+        gpushare_testkit::c_abi::good_and_broken(tmp.path(), "nvml_abi_check", |out, extra| {
+            compile(&header, &libdir, out, extra)
+        });
 
     let state = tmp.path().join("scenario.json");
     let mut s = rich_scenario();
@@ -204,14 +169,7 @@ fn c_program_built_against_nvidia_header_agrees_with_the_scenario() {
     ];
     write_scenario(&state, &s);
 
-    let out = run(&good, &libdir, Some(&state));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "abi check failed ({:?}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = gpushare_testkit::c_abi::stdout_ok(&run(&good, &libdir, Some(&state)));
     assert_eq!(stdout, expected_output(&s));
 
     // Sensitivity: the same program reading records with a 16-byte stride must disagree.

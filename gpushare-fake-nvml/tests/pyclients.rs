@@ -16,28 +16,14 @@ fn expected(s: &Scenario) -> Value {
             .map(|p| json!({"pid": p.pid, "used": p.used_memory}))
             .collect()
     };
-    let pynvml_devices: Vec<Value> = s
+    // What each client sees of each device.
+    let (pynvml_devices, nvitop_devices): (Vec<Value>, Vec<Value>) = s
         .devices
         .iter()
         .enumerate()
         .map(|(i, d)| {
             let (used, free) = memory(d);
-            json!({
-                "index": i, "index_by_uuid": i, "uuid": d.uuid, "name": d.name,
-                "pci_bus_id": format!("00000000:{:02X}:00.0", 0x10 + i),
-                "memory_v1": {"total": d.memory_total, "free": free, "used": d.memory_reserved + used},
-                "memory_v2": {"total": d.memory_total, "reserved": d.memory_reserved, "free": free, "used": used},
-                "compute": list(&d.compute_processes),
-                "graphics": list(&d.graphics_processes),
-            })
-        })
-        .collect();
-    let nvitop_devices: Vec<Value> = s
-        .devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let (used, free) = memory(d);
+            let bus_id = format!("00000000:{:02X}:00.0", 0x10 + i);
             let mut processes = serde_json::Map::new();
             for (kind, l) in [("C", &d.compute_processes), ("G", &d.graphics_processes)] {
                 for p in l {
@@ -47,14 +33,23 @@ fn expected(s: &Scenario) -> Value {
                     );
                 }
             }
-            json!({
+            let pynvml = json!({
+                "index": i, "index_by_uuid": i, "uuid": d.uuid, "name": d.name,
+                "pci_bus_id": bus_id,
+                "memory_v1": {"total": d.memory_total, "free": free, "used": d.memory_reserved + used},
+                "memory_v2": {"total": d.memory_total, "reserved": d.memory_reserved, "free": free, "used": used},
+                "compute": list(&d.compute_processes),
+                "graphics": list(&d.graphics_processes),
+            });
+            let nvitop = json!({
                 "index": i, "uuid": d.uuid, "name": d.name,
-                "bus_id": format!("00000000:{:02X}:00.0", 0x10 + i),
+                "bus_id": bus_id,
                 "memory_total": d.memory_total, "memory_used": used, "memory_free": free,
                 "processes": processes,
-            })
+            });
+            (pynvml, nvitop)
         })
-        .collect();
+        .unzip();
     json!({
         "pynvml": {
             "driver_version": s.driver_version,

@@ -650,15 +650,11 @@ fn minimal_scenario_and_defaults() {
 #[test]
 fn exported_symbols_are_exactly_the_list() {
     let lib = built_lib();
-    let out = std::process::Command::new("nm")
-        .args(["-D", "--defined-only"])
-        .arg(&lib)
-        .output()
-        .expect("run nm (binutils)");
-    assert!(
-        out.status.success(),
-        "nm failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = gpushare_testkit::output_ok(
+        std::process::Command::new("nm")
+            .args(["-D", "--defined-only"])
+            .arg(&lib),
+        "nm (binutils)",
     );
     let text = String::from_utf8(out.stdout).unwrap();
     let exported: BTreeSet<&str> = text

@@ -1,4 +1,5 @@
-//! What every benchmark of the workspace does alike: the quick mode and the median of a few runs.
+//! What every benchmark of the workspace does alike: the quick mode, and the wall times (or their
+//! median) of a few runs.
 
 use std::time::Instant;
 
@@ -13,8 +14,8 @@ pub fn iters(full: usize, few: usize) -> usize {
     if quick() { few } else { full }
 }
 
-/// The median wall time of `runs` calls of `f`, in microseconds.
-pub fn median_us<T>(runs: usize, mut f: impl FnMut() -> T) -> f64 {
+/// The wall times of `runs` calls of `f`, in microseconds, shortest first.
+pub fn sorted_us<T>(runs: usize, mut f: impl FnMut() -> T) -> Vec<f64> {
     let mut v: Vec<f64> = (0..runs)
         .map(|_| {
             let t = Instant::now();
@@ -23,5 +24,11 @@ pub fn median_us<T>(runs: usize, mut f: impl FnMut() -> T) -> f64 {
         })
         .collect();
     v.sort_by(|a, b| a.total_cmp(b));
+    v
+}
+
+/// The median wall time of `runs` calls of `f`, in microseconds.
+pub fn median_us<T>(runs: usize, f: impl FnMut() -> T) -> f64 {
+    let v = sorted_us(runs, f);
     v[v.len() / 2]
 }

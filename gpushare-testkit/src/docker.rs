@@ -851,7 +851,7 @@ impl GpuContainer {
         docker: &Docker,
         hint: &str,
         docker_args: &[&str],
-        cmd: &[&str],
+        cmd: &[impl AsRef<std::ffi::OsStr>],
     ) -> Result<Self> {
         let node = FakeDeviceNode::create_at(PathBuf::from(format!(
             "{DEVICE_NODE_PREFIX}{}",

@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod bench;
+pub mod c_abi;
 pub mod cgroup;
 pub mod device;
 pub mod docker;
@@ -68,6 +69,70 @@ pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
         .prefix(prefix)
         .tempdir()
         .expect("a temporary directory")
+}
+
+/// A private temporary directory named `<prefix><random>` that tests write files into; removed on
+/// drop.
+pub struct TempTree(tempfile::TempDir);
+
+impl TempTree {
+    /// A fresh, empty one.
+    pub fn new(prefix: &str) -> Self {
+        Self(temp_dir(prefix))
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &std::path::Path {
+        self.0.path()
+    }
+
+    /// Writes `text` to `rel` (relative to the tree), creating the directories above it; returns
+    /// the file's path.
+    pub fn write(&self, rel: &str, text: &str) -> PathBuf {
+        let p = self.0.path().join(rel);
+        std::fs::create_dir_all(p.parent().expect("a file in a directory")).expect("its directory");
+        std::fs::write(&p, text).expect("the file");
+        p
+    }
+}
+
+/// Runs `cmd` to its end and returns what it printed; panics where it cannot start or fails,
+/// naming `what` and giving its status and both outputs.
+pub fn output_ok(cmd: &mut std::process::Command, what: &str) -> std::process::Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// SIGTERM to `child` (unless it has already exited), then waits up to `timeout`, then SIGKILL.
+/// The exit status if it exited by itself; `None` when it had to be killed.
+pub fn terminate(
+    child: &mut std::process::Child,
+    timeout: std::time::Duration,
+) -> Option<std::process::ExitStatus> {
+    if let Ok(Some(st)) = child.try_wait() {
+        return Some(st);
+    }
+    // SAFETY: kill(2) of our own unreaped child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Some(st);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// A free TCP port on loopback.

@@ -102,18 +102,14 @@ pub fn built_cdylib(file_name: &str) -> PathBuf {
 }
 
 /// Runs a mock's installer binary (`bin --from BUILT --to DIR`) and asserts that it succeeded.
-pub fn run_installer(bin: &str, built: &Path, to: &Path) {
-    let out = std::process::Command::new(bin)
-        .arg("--from")
-        .arg(built)
-        .arg("--to")
-        .arg(to)
-        .output()
-        .expect("run the installer");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+pub fn run_installer(bin: impl AsRef<std::ffi::OsStr>, built: &Path, to: &Path) {
+    crate::output_ok(
+        std::process::Command::new(bin)
+            .arg("--from")
+            .arg(built)
+            .arg("--to")
+            .arg(to),
+        "the installer",
     );
 }
 

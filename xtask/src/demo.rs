@@ -149,24 +149,11 @@ impl Proc {
     /// SIGTERM, then waits up to `timeout` (SIGKILL after that). The exit status, if it exited.
     fn stop(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
-        if let Ok(Some(st)) = child.try_wait() {
-            return Some(st);
+        let status = gpushare_testkit::terminate(&mut child, timeout);
+        if status.is_none() {
+            eprintln!("demo: {} did not stop; killed it", self.what);
         }
-        // SAFETY: kill(2) of our own unreaped child.
-        unsafe { kill(child.id() as i32, SIGTERM) };
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(Some(st)) = child.try_wait() {
-                return Some(st);
-            }
-            if Instant::now() > deadline {
-                eprintln!("demo: {} did not stop; killing it", self.what);
-                let _ = child.kill();
-                let _ = child.wait();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        status
     }
 }
 

@@ -28,7 +28,8 @@ use std::{
 
 use log::{info, warn};
 
-use self::runtime_spec::{EnvOrigin, FileStamp, SpecRoots};
+use self::runtime_spec::{EnvOrigin, SpecRoots};
+use crate::sys::file_stamp::FileStamp;
 use crate::{
     attribution::{WorkloadId, WorkloadKind, procinfo},
     quota::{EnvQuota, GpuInfo, GpuShareUnit, Trust, UnitCheck, env_quota},

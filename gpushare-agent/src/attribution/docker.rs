@@ -13,9 +13,10 @@
 
 use std::{
     collections::HashMap,
-    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
+
+use crate::sys::file_stamp::FileStamp;
 
 /// The engine's default data root.
 pub const DEFAULT_DATA_ROOT: &str = "/var/lib/docker";
@@ -131,29 +132,8 @@ pub fn data_root_from(daemon_json: &Path) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_ROOT))
 }
 
-/// What identifies one version of a config file: a rename gives a new inode, a rewrite a new mtime.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Stamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime_ns: i128,
-}
-
-impl Stamp {
-    fn of(path: &Path) -> Option<Self> {
-        let m = std::fs::metadata(path).ok()?;
-        Some(Self {
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.len(),
-            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
-        })
-    }
-}
-
 struct Entry {
-    stamp: Option<Stamp>,
+    stamp: Option<FileStamp>,
     name: Option<String>,
     used: bool,
 }
@@ -202,7 +182,7 @@ impl DockerNames {
         if !is_full_id(id) {
             return None;
         }
-        let stamp = Stamp::of(&config_path(&self.data_root, id));
+        let stamp = FileStamp::of(&config_path(&self.data_root, id));
         if let Some(e) = self.entries.get_mut(id)
             && e.stamp == stamp
         {
@@ -236,29 +216,23 @@ impl DockerNames {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpushare_testkit::TempTree;
     use std::fs;
 
     const ID: &str = "3f2a9c8e7d6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f";
     const OTHER: &str = "0000000000000000000000000000000000000000000000000000000000000001";
 
-    /// A private directory, removed on drop.
-    struct TempDir(tempfile::TempDir);
+    fn tree(tag: &str) -> TempTree {
+        TempTree::new(&format!("gpushare-docker-names-{tag}-"))
+    }
 
-    impl TempDir {
-        fn new(tag: &str) -> Self {
-            Self(gpushare_testkit::temp_dir(&format!(
-                "gpushare-docker-names-{tag}-"
-            )))
-        }
-
-        /// Writes a container's config file atomically, as the engine does.
-        fn write_config(&self, id: &str, text: &str) {
-            let dir = self.0.path().join("containers").join(id);
-            fs::create_dir_all(&dir).unwrap();
-            let tmp = dir.join(".tmp-config.v2.json");
-            fs::write(&tmp, text).unwrap();
-            fs::rename(&tmp, dir.join("config.v2.json")).unwrap();
-        }
+    /// Writes a container's config file atomically, as the engine does.
+    fn write_config(root: &TempTree, id: &str, text: &str) {
+        let dir = root.path().join("containers").join(id);
+        fs::create_dir_all(&dir).unwrap();
+        let tmp = dir.join(".tmp-config.v2.json");
+        fs::write(&tmp, text).unwrap();
+        fs::rename(&tmp, dir.join("config.v2.json")).unwrap();
     }
 
     /// The shape the engine writes (abridged: the real file has many more fields).
@@ -270,26 +244,26 @@ mod tests {
 
     #[test]
     fn the_name_comes_from_the_engines_config_file_without_its_slash() {
-        let root = TempDir::new("name");
-        root.write_config(ID, &config(ID, "/trainer-0"));
+        let root = tree("name");
+        write_config(&root, ID, &config(ID, "/trainer-0"));
         assert_eq!(
-            docker_container_name(root.0.path(), ID),
+            docker_container_name(root.path(), ID),
             Some("trainer-0".to_string())
         );
         // Generated names, dots and underscores are names too.
-        root.write_config(OTHER, &config(OTHER, "/quirky_turing.v2"));
+        write_config(&root, OTHER, &config(OTHER, "/quirky_turing.v2"));
         assert_eq!(
-            docker_container_name(root.0.path(), OTHER),
+            docker_container_name(root.path(), OTHER),
             Some("quirky_turing.v2".to_string())
         );
     }
 
     #[test]
     fn missing_corrupt_or_foreign_files_give_no_name_and_no_panic() {
-        let root = TempDir::new("bad");
+        let root = tree("bad");
         // No such container, no such data root.
-        assert_eq!(docker_container_name(root.0.path(), ID), None);
-        assert_eq!(docker_container_name(&root.0.path().join("nope"), ID), None);
+        assert_eq!(docker_container_name(root.path(), ID), None);
+        assert_eq!(docker_container_name(&root.path().join("nope"), ID), None);
         // Not an id: never turned into a path.
         for bad in [
             "../../etc",
@@ -298,7 +272,7 @@ mod tests {
             &ID.to_uppercase(),
             "x".repeat(64).as_str(),
         ] {
-            assert_eq!(docker_container_name(root.0.path(), bad), None, "{bad}");
+            assert_eq!(docker_container_name(root.path(), bad), None, "{bad}");
         }
         let cases: Vec<(&str, String)> = vec![
             ("empty file", String::new()),
@@ -313,18 +287,18 @@ mod tests {
             ("another container's file", config(OTHER, "/trainer")),
         ];
         for (what, text) in &cases {
-            root.write_config(ID, text);
-            assert_eq!(docker_container_name(root.0.path(), ID), None, "{what}");
+            write_config(&root, ID, text);
+            assert_eq!(docker_container_name(root.path(), ID), None, "{what}");
         }
         // A directory where the file should be, and an unreadable oversized file.
-        let dir = config_path(root.0.path(), ID);
+        let dir = config_path(root.path(), ID);
         fs::remove_file(&dir).unwrap();
         fs::create_dir_all(&dir).unwrap();
-        assert_eq!(docker_container_name(root.0.path(), ID), None);
+        assert_eq!(docker_container_name(root.path(), ID), None);
         fs::remove_dir(&dir).unwrap();
         let f = fs::File::create(&dir).unwrap();
         f.set_len(MAX_CONFIG_BYTES + 1).unwrap();
-        assert_eq!(docker_container_name(root.0.path(), ID), None);
+        assert_eq!(docker_container_name(root.path(), ID), None);
     }
 
     #[test]
@@ -349,21 +323,21 @@ mod tests {
 
     #[test]
     fn a_file_without_an_id_is_trusted_for_its_directory() {
-        let root = TempDir::new("noid");
-        root.write_config(ID, r#"{"Name":"/web"}"#);
-        assert_eq!(docker_container_name(root.0.path(), ID), Some("web".into()));
+        let root = tree("noid");
+        write_config(&root, ID, r#"{"Name":"/web"}"#);
+        assert_eq!(docker_container_name(root.path(), ID), Some("web".into()));
     }
 
     #[test]
     fn the_cache_rereads_only_changed_files_and_forgets_gone_containers() {
-        let root = TempDir::new("cache");
-        root.write_config(ID, &config(ID, "/trainer"));
-        let mut names = DockerNames::new(root.0.path().to_path_buf());
+        let root = tree("cache");
+        write_config(&root, ID, &config(ID, "/trainer"));
+        let mut names = DockerNames::new(root.path().to_path_buf());
         assert_eq!(names.name(ID).as_deref(), Some("trainer"));
         assert_eq!(names.name(ID).as_deref(), Some("trainer"));
         assert_eq!(names.reads(), 1, "unchanged file: one read");
         // `docker rename`: the engine replaces the file; the cache notices (new inode).
-        root.write_config(ID, &config(ID, "/trainer-renamed"));
+        write_config(&root, ID, &config(ID, "/trainer-renamed"));
         assert_eq!(names.name(ID).as_deref(), Some("trainer-renamed"));
         assert_eq!(names.reads(), 2);
         // Unknown containers are not read at all, and cost nothing but a stat.
@@ -372,21 +346,21 @@ mod tests {
         assert_eq!(names.reads(), 2);
         assert_eq!(names.len(), 2);
         // Container removed: no name, and the entry goes at the next sweeps.
-        fs::remove_dir_all(root.0.path().join("containers").join(ID)).unwrap();
+        fs::remove_dir_all(root.path().join("containers").join(ID)).unwrap();
         assert_eq!(names.name(ID), None);
         names.sweep();
         assert_eq!(names.len(), 2, "both were looked up since the last sweep");
         names.sweep();
         assert!(names.is_empty(), "nothing looked up: all dropped");
         // A container that appears later is found.
-        root.write_config(OTHER, &config(OTHER, "/late"));
+        write_config(&root, OTHER, &config(OTHER, "/late"));
         assert_eq!(names.name(OTHER).as_deref(), Some("late"));
     }
 
     #[test]
     fn the_data_root_comes_from_daemon_json_when_it_sets_one() {
-        let dir = TempDir::new("daemon-json");
-        let f = dir.0.path().join("daemon.json");
+        let dir = tree("daemon-json");
+        let f = dir.path().join("daemon.json");
         assert_eq!(data_root_from(&f), PathBuf::from(DEFAULT_DATA_ROOT));
         fs::write(
             &f,

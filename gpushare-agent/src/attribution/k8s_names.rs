@@ -154,21 +154,11 @@ pub fn container_names_from_log_links(dir: &Path, container_id: &str) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpushare_testkit::TempTree;
     use std::fs;
 
     const UID: &str = "0f3d8e2a-6b1c-4d5e-9f7a-8b2c1d0e3f4a";
     const ID: &str = "3f2a9c8e7d6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f";
-
-    /// A private directory, removed on drop.
-    struct TempDir(tempfile::TempDir);
-
-    impl TempDir {
-        fn new(tag: &str) -> Self {
-            Self(gpushare_testkit::temp_dir(&format!(
-                "gpushare-k8s-names-{tag}-"
-            )))
-        }
-    }
 
     #[test]
     fn pod_directory_names_split_into_namespace_pod_and_uid() {
@@ -201,20 +191,19 @@ mod tests {
 
     #[test]
     fn pod_names_come_from_the_log_directory_and_fall_back_to_nothing() {
-        let root = TempDir::new("pods");
-        let pod_dir = root.0.path().join(format!("ml_trainer-0_{UID}"));
+        let root = TempTree::new("gpushare-k8s-names-pods-");
+        let pod_dir = root.path().join(format!("ml_trainer-0_{UID}"));
         for c in ["server", "init-weights", "sidecar"] {
             fs::create_dir_all(pod_dir.join(c)).unwrap();
             fs::write(pod_dir.join(c).join("0.log"), "log line\n").unwrap();
         }
         fs::write(pod_dir.join("stray-file"), "").unwrap();
         fs::create_dir_all(
-            root.0
-                .path()
+            root.path()
                 .join("other_pod-1_11111111-2222-3333-4444-555555555555/main"),
         )
         .unwrap();
-        let names = pod_names_from_log_dir(root.0.path(), &UID.to_uppercase()).unwrap();
+        let names = pod_names_from_log_dir(root.path(), &UID.to_uppercase()).unwrap();
         assert_eq!(
             names,
             PodNames {
@@ -226,26 +215,26 @@ mod tests {
         );
         // Unknown pod, old layout, missing root, nonsense UID: no names, the caller keeps the UID.
         let other = "99999999-2222-3333-4444-555555555555";
-        assert_eq!(pod_names_from_log_dir(root.0.path(), other), None);
-        fs::create_dir_all(root.0.path().join(other)).unwrap();
-        assert_eq!(pod_names_from_log_dir(root.0.path(), other), None);
+        assert_eq!(pod_names_from_log_dir(root.path(), other), None);
+        fs::create_dir_all(root.path().join(other)).unwrap();
+        assert_eq!(pod_names_from_log_dir(root.path(), other), None);
         assert_eq!(
-            pod_names_from_log_dir(&root.0.path().join("missing"), UID),
+            pod_names_from_log_dir(&root.path().join("missing"), UID),
             None
         );
-        assert_eq!(pod_names_from_log_dir(root.0.path(), "../../etc"), None);
+        assert_eq!(pod_names_from_log_dir(root.path(), "../../etc"), None);
     }
 
     #[test]
     fn container_links_name_the_container_of_an_id() {
-        let dir = TempDir::new("containers");
+        let dir = TempTree::new("gpushare-k8s-names-containers-");
         let link = format!("trainer-0_ml_server-{ID}.log");
         std::os::unix::fs::symlink(
             format!("/var/log/pods/ml_trainer-0_{UID}/server/0.log"),
-            dir.0.path().join(&link),
+            dir.path().join(&link),
         )
         .unwrap();
-        fs::write(dir.0.path().join("garbage.log"), "").unwrap();
+        fs::write(dir.path().join("garbage.log"), "").unwrap();
         let want = ContainerNames {
             namespace: "ml".into(),
             pod: "trainer-0".into(),
@@ -253,13 +242,10 @@ mod tests {
             container_id: ID.into(),
         };
         assert_eq!(parse_container_log_name(&link), Some(want.clone()));
-        assert_eq!(container_names_from_log_links(dir.0.path(), ID), Some(want));
+        assert_eq!(container_names_from_log_links(dir.path(), ID), Some(want));
+        assert_eq!(container_names_from_log_links(dir.path(), &ID[..11]), None);
         assert_eq!(
-            container_names_from_log_links(dir.0.path(), &ID[..11]),
-            None
-        );
-        assert_eq!(
-            container_names_from_log_links(dir.0.path(), &"a".repeat(64)),
+            container_names_from_log_links(dir.path(), &"a".repeat(64)),
             None
         );
         for bad in [

@@ -731,24 +731,23 @@ mode = "elastic"
             "pod_uid wins over pod name and container name"
         );
         // Without the pod_uid entry, the pod name entry wins; without both, the name applies.
-        let set = QuotaSet::parse(
-            "[[quota]]\ncontainer_name = \"main\"\ngpu_memory = \"40GiB\"\n\n[[quota]]\npod = \"ml/trainer-0\"\ngpu_memory = \"2GiB\"\n",
-            "q.toml",
-        )
-        .unwrap();
-        assert_eq!(
-            set.resolve(&container(), None).unwrap().limits[0].bytes,
-            2 * GIB
-        );
-        let set = QuotaSet::parse(
-            "[[quota]]\ncontainer_name = \"main\"\ngpu_memory = \"40GiB\"\n",
-            "q.toml",
-        )
-        .unwrap();
-        assert_eq!(
-            set.resolve(&container(), None).unwrap().limits[0].bytes,
-            40 * GIB
-        );
+        for (text, want) in [
+            (
+                "[[quota]]\ncontainer_name = \"main\"\ngpu_memory = \"40GiB\"\n\n[[quota]]\npod = \"ml/trainer-0\"\ngpu_memory = \"2GiB\"\n",
+                2 * GIB,
+            ),
+            (
+                "[[quota]]\ncontainer_name = \"main\"\ngpu_memory = \"40GiB\"\n",
+                40 * GIB,
+            ),
+        ] {
+            let set = QuotaSet::parse(text, "q.toml").unwrap();
+            assert_eq!(
+                set.resolve(&container(), None).unwrap().limits[0].bytes,
+                want,
+                "{text}"
+            );
+        }
     }
 
     #[test]

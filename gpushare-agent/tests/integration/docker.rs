@@ -331,7 +331,6 @@ fn docker_env_quota_is_what_the_container_was_given_not_what_its_entrypoint_give
         .enumerate()
         .map(|(i, t)| {
             let cmd = shell_entrypoint(t);
-            let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
             GpuContainer::attached_cmd(dk, &format!("trick{i}"), &given, &cmd).unwrap()
         })
         .collect();
@@ -389,7 +388,6 @@ fn docker_env_quota_held_only_by_the_runtime_spec_is_enforced() {
         "-c".into(),
         format!("unset ALIYUN_COM_GPU_MEM_CONTAINER; exec {WORKER}"),
     ];
-    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
     let c = GpuContainer::attached_cmd(
         dk,
         "spec-only",
@@ -421,7 +419,6 @@ fn docker_runtime_spec_from_the_engine_its_containerd_bundle_or_else_the_init() 
     };
     // Given 1 GiB; the entrypoint gives its worker 100.
     let cmd = shell_entrypoint(&format!("ALIYUN_COM_GPU_MEM_CONTAINER=100 {WORKER}"));
-    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
     let c = GpuContainer::attached_cmd(
         dk,
         "sources",

@@ -181,15 +181,22 @@ fn a_container_whose_gpu_process_is_in_a_child_cgroup_is_frozen_whole() {
     );
 }
 
+/// A sleeping group (named after `tag`) using 3 GiB under a 2 GiB freeze quota, and an agent that
+/// has frozen it.
+fn frozen_over_quota(tag: &str) -> (TestCgroup, Reaped, Scenario, AgentProcess) {
+    let (cg, p) = sleeping_group(tag);
+    let sc = Scenario::create(&one_gpu(&[(p.pid(), 3 * GIB)])).unwrap();
+    let agent = AgentProcess::start(&sc, &format!("{FREEZE}{}", cgroup_quota(&cg, "2GiB")), &[]);
+    assert!(cg.wait_frozen(true), "frozen over quota");
+    (cg, p, sc, agent)
+}
+
 /// Problem 3: thawed behind the agent's back (an operator writes 0 to `cgroup.freeze`, `docker
 /// unpause` on a pure v2 host), a workload still over quota is frozen again, and that is counted.
 #[test]
 fn a_workload_thawed_behind_the_agents_back_is_frozen_again_and_counted() {
     needs_root!("a_workload_thawed_behind_the_agents_back");
-    let (cg, p) = sleeping_group("extthaw");
-    let sc = Scenario::create(&one_gpu(&[(p.pid(), 3 * GIB)])).unwrap();
-    let agent = AgentProcess::start(&sc, &format!("{FREEZE}{}", cgroup_quota(&cg, "2GiB")), &[]);
-    assert!(cg.wait_frozen(true), "frozen over quota");
+    let (cg, _p, _sc, agent) = frozen_over_quota("extthaw");
     std::fs::write(cg.dir().join("cgroup.freeze"), "0").unwrap();
     assert!(cg.wait_frozen(false));
     wait_until(
@@ -337,10 +344,7 @@ impl Drop for BindMount {
 #[test]
 fn a_thaw_the_kernel_did_not_apply_is_reported_frozen_and_retried() {
     needs_root!("a_thaw_the_kernel_did_not_apply");
-    let (cg, p) = sleeping_group("nothaw");
-    let sc = Scenario::create(&one_gpu(&[(p.pid(), 3 * GIB)])).unwrap();
-    let agent = AgentProcess::start(&sc, &format!("{FREEZE}{}", cgroup_quota(&cg, "2GiB")), &[]);
-    assert!(cg.wait_frozen(true));
+    let (cg, p, sc, agent) = frozen_over_quota("nothaw");
     let blocked = BindMount::new(Path::new("/dev/null"), &cg.dir().join("cgroup.freeze"));
     sc.write(&one_gpu(&[(p.pid(), GIB)])).unwrap();
     agent.wait_used(&key(&cg), GIB);

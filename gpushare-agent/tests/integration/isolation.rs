@@ -276,16 +276,27 @@ fn quotas_from_the_environment_gpushare_and_hami() {
     }
 }
 
+/// A workload (a [`Proc`] in a group named after `tag`) using 3 GiB under a 2 GiB quota with the
+/// ladder of `defaults`, and an agent (started with `args`) that has frozen it.
+fn frozen_over_quota(
+    tag: &str,
+    defaults: &str,
+    args: &[&str],
+) -> (TestCgroup, Proc, Scenario, AgentProcess) {
+    let cg = group(tag);
+    let a = Proc::start(&cg, &[]);
+    let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
+    let quotas = format!("{defaults}{}", cgroup_quota(&cg, "2GiB"));
+    let agent = AgentProcess::start(&sc, &quotas, args);
+    agent.wait_state(&key(&cg), "frozen");
+    assert!(cg.wait_frozen(true));
+    (cg, a, sc, agent)
+}
+
 #[test]
 fn sigkill_while_frozen_then_restart_keeps_what_still_applies_and_thaws_what_does_not() {
     needs_root!("sigkill_while_frozen");
-    let a_cg = group("crash-a");
-    let a = Proc::start(&a_cg, &[]);
-    let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
-    let quotas = format!("{FREEZE}{}", cgroup_quota(&a_cg, "2GiB"));
-    let mut agent = AgentProcess::start(&sc, &quotas, &[]);
-    agent.wait_state(&key(&a_cg), "frozen");
-    assert!(a_cg.wait_frozen(true));
+    let (a_cg, a, sc, mut agent) = frozen_over_quota("crash-a", FREEZE, &[]);
 
     // Crash: nobody thaws; the ledger says who froze it.
     agent.sigkill();
@@ -379,16 +390,11 @@ fn a_bad_quota_file_is_rejected_with_its_location_and_the_last_good_one_stays() 
 #[test]
 fn an_operator_release_thaws_and_the_ladder_starts_again() {
     needs_root!("an_operator_release_thaws");
-    let a_cg = group("rel-a");
-    let a = Proc::start(&a_cg, &[]);
-    let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
-    let quotas = format!(
-        "[defaults]\ngrace = \"1s\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
-        cgroup_quota(&a_cg, "2GiB")
+    let (a_cg, _a, _sc, agent) = frozen_over_quota(
+        "rel-a",
+        "[defaults]\ngrace = \"1s\"\nladder = [ { action = \"freeze\" } ]\n",
+        &[],
     );
-    let agent = AgentProcess::start(&sc, &quotas, &[]);
-    agent.wait_state(&key(&a_cg), "frozen");
-    assert!(a_cg.wait_frozen(true));
     let (code, body) = agent.post_local(
         "/api/v1/release",
         &json!({ "workload": key(&a_cg) }).to_string(),
@@ -656,13 +662,7 @@ fn a_dry_run_decides_and_reports_the_whole_ladder_but_signals_and_freezes_nothin
 #[test]
 fn keep_frozen_on_exit_leaves_the_freeze_to_the_next_start_which_takes_it_over() {
     needs_root!("keep_frozen_on_exit");
-    let cg = group("keep");
-    let a = Proc::start(&cg, &[]);
-    let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
-    let quotas = format!("{FREEZE}{}", cgroup_quota(&cg, "2GiB"));
-    let mut agent = AgentProcess::start(&sc, &quotas, &["--keep-frozen-on-exit"]);
-    agent.wait_state(&key(&cg), "frozen");
-    assert!(cg.wait_frozen(true));
+    let (cg, a, sc, mut agent) = frozen_over_quota("keep", FREEZE, &["--keep-frozen-on-exit"]);
     // SIGTERM: a clean exit that leaves the freeze, recorded and marked, in place.
     // The agent has exited: nothing can thaw the group after this.
     assert_eq!(agent.stop(), Some(0));

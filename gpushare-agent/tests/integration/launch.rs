@@ -202,8 +202,8 @@ fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
 }
 
 /// Nothing of `names` is left: no group, no drop-in.
-fn assert_clean(node: &Node, names: &[&str]) {
-    for name in names {
+fn assert_clean(node: &Node, names: &[impl AsRef<str>]) {
+    for name in names.iter().map(AsRef::as_ref) {
         assert!(!scope_dir(name).exists(), "group of {name} removed");
     }
     assert_eq!(node.dropins(), BTreeMap::new(), "no drop-in left");
@@ -269,7 +269,6 @@ fn launch_places_services_by_best_fit_and_by_spread_counting_every_reservation()
     for r in [&mut a, &mut b, &mut d, &mut f, &mut g, &mut i] {
         assert_eq!(r.stop().code(), Some(143));
     }
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
     assert_clean(&node, &names);
 }
 
@@ -356,7 +355,6 @@ fn twenty_concurrent_launches_never_overbook_a_gpu() {
     assert_eq!(node.dropins().len(), 6);
     let names: Vec<String> = runs.iter().map(|r| r.name.clone()).collect();
     drop(runs);
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
     assert_clean(&node, &names);
 }
 

@@ -197,26 +197,17 @@ fn real_clients_agree_with_the_agent(scenario: &Scenario, agent: &GpuSample) {
         return;
     }
     let lib_dir = scenario.dir().join("lib");
-    let status = std::process::Command::new(gpushare_testkit::workspace_bin(
-        "gpushare-fake-nvml-install",
-    ))
-    .arg("--from")
-    .arg(fake_nvml_lib())
-    .arg("--to")
-    .arg(&lib_dir)
-    .status()
-    .unwrap();
-    assert!(status.success());
-    let out = std::process::Command::new(&python)
-        .arg(root.join("gpushare-fake-nvml/abi/pyclients_check.py"))
-        .env("LD_LIBRARY_PATH", &lib_dir)
-        .env(SCENARIO_ENV, scenario.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "pyclients_check.py: {}",
-        String::from_utf8_lossy(&out.stderr)
+    gpushare_testkit::nvml::run_installer(
+        gpushare_testkit::workspace_bin("gpushare-fake-nvml-install"),
+        &fake_nvml_lib(),
+        &lib_dir,
+    );
+    let out = gpushare_testkit::output_ok(
+        std::process::Command::new(&python)
+            .arg(root.join("gpushare-fake-nvml/abi/pyclients_check.py"))
+            .env("LD_LIBRARY_PATH", &lib_dir)
+            .env(SCENARIO_ENV, scenario.path()),
+        "pyclients_check.py",
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let py = &v["pynvml"]["devices"];

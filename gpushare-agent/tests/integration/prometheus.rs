@@ -321,16 +321,12 @@ fn promtool_accepts_the_agents_metrics_and_the_shipped_alert_rules() {
         String::from_utf8_lossy(&out.stderr)
     );
     let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus/alerts.yml");
-    let out = Command::new(&promtool)
-        .arg("check")
-        .arg("rules")
-        .arg(&rules)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check rules: {}",
-        String::from_utf8_lossy(&out.stdout)
+    gpushare_testkit::output_ok(
+        Command::new(&promtool)
+            .arg("check")
+            .arg("rules")
+            .arg(&rules),
+        "promtool check rules",
     );
     let _ = (p.kill(), p.wait(), q.kill(), q.wait());
     let _ = std::fs::remove_file(log);

@@ -298,19 +298,7 @@ impl AgentProcess {
     /// SIGTERM and wait; returns the exit code.
     pub fn stop(&mut self) -> Option<i32> {
         let mut c = self.child.take()?;
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Ok(Some(st)) = c.try_wait() {
-                return st.code();
-            }
-            if Instant::now() > deadline {
-                let _ = c.kill();
-                let _ = c.wait();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        gpushare_testkit::terminate(&mut c, Duration::from_secs(15))?.code()
     }
 }
 

@@ -13,19 +13,17 @@ fn count(s: &Session<'_>) -> c_uint {
     c_uint::try_from(s.scenario.devices.len()).unwrap_or(c_uint::MAX)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetCount(device_count: *mut c_uint) -> c_uint {
-    call("nvmlDeviceGetCount", |s| unsafe {
-        put(device_count, count(s))
-    })
+/// `nvmlDeviceGetCount` and its `_v2`, which NVML keeps as twins.
+macro_rules! device_count {
+    ($($name:ident),*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(device_count: *mut c_uint) -> c_uint {
+            call(stringify!($name), |s| unsafe { put(device_count, count(s)) })
+        }
+    )*};
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetCount_v2(device_count: *mut c_uint) -> c_uint {
-    call("nvmlDeviceGetCount_v2", |s| unsafe {
-        put(device_count, count(s))
-    })
-}
+device_count!(nvmlDeviceGetCount, nvmlDeviceGetCount_v2);
 
 /// Index past the end -> INVALID_ARGUMENT; a lost device -> GPU_IS_LOST (as nvidia-smi's
 /// "Unable to determine the device handle for GPU ...: GPU is lost").
@@ -39,25 +37,17 @@ unsafe fn handle_by_index(
     unsafe { put(device, handles::handle_for(index)) }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
-    index: c_uint,
-    device: *mut NvmlDevice,
-) -> c_uint {
-    call("nvmlDeviceGetHandleByIndex", |s| unsafe {
-        handle_by_index(s, index, device)
-    })
+/// `nvmlDeviceGetHandleByIndex` and its `_v2`, which NVML keeps as twins.
+macro_rules! handle_by_index {
+    ($($name:ident),*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(index: c_uint, device: *mut NvmlDevice) -> c_uint {
+            call(stringify!($name), |s| unsafe { handle_by_index(s, index, device) })
+        }
+    )*};
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
-    index: c_uint,
-    device: *mut NvmlDevice,
-) -> c_uint {
-    call("nvmlDeviceGetHandleByIndex_v2", |s| unsafe {
-        handle_by_index(s, index, device)
-    })
-}
+handle_by_index!(nvmlDeviceGetHandleByIndex, nvmlDeviceGetHandleByIndex_v2);
 
 /// Unknown UUID -> NOT_FOUND.
 #[unsafe(no_mangle)]
@@ -82,33 +72,49 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut c_uint) -> c_uint {
-    device_call("nvmlDeviceGetIndex", device, |_, i| unsafe {
-        put(index, i as c_uint)
-    })
+/// Per-device getters that write one value (from the session `s` and the device's index `i`)
+/// through one out-pointer.
+macro_rules! device_values {
+    ($($(#[$doc:meta])* $name:ident($out:ident: $ty:ty) = |$s:pat_param, $i:pat_param| $value:expr;)*) => {$(
+        $(#[$doc])*
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(device: NvmlDevice, $out: *mut $ty) -> c_uint {
+            device_call(stringify!($name), device, |$s, $i| unsafe { put($out, $value) })
+        }
+    )*};
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetUUID(
-    device: NvmlDevice,
-    uuid: *mut c_char,
-    length: c_uint,
-) -> c_uint {
-    device_call("nvmlDeviceGetUUID", device, |s, i| unsafe {
-        put_str(&s.scenario.devices[i].uuid, uuid, length)
-    })
+/// Per-device getters that copy one of the device's strings into the caller's buffer of `length`
+/// bytes.
+macro_rules! device_strings {
+    ($($name:ident($out:ident) = $field:ident;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            device: NvmlDevice,
+            $out: *mut c_char,
+            length: c_uint,
+        ) -> c_uint {
+            device_call(stringify!($name), device, |s, i| unsafe {
+                put_str(&s.scenario.devices[i].$field, $out, length)
+            })
+        }
+    )*};
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetName(
-    device: NvmlDevice,
-    name: *mut c_char,
-    length: c_uint,
-) -> c_uint {
-    device_call("nvmlDeviceGetName", device, |s, i| unsafe {
-        put_str(&s.scenario.devices[i].name, name, length)
-    })
+device_values! {
+    nvmlDeviceGetIndex(index: c_uint) = |_, i| i as c_uint;
+    nvmlDeviceGetPowerUsage(power: c_uint) = |s, i| s.scenario.devices[i].power_usage;
+    /// The index (/dev/nvidia<index>).
+    nvmlDeviceGetMinorNumber(minor: c_uint) = |_, i| i as c_uint;
+    nvmlDeviceGetPersistenceMode(mode: c_uint) = |_, _| abi::FEATURE_ENABLED;
+    nvmlDeviceGetComputeMode(mode: c_uint) = |_, _| abi::COMPUTEMODE_DEFAULT;
+    nvmlDeviceGetBrand(brand: c_uint) = |_, _| abi::BRAND_NVIDIA;
+    nvmlDeviceGetArchitecture(arch: c_uint) = |_, _| abi::DEVICE_ARCH_HOPPER;
+}
+
+device_strings! {
+    nvmlDeviceGetUUID(uuid) = uuid;
+    nvmlDeviceGetName(name) = name;
 }
 
 #[unsafe(no_mangle)]
@@ -117,9 +123,6 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     memory: *mut Memory,
 ) -> c_uint {
     device_call("nvmlDeviceGetMemoryInfo", device, |s, i| {
-        if memory.is_null() {
-            return Err(codes::ERROR_INVALID_ARGUMENT);
-        }
         let m = s.scenario.memory(i);
         let value = Memory {
             total: m.total,
@@ -205,63 +208,11 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(device: NvmlDevice, power: *mut c_uint) -> c_uint {
-    device_call("nvmlDeviceGetPowerUsage", device, |s, i| unsafe {
-        put(power, s.scenario.devices[i].power_usage)
-    })
-}
-
 /// Passively cooled (like SXM parts): NOT_SUPPORTED.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetFanSpeed(device: NvmlDevice, _speed: *mut c_uint) -> c_uint {
     device_call("nvmlDeviceGetFanSpeed", device, |_, _| {
         Err(codes::ERROR_NOT_SUPPORTED)
-    })
-}
-
-/// The index (/dev/nvidia<index>).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
-    device: NvmlDevice,
-    minor: *mut c_uint,
-) -> c_uint {
-    device_call("nvmlDeviceGetMinorNumber", device, |_, i| unsafe {
-        put(minor, i as c_uint)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
-    device: NvmlDevice,
-    mode: *mut c_uint,
-) -> c_uint {
-    device_call("nvmlDeviceGetPersistenceMode", device, |_, _| unsafe {
-        put(mode, abi::FEATURE_ENABLED)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetComputeMode(device: NvmlDevice, mode: *mut c_uint) -> c_uint {
-    device_call("nvmlDeviceGetComputeMode", device, |_, _| unsafe {
-        put(mode, abi::COMPUTEMODE_DEFAULT)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetBrand(device: NvmlDevice, brand: *mut c_uint) -> c_uint {
-    device_call("nvmlDeviceGetBrand", device, |_, _| unsafe {
-        put(brand, abi::BRAND_NVIDIA)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetArchitecture(
-    device: NvmlDevice,
-    arch: *mut c_uint,
-) -> c_uint {
-    device_call("nvmlDeviceGetArchitecture", device, |_, _| unsafe {
-        put(arch, abi::DEVICE_ARCH_HOPPER)
     })
 }
 

@@ -50,18 +50,24 @@ fn unknown(e: String) -> u32 {
     codes::ERROR_UNKNOWN
 }
 
+/// What both calls start with: the feature is on, and the caller's struct (valid for a read per
+/// the contract; also for a write in the getter), read.
+unsafe fn request<T>(s: &Session<'_>, limits: *mut T) -> Result<T, u32> {
+    supported(s)?;
+    if limits.is_null() {
+        return Err(codes::ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null, valid for a read per the contract.
+    Ok(unsafe { limits.read_unaligned() })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceSetMemoryLimits_v1(
     device: NvmlDevice,
     limits: *mut SetMemoryLimitsV1,
 ) -> c_uint {
     device_call("nvmlDeviceSetMemoryLimits_v1", device, |s, index| {
-        supported(s)?;
-        if limits.is_null() {
-            return Err(codes::ERROR_INVALID_ARGUMENT);
-        }
-        // SAFETY: non-null, valid for a read per the contract.
-        let l = unsafe { limits.read_unaligned() };
+        let l = unsafe { request(s, limits) }?;
         let path = unsafe { cgroup_path(l.name_space) }?;
         let d = &s.scenario.devices[index];
         if l.soft_limit > l.hard_limit
@@ -101,12 +107,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryLimits_v1(
     limits: *mut GetMemoryLimitsV1,
 ) -> c_uint {
     device_call("nvmlDeviceGetMemoryLimits_v1", device, |s, index| {
-        supported(s)?;
-        if limits.is_null() {
-            return Err(codes::ERROR_INVALID_ARGUMENT);
-        }
-        // SAFETY: non-null, valid for read and write per the contract.
-        let mut l = unsafe { limits.read_unaligned() };
+        let mut l = unsafe { request(s, limits) }?;
         let path = unsafe { cgroup_path(l.name_space) }?;
         let d = &s.scenario.devices[index];
         let all: MemoryLimits = statefile::read(&limits_file(s)).map_err(unknown)?;

@@ -35,7 +35,6 @@
 
 use std::{
     collections::HashSet,
-    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
@@ -245,29 +244,6 @@ pub fn read_spec(kind: SpecKind, path: &Path, id: &str) -> Result<Vec<(String, S
     Ok(quota_vars(&env))
 }
 
-/// What identifies one version of a spec file: the runtimes replace the file (new inode) or
-/// rewrite it (new mtime) when it changes; a recreated container has a new file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FileStamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime_ns: i128,
-}
-
-impl FileStamp {
-    /// The stamp of `path` now, `None` when it cannot be stat'ed.
-    pub fn of(path: &Path) -> Option<Self> {
-        let m = std::fs::metadata(path).ok()?;
-        Some(Self {
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.len(),
-            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
-        })
-    }
-}
-
 /// The processes of a cgroup subtree (`dir` is its v2 directory), at most [`MAX_SUBTREE_PIDS`].
 fn subtree_pids(dir: &Path) -> Vec<u32> {
     let mut pids = Vec::new();
@@ -372,31 +348,19 @@ mod tests {
     use std::fs;
 
     use super::*;
+    use gpushare_testkit::TempTree;
 
     const ID: &str = "3f2a9c8e7d6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f";
 
-    struct TempDir(tempfile::TempDir);
+    fn tree(tag: &str) -> TempTree {
+        TempTree::new(&format!("gpushare-runtime-spec-{tag}-"))
+    }
 
-    impl TempDir {
-        fn new(tag: &str) -> Self {
-            Self(gpushare_testkit::temp_dir(&format!(
-                "gpushare-runtime-spec-{tag}-"
-            )))
-        }
-
-        fn roots(&self) -> SpecRoots {
-            SpecRoots {
-                docker_data_root: self.0.path().join("docker"),
-                containerd_task_roots: vec![self.0.path().join("containerd")],
-                crio_container_roots: vec![self.0.path().join("crio")],
-            }
-        }
-
-        fn write(&self, rel: &str, text: &str) -> PathBuf {
-            let p = self.0.path().join(rel);
-            fs::create_dir_all(p.parent().unwrap()).unwrap();
-            fs::write(&p, text).unwrap();
-            p
+    fn roots(t: &TempTree) -> SpecRoots {
+        SpecRoots {
+            docker_data_root: t.path().join("docker"),
+            containerd_task_roots: vec![t.path().join("containerd")],
+            crio_container_roots: vec![t.path().join("crio")],
         }
     }
 
@@ -407,8 +371,8 @@ mod tests {
 
     #[test]
     fn each_runtime_is_looked_up_where_it_keeps_its_specs() {
-        let t = TempDir::new("where");
-        let r = t.roots();
+        let t = tree("where");
+        let r = roots(&t);
         // Nothing there.
         for rt in [
             Runtime::Docker,
@@ -418,36 +382,45 @@ mod tests {
         ] {
             assert_eq!(find_spec(&r, rt, ID), None, "{rt:?}");
         }
-        // containerd, any namespace.
-        let p = t.write(
-            &format!("containerd/k8s.io/{ID}/config.json"),
-            &oci(&["A=1"]),
-        );
-        assert_eq!(
-            find_spec(&r, Runtime::Containerd, ID),
-            Some((SpecKind::OciBundle, p.clone()))
-        );
-        assert_eq!(
-            find_spec(&r, Runtime::Unknown, ID),
-            Some((SpecKind::OciBundle, p))
-        );
-        let p = t.write(&format!("containerd/moby/{ID}/config.json"), &oci(&[]));
-        assert_eq!(
-            find_spec(&r, Runtime::Docker, ID),
-            Some((SpecKind::OciBundle, p))
-        );
-        // Docker's own file comes first for Docker.
-        let p = t.write(&format!("docker/containers/{ID}/config.v2.json"), "{}");
-        assert_eq!(
-            find_spec(&r, Runtime::Docker, ID),
-            Some((SpecKind::DockerConfig, p))
-        );
-        // CRI-O.
-        let p = t.write(&format!("crio/{ID}/userdata/config.json"), &oci(&[]));
-        assert_eq!(
-            find_spec(&r, Runtime::Crio, ID),
-            Some((SpecKind::OciBundle, p))
-        );
+        // Each file written, in turn, is what these runtimes find then, as this kind of spec.
+        for (rel, text, kind, runtimes) in [
+            // containerd, any namespace.
+            (
+                format!("containerd/k8s.io/{ID}/config.json"),
+                oci(&["A=1"]),
+                SpecKind::OciBundle,
+                &[Runtime::Containerd, Runtime::Unknown][..],
+            ),
+            (
+                format!("containerd/moby/{ID}/config.json"),
+                oci(&[]),
+                SpecKind::OciBundle,
+                &[Runtime::Docker],
+            ),
+            // Docker's own file comes first for Docker.
+            (
+                format!("docker/containers/{ID}/config.v2.json"),
+                "{}".into(),
+                SpecKind::DockerConfig,
+                &[Runtime::Docker],
+            ),
+            // CRI-O.
+            (
+                format!("crio/{ID}/userdata/config.json"),
+                oci(&[]),
+                SpecKind::OciBundle,
+                &[Runtime::Crio],
+            ),
+        ] {
+            let p = t.write(&rel, &text);
+            for &rt in runtimes {
+                assert_eq!(
+                    find_spec(&r, rt, ID),
+                    Some((kind, p.clone())),
+                    "{rel}, {rt:?}"
+                );
+            }
+        }
         // Not an id: never a path.
         assert!(spec_candidates(&r, Runtime::Docker, "../../etc").is_empty());
         assert!(spec_candidates(&r, Runtime::Docker, &ID[..12]).is_empty());
@@ -455,7 +428,7 @@ mod tests {
 
     #[test]
     fn the_specs_environment_keeps_only_quota_variables() {
-        let t = TempDir::new("env");
+        let t = tree("env");
         let p = t.write(
             "b/config.json",
             &oci(&[
@@ -489,7 +462,7 @@ mod tests {
 
     #[test]
     fn bad_spec_files_are_errors_not_panics() {
-        let t = TempDir::new("bad");
+        let t = tree("bad");
         for (i, text) in [
             "",
             "{",
@@ -513,7 +486,7 @@ mod tests {
                 .unwrap_err()
                 .contains("another container")
         );
-        let big = t.0.path().join("big.json");
+        let big = t.path().join("big.json");
         fs::File::create(&big)
             .unwrap()
             .set_len(MAX_CONFIG_BYTES + 1)
@@ -523,7 +496,7 @@ mod tests {
                 .unwrap_err()
                 .contains("more than")
         );
-        assert!(read_spec(SpecKind::OciBundle, &t.0.path().join("missing"), ID).is_err());
+        assert!(read_spec(SpecKind::OciBundle, &t.path().join("missing"), ID).is_err());
     }
 
     fn f(pid: u32, start: u64, ppid: u32, nspid: &[u32]) -> ProcFacts {
