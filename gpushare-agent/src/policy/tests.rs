@@ -1,12 +1,16 @@
 //! Table-driven tests and properties of the policy core.
 
+use std::time::Duration;
+
 use proptest::prelude::*;
 
 use super::*;
 use crate::{
-    attribution::parse_cgroup_path,
-    quota::{EnvSource, QuotaSet},
-    sample::{DeviceHealth, DeviceSample, ProcessSample},
+    attribution::{WorkloadKind, parse_cgroup_path},
+    quota::{
+        DeviceRef, EnvQuota, EnvSource, LimitScope, QuotaSet, ResolvedQuota, Signal, WorkloadMeta,
+    },
+    sample::{DeviceHealth, DeviceSample, GpuSample, ProcessSample},
 };
 
 const GIB: u64 = 1 << 30;
@@ -132,7 +136,7 @@ struct Sim {
     agent_pid: Option<u32>,
     dry_run: bool,
     observe_only: bool,
-    last: Option<Outcome>,
+    last: Option<Decision>,
     /// The groups the agent froze, as the kernel reports them at the next step.
     kernel: BTreeMap<String, ObservedGroup>,
     /// Whether the kernel carries out freezes and thaws (false: they never take).
@@ -809,7 +813,7 @@ fn observed(state: GroupState, ours: bool, c: char) -> ObservedGroup {
     }
 }
 
-fn reported(sim: &Sim, c: char) -> &'static str {
+fn reported(sim: &Sim, c: char) -> Status {
     sim.state.workloads[&key(c)].reported(sim.dry_run)
 }
 
@@ -1095,8 +1099,14 @@ fn a_suspend_refused_at_once_falls_through_in_the_same_step() {
     let mut sim = Sim::new(&suspend_at_once('a', ""), vec![attributed(10, &a)]);
     sim.kernel_applies = false;
     sim.at(0, &over);
-    sim.state
-        .note_suspend_failed(&key('a'), "unavailable", "no libcuda");
+    sim.state = fold_reports(
+        std::mem::take(&mut sim.state),
+        &[Report::SuspendRefused {
+            workload: key('a'),
+            cause: "unavailable".into(),
+            reason: "no libcuda".into(),
+        }],
+    );
     assert_eq!(reported(&sim, 'a'), "over_quota");
     assert!(sim.at(1000, &over).is_empty(), "not retried");
 }
@@ -1423,7 +1433,7 @@ type StepInput = (
 
 struct Replay {
     step_inputs: Vec<StepInput>,
-    outcomes: Vec<(PolicyState, Outcome)>,
+    outcomes: Vec<(PolicyState, Decision)>,
     processes: Vec<AttributedProcess>,
     quotas: QuotaSet,
 }
