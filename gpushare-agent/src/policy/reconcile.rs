@@ -27,7 +27,7 @@ pub const RETRY_BASE: Duration = Duration::from_secs(1);
 pub const RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// Delay before attempt `attempts + 1` of a transition.
-fn backoff(attempts: u32) -> Duration {
+pub(super) fn backoff(attempts: u32) -> Duration {
     RETRY_BASE
         .saturating_mul(1u32 << attempts.saturating_sub(1).min(16))
         .min(RETRY_MAX)

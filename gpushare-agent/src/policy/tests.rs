@@ -13,6 +13,9 @@ use crate::{
     sample::{DeviceHealth, DeviceSample, GpuSample, ProcessSample},
 };
 
+mod driver_limits;
+mod states;
+
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 const TOTAL: u64 = 80 * GIB;
