@@ -42,16 +42,13 @@ pub(super) fn holding(
         format!("thawed because {why}; {}", quota.source)
     };
     if let Some(by) = ws.suspended {
-        match holder(ws, by, &[Status::Suspended, Status::Killed]) {
-            None => {
-                thaw_why = Some(no_longer(
-                    by,
-                    "the GPU has room for it again",
-                    "its ladder no longer suspends",
-                ));
-                ws.suspended = None;
-            }
-            other => ws.suspended = other,
+        ws.suspended = holder(ws, by, &[Status::Suspended, Status::Killed]);
+        if ws.suspended.is_none() {
+            thaw_why = Some(no_longer(
+                by,
+                "the GPU has room for it again",
+                "its ladder no longer suspends",
+            ));
         }
     }
     if ws.scopes.values().all(|s| s.status == Status::Ok) {
@@ -59,16 +56,13 @@ pub(super) fn holding(
         ws.suspend_failed = None;
     }
     if let Some(by) = ws.frozen {
-        match holder(ws, by, &[Status::Frozen, Status::Suspended, Status::Killed]) {
-            None => {
-                thaw_why = Some(no_longer(
-                    by,
-                    "GPU memory pressure is gone, so it may borrow again",
-                    "its ladder no longer freezes",
-                ));
-                ws.frozen = None;
-            }
-            other => ws.frozen = other,
+        ws.frozen = holder(ws, by, &[Status::Frozen, Status::Suspended, Status::Killed]);
+        if ws.frozen.is_none() {
+            thaw_why = Some(no_longer(
+                by,
+                "GPU memory pressure is gone, so it may borrow again",
+                "its ladder no longer freezes",
+            ));
         }
     }
     if released {

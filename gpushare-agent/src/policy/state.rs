@@ -166,12 +166,11 @@ impl WorkloadState {
             Some(Suspension::InProgress { .. }) => return Status::Suspending,
             _ => {}
         }
+        // A transition wanted and not seen: done in a dry run (nothing is written), under way
+        // otherwise.
+        let wanted = |done, doing| if dry_run { done } else { doing };
         if self.suspended.is_some() {
-            return if dry_run {
-                Status::Suspended
-            } else {
-                Status::Suspending
-            };
+            return wanted(Status::Suspended, Status::Suspending);
         }
         match self.observed {
             Some(GroupState::Frozen) if self.ours => return Status::Frozen,
@@ -182,11 +181,7 @@ impl WorkloadState {
             _ => {}
         }
         if self.frozen.is_some() {
-            return if dry_run {
-                Status::Frozen
-            } else {
-                Status::Freezing
-            };
+            return wanted(Status::Frozen, Status::Freezing);
         }
         self.worst()
     }
