@@ -6,9 +6,13 @@
 //!   ([`crate::attribution::Attribution::verify_sampled`]); build the workloads at their root
 //!   cgroups with names and environment quotas ([`workloads`]); read what the kernel says about
 //!   every group the agent froze or wants frozen ([`Enforcer::observe`]);
-//! - **decide**: the pure policy ([`crate::policy::evaluate`]) over all of it;
+//! - **decide**: the pure policy ([`crate::policy::evaluate`]) over all of it: the actions, the
+//!   next policy state and the driver limits wanted;
 //! - **act**: the executors, which never wait (a freeze that has not settled is `pending` and is
-//!   read again by [`Agent::settle`] or the next step);
+//!   read again by [`Agent::settle`] or the next step); what they report back (done at once,
+//!   refused at once) is folded into the policy state by [`crate::policy::fold_reports`] in the
+//!   same step; the driver limits go to the driver ([`driver_limits`]); the totals are counted
+//!   ([`counters`]);
 //! - **publish**: an immutable snapshot for every reader ([`crate::snapshot::Publisher`]).
 //!
 //! The async event loop ([`crate::run`]) only decides *when* to step.

@@ -2,25 +2,25 @@
 //! state, now) -> (state, actions, driver limits)`.
 //!
 //! Design note: [`evaluate`] does no I/O, reads no clock and keeps no hidden state, so every decision
-//! can be replayed in a unit test. Time is a plain [`Duration`](std::time::Duration) since an arbitrary origin (the agent
-//! uses its monotonic start). All maps are ordered, so equal inputs give equal outputs, in any
-//! order of `processes`.
+//! can be replayed in a unit test. Time is a plain [`Duration`](std::time::Duration) since an
+//! arbitrary origin (the agent uses its monotonic start). All maps are ordered, so equal inputs
+//! give equal outputs, in any order of `processes`.
 //!
 //! [`evaluate`] runs these stages in order, one module each:
 //!
-//! 1. [`usage`]: devices present and degraded, processes grouped by workload, usage per workload
+//! 1. `usage`: devices present and degraded, processes grouped by workload, usage per workload
 //!    per GPU (with suspensions' footprints);
-//! 2. [`plan`]: each workload excluded, unresolved or enforced with its liabilities;
-//! 3. [`pressure`]: which elastic liabilities are liable under memory pressure;
-//! 4. [`workload`]: per workload, the preamble (gone, excluded, unresolved, [`adopt`]ed);
-//! 5. [`ladder`]: its ladder steps (and a kill's escalation);
-//! 6. [`hold`]: which liability holds its freeze or suspension;
-//! 7. [`reconcile`]: external thaws, and the Freeze, Thaw, Suspend or Resume that closes the gap
+//! 2. `plan`: each workload excluded, unresolved or enforced with its liabilities;
+//! 3. `pressure`: which elastic liabilities are liable under memory pressure;
+//! 4. `workload`: per workload, the preamble (gone, excluded, unresolved, `adopt`ed);
+//! 5. `ladder`: its ladder steps (and a kill's escalation);
+//! 6. `hold`: which liability holds its freeze or suspension;
+//! 7. `reconcile`: external thaws, and the Freeze, Thaw, Suspend or Resume that closes the gap
 //!    to what the kernel reported;
-//! 8. [`orphans`]: workloads that left the attribution;
+//! 8. `orphans`: workloads that left the attribution;
 //!
-//! and [`limits`]: the driver limits of the workloads it carries. Its inputs are in [`input`], its
-//! state in [`state`], its result in [`outcome`]; [`fold_reports`] ([`report`]) folds what the
+//! and `limits`: the driver limits of the workloads it carries. Its inputs are in `input`, its
+//! state in `state`, its result in `outcome`; [`fold_reports`] (`report`) folds what the
 //! executors report back into the state within the same step.
 
 mod adopt;

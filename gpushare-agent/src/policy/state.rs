@@ -101,7 +101,7 @@ pub struct Killing {
     pub since: Duration,
     /// The step's signal.
     pub signal: Signal,
-    /// When SIGKILL was last sent (for a step with another signal: after [`KILL_GRACE`]).
+    /// When SIGKILL was last sent (for a step with another signal: after [`super::KILL_GRACE`]).
     pub sigkill_at: Option<Duration>,
 }
 
