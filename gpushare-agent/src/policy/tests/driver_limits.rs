@@ -73,3 +73,51 @@ fn workloads_without_a_quota_or_not_carried_want_none() {
     let per: BTreeMap<String, DriverLimits> = [(key('b'), [(0, (1, 2))].into())].into();
     assert!(wanted_limits(&per, &sim.state).is_empty());
 }
+
+/// One evaluation from nothing, over GPUs 0 and 1 with these memory totals.
+fn decide_with_totals(
+    toml: &str,
+    procs: &[AttributedProcess],
+    usage: &[(u32, u32, Option<u64>)],
+    totals: [u64; 2],
+) -> Decision {
+    let quotas = QuotaSet::parse(toml, "q.toml").unwrap();
+    let mut s = sample(&[(0, 40 * GIB, true), (1, 40 * GIB, true)], usage);
+    for (d, total) in s.devices.iter_mut().zip(totals) {
+        d.memory_total = total;
+    }
+    evaluate(
+        &PolicyState::default(),
+        &PolicyInput {
+            now: Duration::ZERO,
+            sample: &s,
+            processes: procs,
+            quotas: &quotas,
+            releases: &[],
+            agent_pid: None,
+            dry_run: false,
+            observe_only: false,
+            observed: &BTreeMap::new(),
+        },
+    )
+}
+
+#[test]
+fn a_gpu_named_by_uuid_is_limited_there_capped_at_its_own_memory() {
+    let a = docker('a');
+    let toml = format!(
+        "[[quota]]\ncontainer = \"{}\"\ngpu = \"GPU-00000001\"\ngpu_memory = \"60GiB\"\n\
+         tolerance = \"64MiB\"\n",
+        id('a')
+    );
+    let d = decide_with_totals(
+        &toml,
+        &[attributed(10, &a)],
+        &[(10, 0, Some(GIB))],
+        [80 * GIB, 50 * GIB],
+    );
+    let per = d.driver_limits.as_ref().unwrap();
+    let path = d.state.workloads[&key('a')].cgroup_path.clone();
+    let want: WantedLimits = [((1, path), (50 * GIB, 50 * GIB))].into();
+    assert_eq!(wanted_limits(per, &d.state), want);
+}
