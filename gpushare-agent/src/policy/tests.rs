@@ -1726,3 +1726,74 @@ fn generated_worlds_exercise_every_action() {
         );
     }
 }
+
+#[test]
+fn a_release_is_ignored_only_when_it_names_no_known_workload() {
+    let a = docker('a');
+    let mut sim = Sim::new(&quota_for('a', ""), vec![attributed(10, &a)]);
+    // Known by its processes (no state of its own yet).
+    sim.releases = vec![key('a')];
+    sim.at(0, &[(10, 0, Some(GIB))]);
+    assert_eq!(sim.stats().ignored_releases, 0);
+    // Known only by the state of the last step (its processes gone).
+    sim.procs.clear();
+    sim.releases = vec![key('a')];
+    sim.at(1000, &[]);
+    assert_eq!(sim.stats().ignored_releases, 0);
+    // Known only as a group the agent froze (an earlier run's freeze); c is known nowhere.
+    let mut sim = Sim::new(&quota_for('a', ""), vec![]);
+    sim.kernel
+        .insert(key('b'), observed(GroupState::Frozen, true, 'b'));
+    sim.releases = vec![key('b'), key('c')];
+    sim.at(0, &[]);
+    assert_eq!(sim.stats().ignored_releases, 1, "c only");
+}
+
+#[test]
+fn an_earlier_runs_suspension_is_adopted_past_the_steps_before_its_suspend_step() {
+    let a = docker('a');
+    let toml = quota_for(
+        'a',
+        "grace = \"0s\"\nladder = [{ action = \"alert\" }, { action = \"suspend\", after = \"5s\" }, { action = \"kill\", after = \"60s\" }]",
+    );
+    let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
+    sim.kernel.insert(
+        key('a'),
+        ObservedGroup {
+            suspension: Some(Suspension::Suspended {
+                per_gpu: BTreeMap::from([(0, 3 * GIB)]),
+            }),
+            ..observed(GroupState::Frozen, true, 'a')
+        },
+    );
+    assert!(
+        sim.at(100_000, &[]).is_empty(),
+        "no alert again, and no resume: it is still over its quota"
+    );
+    assert_eq!(sim.stats().adopted, 1);
+    assert_eq!(sim.status('a', GpuScope::All), Some(Status::Suspended));
+    assert_eq!(reported(&sim, 'a'), "suspended");
+    // Its clock is the adopted suspend's (at 5 s): the kill step (60 s) is due 55 s later.
+    assert!(sim.run(101, 154, &[]).is_empty());
+    assert_eq!(
+        kinds(&sim.at(155_000, &[])),
+        vec![ActionKind::Kill(Signal::KILL)]
+    );
+}
+
+#[test]
+fn a_ladder_that_no_longer_freezes_thaws_and_says_so() {
+    let a = docker('a');
+    let over = [(10, 0, Some(3 * GIB))];
+    let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+    assert_eq!(kinds(&sim.at(0, &over)), vec![ActionKind::Freeze]);
+    // A reload keeps the quota but drops the freeze step: still liable, no longer frozen by it.
+    sim.quotas = QuotaSet::parse(
+        &quota_for('a', "grace = \"0s\"\nladder = [{ action = \"alert\" }]"),
+        "q.toml",
+    )
+    .unwrap();
+    let thaw = sim.at(1000, &over);
+    assert_eq!(kinds(&thaw), vec![ActionKind::Thaw]);
+    assert_reason(&thaw[0], "thawed because its ladder no longer freezes");
+}
