@@ -1797,3 +1797,28 @@ fn a_ladder_that_no_longer_freezes_thaws_and_says_so() {
     assert_eq!(kinds(&thaw), vec![ActionKind::Thaw]);
     assert_reason(&thaw[0], "thawed because its ladder no longer freezes");
 }
+
+#[test]
+fn a_group_gone_or_replaced_after_its_processes_left_is_counted_and_forgotten() {
+    let a = docker('a');
+    for (state, counts) in [(GroupState::Gone, (1, 0)), (GroupState::Replaced, (0, 1))] {
+        let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+        assert_eq!(
+            kinds(&sim.at(0, &[(10, 0, Some(3 * GIB))])),
+            vec![ActionKind::Freeze]
+        );
+        sim.procs.clear();
+        sim.kernel.insert(key('a'), observed(state, false, 'a'));
+        assert!(
+            sim.at(1000, &[]).is_empty(),
+            "nothing of the agent's to thaw"
+        );
+        let stats = sim.stats();
+        assert_eq!(
+            (stats.groups_gone, stats.groups_replaced),
+            counts,
+            "{state:?}"
+        );
+        assert!(sim.state.workloads.is_empty());
+    }
+}
