@@ -1822,3 +1822,30 @@ fn a_group_gone_or_replaced_after_its_processes_left_is_counted_and_forgotten() 
         assert!(sim.state.workloads.is_empty());
     }
 }
+
+#[test]
+fn a_group_gone_or_replaced_under_a_running_workload_is_counted() {
+    let a = docker('a');
+    let over = [(10, 0, Some(3 * GIB))];
+    for (state, counts) in [(GroupState::Gone, (1, 0)), (GroupState::Replaced, (0, 1))] {
+        let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+        assert_eq!(kinds(&sim.at(0, &over)), vec![ActionKind::Freeze]);
+        sim.kernel.insert(key('a'), observed(state, false, 'a'));
+        sim.at(1000, &over);
+        let stats = sim.stats();
+        assert_eq!(
+            (stats.groups_gone, stats.groups_replaced),
+            counts,
+            "{state:?}"
+        );
+    }
+}
+
+#[test]
+fn a_suspend_on_one_gpu_moves_only_that_gpus_memory() {
+    let a = docker('a');
+    let mut sim = Sim::new(&suspend_at_once('a', "gpu = 0"), vec![attributed(10, &a)]);
+    let suspend = sim.at(0, &[(10, 0, Some(3 * GIB)), (10, 1, Some(GIB))]);
+    assert_eq!(kinds(&suspend), vec![ActionKind::Suspend]);
+    assert_eq!(suspend[0].footprint, BTreeMap::from([(0, 3 * GIB)]));
+}
