@@ -435,7 +435,7 @@ impl Collector for SnapshotCollector {
             [(
                 vec![
                     ("version", env!("CARGO_PKG_VERSION").to_string()),
-                    ("commit", crate::cli::COMMIT.to_string()),
+                    ("commit", env!("GPUSHARE_COMMIT").to_string()),
                 ],
                 1.0,
             )],

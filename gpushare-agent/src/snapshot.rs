@@ -14,7 +14,7 @@ use std::{
 
 use crate::{
     attribution::{Attribution, ProcessIdentity, names::NameCache},
-    policy::{AttributedProcess, GpuScope, PolicyState, Retry, Transition},
+    policy::{AttributedProcess, GpuScope, PolicyState, Retry},
     sample::GpuSample,
 };
 
@@ -238,12 +238,7 @@ fn detail(retry: Option<&Retry>, now: std::time::Duration) -> String {
     let Some(r) = retry else {
         return String::new();
     };
-    let what = match r.transition {
-        Transition::Freeze => "freeze",
-        Transition::Thaw => "thaw",
-        Transition::Suspend => "suspend",
-        Transition::Resume => "resume",
-    };
+    let what = r.transition.name();
     let next = r.next_at.saturating_sub(now);
     format!(
         "{what} requested {} time(s), not done yet; next attempt in {}",

@@ -7,7 +7,8 @@
 //! soft isolation (the ladder) still runs, for everything the driver does not cover (an all-GPU
 //! total, elastic borrowing, nodes without the function).
 //!
-//! Limits are set when a workload's wanted limits change and cleared (soft 0, hard MAX) when it
+//! Which limits are wanted is the policy's decision ([`crate::policy::Decision::driver_limits`]);
+//! this module only sets them. Limits are set when a workload's wanted limits change and cleared (soft 0, hard MAX) when it
 //! leaves or its quota goes, and all cleared on SIGTERM. Per GPU, the back end in force is
 //! exported: `driver_limits` once a limit was accepted there, `soft` otherwise (the function is
 //! missing, or the device answered NOT_SUPPORTED, e.g. without the dmem controller).
@@ -37,8 +38,9 @@ use crate::{
 /// The record's name in the state directory.
 pub const FILE_NAME: &str = "driver-limits.json";
 
-/// One wanted limit: (GPU index, root cgroup path) -> (soft, hard) bytes.
-pub type Wanted = BTreeMap<(u32, String), (u64, u64)>;
+/// One wanted limit: (GPU index, root cgroup path) -> (soft, hard) bytes, as the policy decides
+/// them ([`crate::policy::Decision::driver_limits`]).
+pub type Wanted = crate::policy::WantedLimits;
 
 /// `driver-limits.json`: the limits this node's agent set, in the boot it set them in.
 #[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,37 +6,46 @@
 //!   ([`crate::attribution::Attribution::verify_sampled`]); build the workloads at their root
 //!   cgroups with names and environment quotas ([`workloads`]); read what the kernel says about
 //!   every group the agent froze or wants frozen ([`Enforcer::observe`]);
-//! - **decide**: the pure policy ([`crate::policy::evaluate`]) over all of it;
+//! - **decide**: the pure policy ([`crate::policy::evaluate`]) over all of it: the actions, the
+//!   next policy state and the driver limits wanted;
 //! - **act**: the executors, which never wait (a freeze that has not settled is `pending` and is
-//!   read again by [`Agent::settle`] or the next step);
+//!   read again by [`Agent::settle`] or the next step); what they report back (done at once,
+//!   refused at once) is folded into the policy state by [`crate::policy::fold_reports`] in the
+//!   same step; the driver limits go to the driver ([`driver_limits`]); the totals are counted
+//!   ([`counters`]);
 //! - **publish**: an immutable snapshot for every reader ([`crate::snapshot::Publisher`]).
 //!
 //! The async event loop ([`crate::run`]) only decides *when* to step.
 
+pub mod counters;
 pub mod driver_limits;
 pub mod env_quotas;
 pub mod quota_store;
 pub mod workloads;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::BTreeMap,
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use log::{debug, info, warn};
 
-use self::{driver_limits::DriverLimiter, quota_store::QuotaStore, workloads::Workloads};
+use self::{
+    counters::Counters, driver_limits::DriverLimiter, quota_store::QuotaStore, workloads::Workloads,
+};
 use crate::{
     attribution::{Change, Verified, tracker::Tracker},
     ebpf::boot_time_ns,
     enforce::{Enforcer, Outcome as ExecOutcome, SuspendEnded, Target},
     metrics::{Metrics, SharedSnapshot},
     nvml::{DriverStatus, NvmlSampler},
-    policy::{self, Action, ActionKind, AttributedProcess, ObservedGroup, PolicyState, Transition},
+    policy::{
+        self, Action, ActionKind, AttributedProcess, Decision, ObservedGroup, PolicyState, Report,
+    },
     quota::{GpuInfo, Signal},
     sample::GpuSample,
-    snapshot::{Counters, Health, Publisher, QuotaView, StepReport},
+    snapshot::{self, Health, Publisher, QuotaView, StepReport},
 };
 
 /// Options that change what the agent does (not where it reads from).
@@ -59,18 +68,13 @@ pub struct Agent {
     opts: AgentOptions,
     started: Instant,
     workloads: Workloads,
-    enforcement_counts: BTreeMap<String, u64>,
-    external_changes: BTreeMap<String, u64>,
+    counters: Counters,
     metrics: Arc<Metrics>,
     snapshot: SharedSnapshot,
     publisher: Publisher,
     pending_releases: Vec<String>,
     ready: bool,
     limiter: Option<DriverLimiter>,
-    /// Suspends refused at once in this step (workload, cause, why): they fall through at once.
-    suspend_failed_now: Vec<(String, String, String)>,
-    suspend_fallthroughs: BTreeMap<String, u64>,
-    suspended_bytes_total: u64,
 }
 
 /// What one step saw, for the decision and the report.
@@ -107,17 +111,13 @@ impl Agent {
                 crate::attribution::cgroupfs::find_cgroup2_mount()
                     .unwrap_or_else(|_| "/sys/fs/cgroup".into()),
             ),
-            enforcement_counts: BTreeMap::new(),
-            external_changes: BTreeMap::new(),
+            counters: Counters::default(),
             metrics,
             snapshot,
             publisher: Publisher::default(),
             pending_releases: Vec::new(),
             ready: false,
             limiter: None,
-            suspend_failed_now: Vec::new(),
-            suspend_fallthroughs: BTreeMap::new(),
-            suspended_bytes_total: 0,
         }
     }
 
@@ -196,40 +196,17 @@ impl Agent {
         let t0 = Instant::now();
         let obs = self.observe(trigger.unwrap_or(t0));
         let t1 = Instant::now();
-        let outcome = self.decide(&obs);
+        let decision = self.decide(&obs);
         crate::trace::decided();
         let t2 = Instant::now();
-        let done = self.act(&outcome.actions, &obs);
-        crate::trace::acted(outcome.actions.len());
-        self.count_external(&outcome.stats);
-        self.policy = outcome.state;
-        for (workload, transition) in done {
-            self.policy.note_done(&workload, transition);
-        }
-        for (workload, cause, why) in std::mem::take(&mut self.suspend_failed_now) {
-            self.policy.note_suspend_failed(&workload, &cause, &why);
-            *self.suspend_fallthroughs.entry(cause).or_default() += 1;
-        }
-        for (cause, n) in &outcome.stats.suspend_fallthroughs {
-            *self.suspend_fallthroughs.entry(cause.clone()).or_default() += *n as u64;
-        }
-        // A dry run only reports, and an observe-only agent acts on nothing: neither sets (nor
-        // clears) a driver limit.
-        if self.limiter.is_some() && !self.opts.dry_run && !self.quotas.observe_only() {
-            let wanted = self.driver_limits_wanted(&obs);
-            if let Some(l) = self.limiter.as_mut() {
-                l.apply(&self.sampler, &obs.sample.devices, &wanted);
-            }
-        }
+        let actions = self.act(decision, &obs);
         let t3 = Instant::now();
-        self.ready = true;
         self.publish(&obs);
         debug!(
-            "step: observe {:?}, decide {:?}, act {:?} ({} action(s)), publish {:?}",
+            "step: observe {:?}, decide {:?}, act {:?} ({actions} action(s)), publish {:?}",
             t1 - t0,
             t2 - t1,
             t3 - t2,
-            outcome.actions.len(),
             t3.elapsed()
         );
     }
@@ -240,53 +217,40 @@ impl Agent {
         let settled = self.enforcer.settle();
         let ended = self.enforcer.poll_jobs();
         for e in &ended {
-            match e {
+            let (kind, result) = match e {
                 SuspendEnded::Suspended { bytes, took, .. } => {
                     self.metrics.suspend_duration.observe(took.as_secs_f64());
-                    self.suspended_bytes_total += bytes;
-                    *self
-                        .enforcement_counts
-                        .entry("suspend/ok".into())
-                        .or_default() += 1;
+                    self.counters.suspended_bytes += bytes;
+                    (ActionKind::Suspend, ExecOutcome::Ok)
                 }
                 SuspendEnded::Resumed { took, .. } => {
                     self.metrics.resume_duration.observe(took.as_secs_f64());
-                    *self
-                        .enforcement_counts
-                        .entry("resume/ok".into())
-                        .or_default() += 1;
+                    (ActionKind::Resume, ExecOutcome::Ok)
                 }
-                SuspendEnded::Failed { .. } => {
-                    *self
-                        .enforcement_counts
-                        .entry("suspend/failed".into())
-                        .or_default() += 1;
-                }
-                SuspendEnded::ResumeFailed { .. } => {
-                    *self
-                        .enforcement_counts
-                        .entry("resume/failed".into())
-                        .or_default() += 1;
-                }
-            }
+                SuspendEnded::Failed { .. } => (ActionKind::Suspend, ExecOutcome::Failed),
+                SuspendEnded::ResumeFailed { .. } => (ActionKind::Resume, ExecOutcome::Failed),
+            };
+            self.counters.action(kind, result);
         }
+        let mut reports = Vec::with_capacity(settled.len());
         for s in &settled {
-            let name = match s.transition {
-                Transition::Freeze => {
+            let kind = match s.transition {
+                ActionKind::Freeze => {
                     self.metrics
                         .enforcement_latency
                         .observe(s.latency.as_secs_f64());
-                    "freeze"
+                    ActionKind::Freeze
                 }
-                _ => "thaw",
+                _ => ActionKind::Thaw,
             };
             // It was counted `pending` when issued; now it is done.
-            *self
-                .enforcement_counts
-                .entry(format!("{name}/ok"))
-                .or_default() += 1;
-            self.policy.note_done(&s.workload, s.transition);
+            self.counters.action(kind, ExecOutcome::Ok);
+            reports.push(Report::Done {
+                workload: s.workload.clone(),
+                kind: s.transition,
+            });
         }
+        self.policy = policy::fold_reports(std::mem::take(&mut self.policy), &reports);
         if settled.is_empty() && ended.is_empty() {
             return false;
         }
@@ -372,7 +336,7 @@ impl Agent {
         }
     }
 
-    fn decide(&self, obs: &Observation) -> policy::Outcome {
+    fn decide(&self, obs: &Observation) -> Decision {
         policy::evaluate(
             &self.policy,
             &policy::PolicyInput {
@@ -389,17 +353,19 @@ impl Agent {
         )
     }
 
-    /// Executes the actions; returns the freezes and thaws the kernel already applied.
-    fn act(&mut self, actions: &[Action], obs: &Observation) -> Vec<(String, Transition)> {
-        let mut done = Vec::new();
-        for a in actions {
-            let outcome = self.execute(a, obs.trigger);
-            if outcome == ExecOutcome::Ok {
-                match a.kind {
-                    ActionKind::Freeze => done.push((a.workload.clone(), Transition::Freeze)),
-                    ActionKind::Thaw => done.push((a.workload.clone(), Transition::Thaw)),
-                    _ => {}
-                }
+    /// Executes the decision's actions, folds what the executors reported back into the policy
+    /// state (in this very step, [`policy::fold_reports`]), counts, and hands the driver limits
+    /// the policy wants to the driver. Returns how many actions it executed.
+    fn act(&mut self, decision: Decision, obs: &Observation) -> usize {
+        let mut reports = Vec::new();
+        for a in &decision.actions {
+            let outcome = self.execute(a, obs.trigger, &mut reports);
+            if outcome == ExecOutcome::Ok && matches!(a.kind, ActionKind::Freeze | ActionKind::Thaw)
+            {
+                reports.push(Report::Done {
+                    workload: a.workload.clone(),
+                    kind: a.kind,
+                });
             }
             if matches!(outcome, ExecOutcome::Ok | ExecOutcome::DryRun)
                 && !matches!(a.kind, ActionKind::Thaw)
@@ -408,12 +374,19 @@ impl Agent {
                     .enforcement_latency
                     .observe(obs.trigger.elapsed().as_secs_f64());
             }
-            *self
-                .enforcement_counts
-                .entry(format!("{}/{}", a.kind.name(), outcome.as_str()))
-                .or_default() += 1;
+            self.counters.action(a.kind, outcome);
         }
-        done
+        let n = decision.actions.len();
+        crate::trace::acted(n);
+        self.counters.step(&decision.stats, &reports);
+        self.policy = policy::fold_reports(decision.state, &reports);
+        if let (Some(limiter), Some(per_workload)) =
+            (self.limiter.as_mut(), &decision.driver_limits)
+        {
+            let wanted = policy::wanted_limits(per_workload, &self.policy);
+            limiter.apply(&self.sampler, &obs.sample.devices, &wanted);
+        }
+        n
     }
 
     /// The action's targets with the pidfds attribution holds for them.
@@ -431,7 +404,8 @@ impl Agent {
             .collect()
     }
 
-    fn execute(&mut self, a: &Action, trigger: Instant) -> ExecOutcome {
+    /// Executes one action; a suspend refused at once is reported in `reports`.
+    fn execute(&mut self, a: &Action, trigger: Instant, reports: &mut Vec<Report>) -> ExecOutcome {
         match a.kind {
             ActionKind::Alert => {
                 warn!("ALERT {}: {}", a.workload, a.reason);
@@ -469,11 +443,11 @@ impl Agent {
                 );
                 if let Some((cause, why)) = failed {
                     // Falls through in this very step.
-                    self.suspend_failed_now.push((
-                        a.workload.clone(),
-                        cause.as_str().to_string(),
-                        why,
-                    ));
+                    reports.push(Report::SuspendRefused {
+                        workload: a.workload.clone(),
+                        cause: cause.as_str().to_string(),
+                        reason: why,
+                    });
                 }
                 outcome
             }
@@ -493,96 +467,9 @@ impl Agent {
         }
     }
 
-    fn count_external(&mut self, stats: &policy::Stats) {
-        for (kind, n) in [
-            ("thawed", stats.external_thaws),
-            ("gone", stats.groups_gone),
-            ("replaced", stats.groups_replaced),
-            ("adopted", stats.adopted),
-        ] {
-            if n > 0 {
-                *self.external_changes.entry(kind.to_string()).or_default() += n as u64;
-                if kind == "adopted" {
-                    info!("took over {n} freeze(s) recorded by an earlier run");
-                }
-            }
-        }
-    }
-
     /// Sets driver-enforced limits (where the NVML library has them) from now on.
     pub fn use_driver_limits(&mut self, limiter: DriverLimiter) {
         self.limiter = Some(limiter);
-    }
-
-    /// The driver limits every workload under a quota should have: its quota on each GPU the
-    /// quota covers, at its root cgroup (see [`driver_limits`]).
-    fn driver_limits_wanted(&self, obs: &Observation) -> driver_limits::Wanted {
-        use crate::quota::{DeviceRef, LimitScope};
-        let mut wanted = driver_limits::Wanted::new();
-        // One pass over the processes and one over the sample (not one per workload: at 1,000
-        // processes in 200 workloads that was most of the agent's time).
-        let mut index: HashMap<String, usize> = HashMap::new();
-        let mut groups: Vec<(&AttributedProcess, BTreeSet<u32>)> = Vec::new();
-        let mut group_of: HashMap<u32, usize> = HashMap::with_capacity(obs.processes.len());
-        for p in &obs.processes {
-            let i = *index.entry(p.workload.key()).or_insert_with(|| {
-                groups.push((p, BTreeSet::new()));
-                groups.len() - 1
-            });
-            group_of.insert(p.identity.pid, i);
-        }
-        for s in &obs.sample.processes {
-            if let Some(&i) = group_of.get(&s.pid) {
-                groups[i].1.insert(s.device_index);
-            }
-        }
-        let total = |i: u32| {
-            obs.sample
-                .devices
-                .iter()
-                .find(|d| d.index == i)
-                .map(|d| d.memory_total)
-        };
-        for (key, ws) in &self.policy.workloads {
-            let Some(&(p, ref used_on)) = index.get(key).map(|&i| &groups[i]) else {
-                continue;
-            };
-            let Some(q) = self
-                .quotas
-                .current()
-                .resolve(&p.workload, p.env_quota.as_ref())
-            else {
-                continue;
-            };
-            for l in &q.limits {
-                let devices: Vec<u32> = match &l.scope {
-                    LimitScope::Device(DeviceRef::Index(i)) => vec![*i],
-                    LimitScope::Device(DeviceRef::Uuid(u)) => obs
-                        .sample
-                        .devices
-                        .iter()
-                        .filter(|d| &d.uuid == u)
-                        .map(|d| d.index)
-                        .collect(),
-                    LimitScope::EachGpu | LimitScope::AllGpusTotal => {
-                        used_on.iter().copied().collect()
-                    }
-                };
-                for d in devices {
-                    let Some(total) = total(d) else { continue };
-                    let soft = l.bytes.min(total);
-                    let hard = l
-                        .bytes
-                        .saturating_add(l.enforcement.tolerance.allowance(l.bytes))
-                        .min(total);
-                    let e = wanted
-                        .entry((d, ws.cgroup_path.clone()))
-                        .or_insert((soft, hard));
-                    *e = (e.0.min(soft), e.1.min(hard));
-                }
-            }
-        }
-        wanted
     }
 
     /// Sets the CUDA checkpoint API for the `suspend` step (or why there is none).
@@ -676,10 +563,10 @@ impl Agent {
     }
 
     fn publish(&mut self, obs: &Observation) {
+        self.ready = true;
         let kc = self.tracker.kernel_counters();
         let stats = self.tracker.table().stats();
-        let counters = Counters {
-            enforcement_actions: self.enforcement_counts.clone(),
+        let mut counters = snapshot::Counters {
             ebpf_events: stats
                 .events
                 .iter()
@@ -695,7 +582,6 @@ impl Agent {
             gpu_ioctls: BTreeMap::new(),
             quota_config_valid: self.quotas.valid(),
             quota_config_last_reload_unix: self.quotas.last_reload_unix(),
-            external_changes: self.external_changes.clone(),
             identity: [
                 ("exited", stats.exited_dropped),
                 ("stale_identity", stats.stale_identity),
@@ -705,8 +591,6 @@ impl Agent {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect(),
-            suspend_fallthroughs: self.suspend_fallthroughs.clone(),
-            suspended_bytes_total: self.suspended_bytes_total,
             env_quota_errors: self.workloads.env_quotas().problems_total(),
             env_quota_unit_mismatch: self
                 .workloads
@@ -714,18 +598,19 @@ impl Agent {
                 .unit_mismatches()
                 .into_iter()
                 .collect(),
+            ..snapshot::Counters::default()
         };
+        self.counters.render(&mut counters);
         let quotas = self
             .quotas
             .current()
-            .describe()
-            .into_iter()
-            .map(|r| QuotaView {
-                source: r.origin,
-                selector: r.selector,
-                gpu: r.gpu,
-                gpu_memory_bytes: crate::quota::size::parse_size(&r.memory.replace(' ', ""))
-                    .unwrap_or(0),
+            .entries()
+            .iter()
+            .map(|e| QuotaView {
+                source: format!("{}:{}", e.origin.file, e.origin.line),
+                selector: e.selector.describe(),
+                gpu: e.gpu.to_string(),
+                gpu_memory_bytes: e.gpu_memory,
             })
             .collect();
         let snap = self.publisher.build(StepReport {

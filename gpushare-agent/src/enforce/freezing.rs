@@ -18,13 +18,13 @@ use super::{
     ours::unix_now,
     suspend,
 };
-use crate::policy::{GpuScope, GroupState, Transition};
+use crate::policy::{ActionKind, GpuScope, GroupState};
 
 /// A freeze or thaw the kernel had not applied when it was requested.
 #[derive(Clone, Debug)]
 pub(super) struct Pending {
     pub(super) workload: String,
-    pub(super) transition: Transition,
+    pub(super) transition: ActionKind,
     pub(super) since: Instant,
     pub(super) trigger: Instant,
     pub(super) freezer: Freezer,
@@ -127,7 +127,7 @@ impl Enforcer {
                 );
                 self.pending.entry(dir).or_insert(Pending {
                     workload: workload.to_string(),
-                    transition: Transition::Freeze,
+                    transition: ActionKind::Freeze,
                     since: Instant::now(),
                     trigger,
                     freezer,
@@ -228,7 +228,7 @@ impl Enforcer {
                     dir.clone(),
                     Pending {
                         workload: rec.workload.clone(),
-                        transition: Transition::Thaw,
+                        transition: ActionKind::Thaw,
                         since: Instant::now(),
                         trigger,
                         freezer: rec.freezer,

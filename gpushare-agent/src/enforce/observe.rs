@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, os::unix::fs::MetadataExt, time::Duration};
 use log::info;
 
 use super::{Enforcer, freeze};
-use crate::policy::{GpuScope, GroupState, ObservedGroup, Transition};
+use crate::policy::{ActionKind, GpuScope, GroupState, ObservedGroup};
 
 /// How long a pending freeze or thaw is watched by [`Enforcer::settle`] before it is left to the
 /// steps (which keep observing it and retry with backoff).
@@ -19,7 +19,7 @@ pub struct Settled {
     /// Workload key.
     pub workload: String,
     /// What settled.
-    pub transition: Transition,
+    pub transition: ActionKind,
     /// From the observation that asked for it to now.
     pub latency: Duration,
 }
@@ -149,7 +149,7 @@ impl Enforcer {
         let mut forget = Vec::new();
         self.pending.retain(|dir, p| {
             let want = match p.transition {
-                Transition::Freeze => GroupState::Frozen,
+                ActionKind::Freeze => GroupState::Frozen,
                 _ => GroupState::Thawed,
             };
             match freeze::state(dir, p.freezer) {
@@ -159,7 +159,7 @@ impl Enforcer {
                         transition: p.transition,
                         latency: p.trigger.elapsed(),
                     });
-                    if p.transition == Transition::Thaw {
+                    if p.transition == ActionKind::Thaw {
                         forget.push(dir.clone());
                     }
                     false
@@ -175,7 +175,7 @@ impl Enforcer {
             info!(
                 "{} {} (settled {:?} after it was decided)",
                 match s.transition {
-                    Transition::Freeze => "froze",
+                    ActionKind::Freeze => "froze",
                     _ => "thawed",
                 },
                 s.workload,

@@ -1,13 +1,20 @@
 //! Table-driven tests and properties of the policy core.
 
+use std::time::Duration;
+
 use proptest::prelude::*;
 
 use super::*;
 use crate::{
-    attribution::parse_cgroup_path,
-    quota::{EnvSource, QuotaSet},
-    sample::{DeviceHealth, DeviceSample, ProcessSample},
+    attribution::{WorkloadKind, parse_cgroup_path},
+    quota::{
+        DeviceRef, EnvQuota, EnvSource, LimitScope, QuotaSet, ResolvedQuota, Signal, WorkloadMeta,
+    },
+    sample::{DeviceHealth, DeviceSample, GpuSample, ProcessSample},
 };
+
+mod driver_limits;
+mod states;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -86,35 +93,27 @@ fn sample(gpus: &[(u32, u64, bool)], usage: &[(u32, u32, Option<u64>)]) -> GpuSa
 /// records it as its own), a Thaw thaws it; dry-run actions change nothing.
 fn apply_to_kernel(kernel: &mut BTreeMap<String, ObservedGroup>, actions: &[Action]) {
     for a in actions.iter().filter(|a| !a.dry_run) {
+        // Frozen by the agent, with this suspension.
+        let frozen = |suspension| ObservedGroup {
+            ours: true,
+            state: GroupState::Frozen,
+            frozen_by: Some(a.gpu),
+            cgroup_path: a.cgroup_path.clone(),
+            suspension,
+        };
         match a.kind {
             ActionKind::Freeze => {
                 let prev = kernel.remove(&a.workload);
-                kernel.insert(
-                    a.workload.clone(),
-                    ObservedGroup {
-                        ours: true,
-                        state: GroupState::Frozen,
-                        frozen_by: Some(a.gpu),
-                        cgroup_path: a.cgroup_path.clone(),
-                        suspension: prev.and_then(|p| p.suspension),
-                    },
-                );
+                kernel.insert(a.workload.clone(), frozen(prev.and_then(|p| p.suspension)));
             }
             ActionKind::Thaw | ActionKind::Resume => {
                 kernel.remove(&a.workload);
             }
             ActionKind::Suspend => {
+                let per_gpu = a.footprint.clone();
                 kernel.insert(
                     a.workload.clone(),
-                    ObservedGroup {
-                        ours: true,
-                        state: GroupState::Frozen,
-                        frozen_by: Some(a.gpu),
-                        cgroup_path: a.cgroup_path.clone(),
-                        suspension: Some(Suspension::Suspended {
-                            per_gpu: a.footprint.clone(),
-                        }),
-                    },
+                    frozen(Some(Suspension::Suspended { per_gpu })),
                 );
             }
             _ => {}
@@ -132,7 +131,7 @@ struct Sim {
     agent_pid: Option<u32>,
     dry_run: bool,
     observe_only: bool,
-    last: Option<Outcome>,
+    last: Option<Decision>,
     /// The groups the agent froze, as the kernel reports them at the next step.
     kernel: BTreeMap<String, ObservedGroup>,
     /// Whether the kernel carries out freezes and thaws (false: they never take).
@@ -218,7 +217,50 @@ fn quota_for(c: char, extra: &str) -> String {
     )
 }
 
+/// `defaults`, then a 2 GiB quota each for containers a, b and c with `extra` lines.
+fn quotas_abc(defaults: &str, extra: [&str; 3]) -> String {
+    format!(
+        "[defaults]\n{defaults}\n{}{}{}",
+        quota_for('a', extra[0]),
+        quota_for('b', extra[1]),
+        quota_for('c', extra[2])
+    )
+}
+
+/// Each action's kind.
+fn kinds(actions: &[Action]) -> Vec<ActionKind> {
+    actions.iter().map(|a| a.kind).collect()
+}
+
+/// Each action's workload and kind.
+fn by_workload(actions: &[Action]) -> Vec<(String, ActionKind)> {
+    actions
+        .iter()
+        .map(|a| (a.workload.clone(), a.kind))
+        .collect()
+}
+
+/// The action's reason says `part` (else the reason is shown).
+#[track_caller]
+fn assert_reason(a: &Action, part: &str) {
+    assert!(a.reason.contains(part), "{}", a.reason);
+}
+
 const USR1: ActionKind = ActionKind::Signal(Signal::USR1);
+
+/// The default ladder (grace 3s, SIGUSR1 at 5s, freeze at 15s) from a clock that started again
+/// at 16s.
+#[track_caller]
+fn assert_whole_ladder_again_from_16s(sim: &mut Sim, over: &[(u32, u32, Option<u64>)]) {
+    assert_eq!(
+        sim.run(17, 40, over),
+        vec![
+            (19, ActionKind::Alert),
+            (21, USR1),
+            (31, ActionKind::Freeze)
+        ]
+    );
+}
 
 #[test]
 fn strict_default_ladder_timeline() {
@@ -237,11 +279,7 @@ fn strict_default_ladder_timeline() {
     assert_eq!(thaw.len(), 1);
     assert_eq!(thaw[0].kind, ActionKind::Thaw);
     assert_eq!(thaw[0].targets, vec![ident(10)]);
-    assert!(
-        thaw[0].reason.contains("back within quota"),
-        "{}",
-        thaw[0].reason
-    );
+    assert_reason(&thaw[0], "back within quota");
     assert_eq!(sim.status('a', GpuScope::All), Some(Status::Ok));
     assert!(sim.state.frozen().is_empty());
 }
@@ -276,7 +314,7 @@ fn actions_carry_numbers_targets_and_the_quota() {
     let kinds: Vec<ActionKind> = freeze.iter().map(|a| a.kind).collect();
     assert_eq!(kinds, vec![USR1, ActionKind::Freeze]);
     assert_eq!(freeze[1].targets, vec![ident(10), ident(11)]);
-    assert!(freeze[1].reason.contains("for 15s"), "{}", freeze[1].reason);
+    assert_reason(&freeze[1], "for 15s");
 }
 
 #[test]
@@ -434,21 +472,14 @@ fn frozen_workloads_are_thawed_when_no_longer_liable() {
     )
     .unwrap();
     let thaw = sim.at(1000, &over);
-    assert_eq!(
-        thaw.iter().map(|a| a.kind).collect::<Vec<_>>(),
-        vec![ActionKind::Thaw]
-    );
+    assert_eq!(kinds(&thaw), vec![ActionKind::Thaw]);
     // Quota removed.
     let mut sim = Sim::new(&quota_for('a', freeze_now), vec![attributed(10, &a)]);
     sim.at(0, &over);
     sim.quotas = QuotaSet::empty();
     let thaw = sim.at(1000, &over);
     assert_eq!(thaw[0].kind, ActionKind::Thaw);
-    assert!(
-        thaw[0].reason.contains("no quota covers it"),
-        "{}",
-        thaw[0].reason
-    );
+    assert_reason(&thaw[0], "no quota covers it");
     // Forgotten once the kernel shows it thawed.
     assert!(sim.at(2000, &over).is_empty());
     assert!(sim.state.workloads.is_empty());
@@ -480,22 +511,12 @@ fn release_thaws_and_restarts_the_ladder() {
     assert_eq!(sim.state.frozen().len(), 1);
     sim.releases = vec![key('a'), "docker://nobody".into()];
     let actions = sim.at(16_000, &over);
-    assert_eq!(
-        actions.iter().map(|a| a.kind).collect::<Vec<_>>(),
-        vec![ActionKind::Thaw]
-    );
+    assert_eq!(kinds(&actions), vec![ActionKind::Thaw]);
     assert!(actions[0].reason.contains("released"));
     assert_eq!(sim.stats().ignored_releases, 1);
     assert_eq!(sim.status('a', GpuScope::All), Some(Status::OverQuota));
     // The whole ladder again, counted from the release.
-    assert_eq!(
-        sim.run(17, 40, &over),
-        vec![
-            (19, ActionKind::Alert),
-            (21, USR1),
-            (31, ActionKind::Freeze)
-        ]
-    );
+    assert_whole_ladder_again_from_16s(&mut sim, &over);
 }
 
 #[test]
@@ -558,10 +579,7 @@ fn unknown_usage_fails_open_and_keeps_state() {
     // Data back: escalation resumes from the kept clock.
     sim.gpus = vec![(0, 40 * GIB, true)];
     let kill = sim.at(26_000, &over);
-    assert_eq!(
-        kill.iter().map(|a| a.kind).collect::<Vec<_>>(),
-        vec![ActionKind::Kill(Signal::KILL)]
-    );
+    assert_eq!(kinds(&kill), vec![ActionKind::Kill(Signal::KILL)]);
 }
 
 #[test]
@@ -604,11 +622,9 @@ fn all_gpu_quota_fails_open_when_any_gpu_is_degraded() {
 #[test]
 fn elastic_acts_only_under_pressure_on_the_largest_borrowers() {
     let (a, b, c) = (docker('a'), docker('b'), docker('c'));
-    let toml = format!(
-        "[defaults]\nmode = \"elastic\"\nelastic_reserve = \"4GiB\"\ngrace = \"0s\"\nladder = [{{ action = \"freeze\" }}]\n{}{}{}",
-        quota_for('a', ""),
-        quota_for('b', ""),
-        quota_for('c', "")
+    let toml = quotas_abc(
+        "mode = \"elastic\"\nelastic_reserve = \"4GiB\"\ngrace = \"0s\"\nladder = [{ action = \"freeze\" }]",
+        ["", "", ""],
     );
     let procs = vec![attributed(10, &a), attributed(20, &b), attributed(30, &c)];
     // a borrows 6 GiB, b 3 GiB, c is within quota.
@@ -630,12 +646,9 @@ fn elastic_acts_only_under_pressure_on_the_largest_borrowers() {
         (actions[0].workload.clone(), actions[0].kind),
         (key('a'), ActionKind::Freeze)
     );
-    assert!(
-        actions[0]
-            .reason
-            .contains("GPU 0 has 1.0 GiB free, below the 4.0 GiB reserve"),
-        "{}",
-        actions[0].reason
+    assert_reason(
+        &actions[0],
+        "GPU 0 has 1.0 GiB free, below the 4.0 GiB reserve",
     );
     // 0 free with 4 GiB reserve... still a covers it (6 >= 4).
     sim.gpus[0].1 = 0;
@@ -647,29 +660,16 @@ fn elastic_acts_only_under_pressure_on_the_largest_borrowers() {
         (30, 0, Some(GIB)),
     ];
     let actions = sim.at(13_000, &usage2);
-    assert_eq!(
-        actions
-            .iter()
-            .map(|a| (a.workload.clone(), a.kind))
-            .collect::<Vec<_>>(),
-        vec![(key('b'), ActionKind::Freeze)]
-    );
+    assert_eq!(by_workload(&actions), vec![(key('b'), ActionKind::Freeze)]);
     assert_eq!(sim.state.frozen().len(), 2);
     // Pressure gone: both thawed though still over quota.
     sim.gpus[0].1 = 10 * GIB;
     let actions = sim.at(14_000, &usage2);
     assert_eq!(
-        actions
-            .iter()
-            .map(|a| (a.workload.clone(), a.kind))
-            .collect::<Vec<_>>(),
+        by_workload(&actions),
         vec![(key('a'), ActionKind::Thaw), (key('b'), ActionKind::Thaw)]
     );
-    assert!(
-        actions[0].reason.contains("pressure is gone"),
-        "{}",
-        actions[0].reason
-    );
+    assert_reason(&actions[0], "pressure is gone");
 }
 
 #[test]
@@ -690,11 +690,7 @@ fn env_quotas_apply_per_gpu() {
     let actions = sim.at(1000, &[(10, 1, Some(2 * GIB)), (10, 0, Some(2 * GIB))]);
     assert_eq!(actions.len(), 1);
     assert_eq!(actions[0].gpu, GpuScope::Gpu(0));
-    assert!(
-        actions[0].reason.contains("hami env"),
-        "{}",
-        actions[0].reason
-    );
+    assert_reason(&actions[0], "hami env");
 }
 
 #[test]
@@ -809,7 +805,7 @@ fn observed(state: GroupState, ours: bool, c: char) -> ObservedGroup {
     }
 }
 
-fn reported(sim: &Sim, c: char) -> &'static str {
+fn reported(sim: &Sim, c: char) -> Status {
     sim.state.workloads[&key(c)].reported(sim.dry_run)
 }
 
@@ -826,17 +822,13 @@ fn a_group_thawed_behind_the_agents_back_is_frozen_again_at_once_and_counted() {
     let again = sim.at(2000, &over);
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].kind, ActionKind::Freeze);
-    assert!(
-        again[0].reason.contains("thawed behind the agent's back"),
-        "{}",
-        again[0].reason
-    );
+    assert_reason(&again[0], "thawed behind the agent's back");
     assert_eq!(sim.stats().external_thaws, 1);
     // Within quota now, thawed by someone else: nothing left to do but forget it.
     sim.kernel.get_mut(&key('a')).unwrap().state = GroupState::Thawed;
     let actions = sim.at(3000, &[(10, 0, Some(GIB))]);
     assert_eq!(
-        actions.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        kinds(&actions),
         vec![ActionKind::Thaw],
         "the record of the freeze is dropped through a thaw"
     );
@@ -891,11 +883,7 @@ fn a_thaw_that_does_not_take_is_reported_frozen_and_retried() {
     assert!(sim.at(1500, &within).is_empty());
     let retry = sim.at(2000, &within);
     assert_eq!((retry[0].kind, retry[0].attempt), (ActionKind::Thaw, 2));
-    assert!(
-        retry[0].reason.contains("still frozen"),
-        "{}",
-        retry[0].reason
-    );
+    assert_reason(&retry[0], "still frozen");
     sim.kernel.clear();
     assert!(sim.at(3000, &within).is_empty());
     assert_eq!(reported(&sim, 'a'), "ok");
@@ -914,25 +902,16 @@ fn a_group_gone_or_recreated_starts_its_workload_afresh() {
         assert!(sim.at(16_000, &over).is_empty(), "the ladder starts again");
         sim.kernel.clear();
         assert_eq!(reported(&sim, 'a'), "over_quota");
-        assert_eq!(
-            sim.run(17, 40, &over),
-            vec![
-                (19, ActionKind::Alert),
-                (21, USR1),
-                (31, ActionKind::Freeze)
-            ]
-        );
+        assert_whole_ladder_again_from_16s(&mut sim, &over);
     }
 }
 
 #[test]
 fn an_earlier_runs_freezes_are_adopted_per_workload_and_per_gpu() {
     let (a, b, c) = (docker('a'), docker('b'), docker('c'));
-    let toml = format!(
-        "[defaults]\ngrace = \"0s\"\nladder = [{{ action = \"alert\" }}, {{ action = \"freeze\", after = \"5s\" }}, {{ action = \"kill\", after = \"60s\" }}]\n{}{}{}",
-        quota_for('a', "gpu = 0"),
-        quota_for('b', "gpu = 0"),
-        quota_for('c', "gpu = 1")
+    let toml = quotas_abc(
+        "grace = \"0s\"\nladder = [{ action = \"alert\" }, { action = \"freeze\", after = \"5s\" }, { action = \"kill\", after = \"60s\" }]",
+        ["gpu = 0", "gpu = 0", "gpu = 1"],
     );
     let mut sim = Sim::new(
         &toml,
@@ -946,13 +925,7 @@ fn an_earlier_runs_freezes_are_adopted_per_workload_and_per_gpu() {
     // a is still over quota: kept, and its alert does not fire again. b is within quota: thawed.
     // c's GPU is degraded: its usage is unknown, so it is kept.
     let actions = sim.at(100_000, &[(10, 0, Some(3 * GIB)), (20, 0, Some(GIB))]);
-    assert_eq!(
-        actions
-            .iter()
-            .map(|a| (a.workload.clone(), a.kind))
-            .collect::<Vec<_>>(),
-        vec![(key('b'), ActionKind::Thaw)]
-    );
+    assert_eq!(by_workload(&actions), vec![(key('b'), ActionKind::Thaw)]);
     assert_eq!(sim.stats().adopted, 3);
     assert_eq!(reported(&sim, 'a'), "frozen");
     assert_eq!(sim.status('a', GpuScope::Gpu(0)), Some(Status::Frozen));
@@ -1043,11 +1016,8 @@ fn a_suspended_workload_keeps_its_footprint_as_usage_and_resumes_when_its_quota_
     sim.quotas =
         QuotaSet::parse(&suspend_at_once('a', "").replace("2GiB", "4GiB"), "q.toml").unwrap();
     let r = sim.at(10_000, &[]);
-    assert_eq!(
-        r.iter().map(|a| a.kind).collect::<Vec<_>>(),
-        vec![ActionKind::Resume]
-    );
-    assert!(r[0].reason.contains("resumed because"), "{}", r[0].reason);
+    assert_eq!(kinds(&r), vec![ActionKind::Resume]);
+    assert_reason(&r[0], "resumed because");
     assert!(sim.at(11_000, &[(10, 0, Some(3 * GIB))]).is_empty());
     assert_eq!(reported(&sim, 'a'), "ok");
 }
@@ -1095,8 +1065,14 @@ fn a_suspend_refused_at_once_falls_through_in_the_same_step() {
     let mut sim = Sim::new(&suspend_at_once('a', ""), vec![attributed(10, &a)]);
     sim.kernel_applies = false;
     sim.at(0, &over);
-    sim.state
-        .note_suspend_failed(&key('a'), "unavailable", "no libcuda");
+    sim.state = fold_reports(
+        std::mem::take(&mut sim.state),
+        &[Report::SuspendRefused {
+            workload: key('a'),
+            cause: "unavailable".into(),
+            reason: "no libcuda".into(),
+        }],
+    );
     assert_eq!(reported(&sim, 'a'), "over_quota");
     assert!(sim.at(1000, &over).is_empty(), "not retried");
 }
@@ -1119,10 +1095,7 @@ fn a_frozen_workload_is_suspended_by_its_next_step_and_a_release_resumes_it() {
     assert!(sim.run(7, 10, &[]).is_empty());
     sim.releases = vec![key('a')];
     let r = sim.at(11_000, &[]);
-    assert_eq!(
-        r.iter().map(|a| a.kind).collect::<Vec<_>>(),
-        vec![ActionKind::Resume]
-    );
+    assert_eq!(kinds(&r), vec![ActionKind::Resume]);
 }
 
 #[test]
@@ -1206,10 +1179,7 @@ fn an_earlier_runs_suspension_is_kept_while_liable_and_resumed_when_not() {
     }
     let actions = sim.at(100_000, &[]);
     assert_eq!(
-        actions
-            .iter()
-            .map(|x| (x.workload.clone(), x.kind))
-            .collect::<Vec<_>>(),
+        by_workload(&actions),
         vec![(key('b'), ActionKind::Resume)],
         "a (3 GiB over 2 GiB) stays suspended; b (1 GiB) is within quota"
     );
@@ -1220,8 +1190,9 @@ fn an_earlier_runs_suspension_is_kept_while_liable_and_resumed_when_not() {
     );
 }
 
-#[test]
-fn a_suspended_workload_is_never_resumed_onto_a_gpu_without_room_for_it() {
+/// Workload a over its quota under a suspend ladder (10 s grace), suspended at 10 s.
+#[track_caller]
+fn suspended_at_10s() -> Sim {
     let a = docker('a');
     let toml = quota_for('a', "grace = \"10s\"\nladder = [{ action = \"suspend\" }]");
     let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
@@ -1230,6 +1201,12 @@ fn a_suspended_workload_is_never_resumed_onto_a_gpu_without_room_for_it() {
         sim.at(10_000, &[(10, 0, Some(3 * GIB))])[0].kind,
         ActionKind::Suspend
     );
+    sim
+}
+
+#[test]
+fn a_suspended_workload_is_never_resumed_onto_a_gpu_without_room_for_it() {
+    let mut sim = suspended_at_10s();
     // Released (its ladder starts again from the 10 s grace), but a neighbour took the memory:
     // only 1 GiB free for its 3 GiB.
     sim.gpus[0].1 = GIB;
@@ -1238,22 +1215,12 @@ fn a_suspended_workload_is_never_resumed_onto_a_gpu_without_room_for_it() {
     assert_eq!(reported(&sim, 'a'), "suspended");
     sim.gpus[0].1 = 4 * GIB;
     let r = sim.at(12_000, &[]);
-    assert_eq!(
-        r.iter().map(|x| x.kind).collect::<Vec<_>>(),
-        vec![ActionKind::Resume]
-    );
+    assert_eq!(kinds(&r), vec![ActionKind::Resume]);
 }
 
 #[test]
 fn a_resume_that_restored_but_failed_to_unlock_is_retried_though_its_memory_is_back_on_the_gpu() {
-    let a = docker('a');
-    let toml = quota_for('a', "grace = \"10s\"\nladder = [{ action = \"suspend\" }]");
-    let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
-    sim.at(0, &[(10, 0, Some(3 * GIB))]);
-    assert_eq!(
-        sim.at(10_000, &[(10, 0, Some(3 * GIB))])[0].kind,
-        ActionKind::Suspend
-    );
+    let mut sim = suspended_at_10s();
     // Released; 3 GiB free for its 3 GiB: resumed. The worker restores the process (its memory
     // is on the GPU again, so only 1 GiB is left free) but the unlock fails: it stays suspended.
     sim.gpus[0].1 = 3 * GIB;
@@ -1423,7 +1390,7 @@ type StepInput = (
 
 struct Replay {
     step_inputs: Vec<StepInput>,
-    outcomes: Vec<(PolicyState, Outcome)>,
+    outcomes: Vec<(PolicyState, Decision)>,
     processes: Vec<AttributedProcess>,
     quotas: QuotaSet,
 }
@@ -1758,4 +1725,127 @@ fn generated_worlds_exercise_every_action() {
             "no {kind} in {seen:?}"
         );
     }
+}
+
+#[test]
+fn a_release_is_ignored_only_when_it_names_no_known_workload() {
+    let a = docker('a');
+    let mut sim = Sim::new(&quota_for('a', ""), vec![attributed(10, &a)]);
+    // Known by its processes (no state of its own yet).
+    sim.releases = vec![key('a')];
+    sim.at(0, &[(10, 0, Some(GIB))]);
+    assert_eq!(sim.stats().ignored_releases, 0);
+    // Known only by the state of the last step (its processes gone).
+    sim.procs.clear();
+    sim.releases = vec![key('a')];
+    sim.at(1000, &[]);
+    assert_eq!(sim.stats().ignored_releases, 0);
+    // Known only as a group the agent froze (an earlier run's freeze); c is known nowhere.
+    let mut sim = Sim::new(&quota_for('a', ""), vec![]);
+    sim.kernel
+        .insert(key('b'), observed(GroupState::Frozen, true, 'b'));
+    sim.releases = vec![key('b'), key('c')];
+    sim.at(0, &[]);
+    assert_eq!(sim.stats().ignored_releases, 1, "c only");
+}
+
+#[test]
+fn an_earlier_runs_suspension_is_adopted_past_the_steps_before_its_suspend_step() {
+    let a = docker('a');
+    let toml = quota_for(
+        'a',
+        "grace = \"0s\"\nladder = [{ action = \"alert\" }, { action = \"suspend\", after = \"5s\" }, { action = \"kill\", after = \"60s\" }]",
+    );
+    let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
+    sim.kernel.insert(
+        key('a'),
+        ObservedGroup {
+            suspension: Some(Suspension::Suspended {
+                per_gpu: BTreeMap::from([(0, 3 * GIB)]),
+            }),
+            ..observed(GroupState::Frozen, true, 'a')
+        },
+    );
+    assert!(
+        sim.at(100_000, &[]).is_empty(),
+        "no alert again, and no resume: it is still over its quota"
+    );
+    assert_eq!(sim.stats().adopted, 1);
+    assert_eq!(sim.status('a', GpuScope::All), Some(Status::Suspended));
+    assert_eq!(reported(&sim, 'a'), "suspended");
+    // Its clock is the adopted suspend's (at 5 s): the kill step (60 s) is due 55 s later.
+    assert!(sim.run(101, 154, &[]).is_empty());
+    assert_eq!(
+        kinds(&sim.at(155_000, &[])),
+        vec![ActionKind::Kill(Signal::KILL)]
+    );
+}
+
+#[test]
+fn a_ladder_that_no_longer_freezes_thaws_and_says_so() {
+    let a = docker('a');
+    let over = [(10, 0, Some(3 * GIB))];
+    let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+    assert_eq!(kinds(&sim.at(0, &over)), vec![ActionKind::Freeze]);
+    // A reload keeps the quota but drops the freeze step: still liable, no longer frozen by it.
+    sim.quotas = QuotaSet::parse(
+        &quota_for('a', "grace = \"0s\"\nladder = [{ action = \"alert\" }]"),
+        "q.toml",
+    )
+    .unwrap();
+    let thaw = sim.at(1000, &over);
+    assert_eq!(kinds(&thaw), vec![ActionKind::Thaw]);
+    assert_reason(&thaw[0], "thawed because its ladder no longer freezes");
+}
+
+#[test]
+fn a_group_gone_or_replaced_after_its_processes_left_is_counted_and_forgotten() {
+    let a = docker('a');
+    for (state, counts) in [(GroupState::Gone, (1, 0)), (GroupState::Replaced, (0, 1))] {
+        let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+        assert_eq!(
+            kinds(&sim.at(0, &[(10, 0, Some(3 * GIB))])),
+            vec![ActionKind::Freeze]
+        );
+        sim.procs.clear();
+        sim.kernel.insert(key('a'), observed(state, false, 'a'));
+        assert!(
+            sim.at(1000, &[]).is_empty(),
+            "nothing of the agent's to thaw"
+        );
+        let stats = sim.stats();
+        assert_eq!(
+            (stats.groups_gone, stats.groups_replaced),
+            counts,
+            "{state:?}"
+        );
+        assert!(sim.state.workloads.is_empty());
+    }
+}
+
+#[test]
+fn a_group_gone_or_replaced_under_a_running_workload_is_counted() {
+    let a = docker('a');
+    let over = [(10, 0, Some(3 * GIB))];
+    for (state, counts) in [(GroupState::Gone, (1, 0)), (GroupState::Replaced, (0, 1))] {
+        let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+        assert_eq!(kinds(&sim.at(0, &over)), vec![ActionKind::Freeze]);
+        sim.kernel.insert(key('a'), observed(state, false, 'a'));
+        sim.at(1000, &over);
+        let stats = sim.stats();
+        assert_eq!(
+            (stats.groups_gone, stats.groups_replaced),
+            counts,
+            "{state:?}"
+        );
+    }
+}
+
+#[test]
+fn a_suspend_on_one_gpu_moves_only_that_gpus_memory() {
+    let a = docker('a');
+    let mut sim = Sim::new(&suspend_at_once('a', "gpu = 0"), vec![attributed(10, &a)]);
+    let suspend = sim.at(0, &[(10, 0, Some(3 * GIB)), (10, 1, Some(GIB))]);
+    assert_eq!(kinds(&suspend), vec![ActionKind::Suspend]);
+    assert_eq!(suspend[0].footprint, BTreeMap::from([(0, 3 * GIB)]));
 }

@@ -1,0 +1,170 @@
+//! The agent's monotonic totals, typed: executed actions by (action kind, executor result),
+//! changes found made behind the agent's back, suspend steps that fell through, and the GPU
+//! memory suspends moved. [`Counters::render`] turns them into the snapshot's label values
+//! (`freeze/ok`, `thawed`, `unavailable`, ...).
+
+use std::collections::BTreeMap;
+
+use log::info;
+
+use crate::{
+    enforce::Outcome as ExecOutcome,
+    policy::{ActionKind, Report, Stats},
+    snapshot,
+};
+
+/// A change found made behind the agent's back to a group it froze, or an earlier run's freeze
+/// taken over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum External {
+    /// Thawed by someone else.
+    Thawed,
+    /// Removed.
+    Gone,
+    /// Recreated under the same path.
+    Replaced,
+    /// An earlier run's freeze, taken over.
+    Adopted,
+}
+
+impl External {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Thawed => "thawed",
+            Self::Gone => "gone",
+            Self::Replaced => "replaced",
+            Self::Adopted => "adopted",
+        }
+    }
+}
+
+/// Monotonic totals since the agent started.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Executed actions by (kind, executor result); a few dozen at most.
+    actions: Vec<(ActionKind, ExecOutcome, u64)>,
+    external: BTreeMap<External, u64>,
+    /// Suspend steps that fell through, by the executor's cause (its label value).
+    fallthroughs: BTreeMap<String, u64>,
+    /// GPU memory moved off the GPU by suspends, bytes.
+    pub suspended_bytes: u64,
+}
+
+impl Counters {
+    /// One action of `kind` the executor answered with `result`.
+    pub fn action(&mut self, kind: ActionKind, result: ExecOutcome) {
+        match self
+            .actions
+            .iter_mut()
+            .find(|(k, r, _)| *k == kind && *r == result)
+        {
+            Some((_, _, n)) => *n += 1,
+            None => self.actions.push((kind, result, 1)),
+        }
+    }
+
+    /// What one step's decision counted, and the suspends refused at once in it.
+    pub fn step(&mut self, stats: &Stats, reports: &[Report]) {
+        for (kind, n) in [
+            (External::Thawed, stats.external_thaws),
+            (External::Gone, stats.groups_gone),
+            (External::Replaced, stats.groups_replaced),
+            (External::Adopted, stats.adopted),
+        ] {
+            if n > 0 {
+                *self.external.entry(kind).or_default() += n as u64;
+                if kind == External::Adopted {
+                    info!("took over {n} freeze(s) recorded by an earlier run");
+                }
+            }
+        }
+        for r in reports {
+            if let Report::SuspendRefused { cause, .. } = r {
+                *self.fallthroughs.entry(cause.clone()).or_default() += 1;
+            }
+        }
+        for (cause, n) in &stats.suspend_fallthroughs {
+            *self.fallthroughs.entry(cause.clone()).or_default() += *n as u64;
+        }
+    }
+
+    /// The totals as the snapshot labels them: actions by `action/result`, the others by kind.
+    pub fn render(&self, into: &mut snapshot::Counters) {
+        into.enforcement_actions = BTreeMap::new();
+        for (kind, result, n) in &self.actions {
+            *into
+                .enforcement_actions
+                .entry(format!("{}/{}", kind.name(), result.as_str()))
+                .or_default() += n;
+        }
+        into.external_changes = self
+            .external
+            .iter()
+            .map(|(k, n)| (k.as_str().to_string(), *n))
+            .collect();
+        into.suspend_fallthroughs = self.fallthroughs.clone();
+        into.suspended_bytes_total = self.suspended_bytes;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Signal;
+
+    #[test]
+    fn render_gives_todays_label_values() {
+        let mut c = Counters::default();
+        c.action(ActionKind::Freeze, ExecOutcome::Ok);
+        c.action(ActionKind::Freeze, ExecOutcome::Ok);
+        c.action(ActionKind::Freeze, ExecOutcome::Pending);
+        c.action(ActionKind::Signal(Signal::KILL), ExecOutcome::NotCaught);
+        c.action(
+            ActionKind::Signal(Signal::from_name("SIGTERM").unwrap()),
+            ExecOutcome::NotCaught,
+        );
+        c.action(ActionKind::Kill(Signal::KILL), ExecOutcome::DryRun);
+        c.action(ActionKind::Resume, ExecOutcome::Failed);
+        let stats = Stats {
+            external_thaws: 2,
+            adopted: 1,
+            suspend_fallthroughs: [("host_memory".to_string(), 1)].into(),
+            ..Stats::default()
+        };
+        let refused = Report::SuspendRefused {
+            workload: "w".into(),
+            cause: "unavailable".into(),
+            reason: "no libcuda".into(),
+        };
+        c.step(&stats, &[refused]);
+        c.suspended_bytes = 7;
+        let mut s = snapshot::Counters::default();
+        c.render(&mut s);
+        let pairs = |m: &BTreeMap<String, u64>| -> Vec<(String, u64)> {
+            m.iter().map(|(k, v)| (k.clone(), *v)).collect()
+        };
+        let want = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
+            v.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+        };
+        assert_eq!(
+            pairs(&s.enforcement_actions),
+            want(&[
+                ("freeze/ok", 2),
+                ("freeze/pending", 1),
+                ("kill/dry_run", 1),
+                ("resume/failed", 1),
+                ("signal/not_caught", 2),
+            ])
+        );
+        assert_eq!(
+            pairs(&s.external_changes),
+            want(&[("adopted", 1), ("thawed", 2)])
+        );
+        assert_eq!(
+            pairs(&s.suspend_fallthroughs),
+            want(&[("host_memory", 1), ("unavailable", 1)])
+        );
+        assert_eq!(s.suspended_bytes_total, 7);
+    }
+}
