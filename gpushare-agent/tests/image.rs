@@ -43,15 +43,8 @@ const FAST: &str = "[defaults]\ngrace = \"200ms\"\nladder = [ { action = \"freez
 const NVML_IN_IMAGE: &str = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1";
 const SCENARIO_IN_IMAGE: &str = "/run/gpushare-fake-nvml";
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the agent is in the workspace")
-        .to_path_buf()
-}
-
 fn archive() -> PathBuf {
-    workspace().join(format!(
+    gpushare_testkit::workspace_root().join(format!(
         "target/image/gpushare-agent-{}.tar",
         env!("CARGO_PKG_VERSION")
     ))
@@ -133,7 +126,7 @@ struct PodSettings {
 }
 
 fn daemonset() -> Value {
-    let path = workspace().join("deploy/kubernetes/daemonset.yaml");
+    let path = gpushare_testkit::workspace_root().join("deploy/kubernetes/daemonset.yaml");
     serde_yaml_ng::from_str(&fs::read_to_string(&path).unwrap())
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }

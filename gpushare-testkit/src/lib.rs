@@ -24,6 +24,14 @@ pub use skip::{cannot_run, loud_skip, require_root};
 
 use std::path::PathBuf;
 
+/// The workspace's root directory (this crate's parent), as the source tree has it.
+pub fn workspace_root() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the test kit is in the workspace")
+        .to_path_buf()
+}
+
 /// Directory holding the workspace's built binaries (the test executable's `target/<profile>`).
 pub fn target_profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");

@@ -84,17 +84,25 @@ pub struct Built {
     pub size: u64,
 }
 
+impl Inputs {
+    /// The inputs of the workspace at `root`: its release agent, version, revision and epoch, and
+    /// this host's runtime files.
+    fn of(root: &Path) -> Result<Self> {
+        Ok(Self {
+            agent: root.join("target/release/gpushare-agent"),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            revision: revision(root),
+            epoch: epoch(root)?,
+            host_root: PathBuf::from("/"),
+        })
+    }
+}
+
 /// `cargo xtask image`: the release build, then the archive in target/image/.
 pub fn build(root: &Path) -> Result<Built> {
     let started = std::time::Instant::now();
     super::build_release(root)?;
-    let inputs = Inputs {
-        agent: root.join("target/release/gpushare-agent"),
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        revision: revision(root),
-        epoch: epoch(root)?,
-        host_root: PathBuf::from("/"),
-    };
+    let inputs = Inputs::of(root)?;
     let out = root.join(format!("target/image/{NAME}-{}.tar", inputs.version));
     let built = write_archive(&inputs, &out)?;
     eprintln!(
@@ -114,13 +122,7 @@ pub fn build(root: &Path) -> Result<Built> {
 /// both have the same bytes: the reproducibility check of `cargo xtask test`.
 pub fn build_checked(root: &Path) -> Result<Built> {
     let built = build(root)?;
-    let inputs = Inputs {
-        agent: root.join("target/release/gpushare-agent"),
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        revision: revision(root),
-        epoch: epoch(root)?,
-        host_root: PathBuf::from("/"),
-    };
+    let inputs = Inputs::of(root)?;
     let again = built.archive.with_extension("again.tar");
     let second = write_archive(&inputs, &again)?;
     let same = fs::read(&built.archive)? == fs::read(&again)?;

@@ -87,7 +87,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let root = workspace_root();
+    let root = gpushare_testkit::workspace_root();
     match cli.command {
         Cmd::Setup => setup(&root, false),
         Cmd::Run { args } => {
@@ -265,34 +265,12 @@ fn run(cli: Cli) -> Result<()> {
                     is_root(),
                     "the package's test needs root: `sudo -E cargo xtask deb --test`"
                 );
-                cargo(
-                    &root,
-                    &[
-                        "build",
-                        "-p",
-                        "gpushare-fake-nvml",
-                        "-p",
-                        "gpushare-fake-cuda",
-                    ],
-                )?;
-                let lib = install_fake_nvml(&root)?;
+                let lib = build_mocks(&root)?;
                 deb::test(&root, &deb, &lib)?;
             }
             Ok(())
         }
-        Cmd::FakeNvml => {
-            cargo(
-                &root,
-                &[
-                    "build",
-                    "-p",
-                    "gpushare-fake-nvml",
-                    "-p",
-                    "gpushare-fake-cuda",
-                ],
-            )?;
-            install_fake_nvml(&root).map(|_| ())
-        }
+        Cmd::FakeNvml => build_mocks(&root).map(drop),
         Cmd::Image => image::build(&root).map(drop),
         Cmd::Demo { fast } => {
             if !is_root() {
@@ -309,15 +287,23 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-fn step(name: &str) {
-    eprintln!("xtask: == {name}");
+/// Builds the mock libnvidia-ml and libcuda and installs them (see [`install_fake_nvml`]).
+fn build_mocks(root: &Path) -> Result<PathBuf> {
+    cargo(
+        root,
+        &[
+            "build",
+            "-p",
+            "gpushare-fake-nvml",
+            "-p",
+            "gpushare-fake-cuda",
+        ],
+    )?;
+    install_fake_nvml(root)
 }
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask is in the workspace")
-        .to_path_buf()
+fn step(name: &str) {
+    eprintln!("xtask: == {name}");
 }
 
 fn is_root() -> bool {

@@ -37,7 +37,7 @@ use self::{
 use crate::{
     attribution::{Change, Verified, tracker::Tracker},
     ebpf::boot_time_ns,
-    enforce::{Enforcer, Outcome as ExecOutcome, SuspendEnded, Target},
+    enforce::{Enforcer, Outcome as ExecOutcome, SuspendEnded, Target, To},
     metrics::{Metrics, SharedSnapshot},
     nvml::{DriverStatus, NvmlSampler},
     policy::{
@@ -417,9 +417,9 @@ impl Agent {
             }
             ActionKind::Signal(sig) => {
                 info!("signalling {} with {}: {}", a.workload, sig.name, a.reason);
-                let r = self
-                    .enforcer
-                    .signal_step(&a.workload, &self.targets(a), sig.number);
+                let r =
+                    self.enforcer
+                        .signal(&a.workload, &self.targets(a), sig.number, To::Catching);
                 summarize(&r)
             }
             ActionKind::Freeze => {
@@ -461,7 +461,11 @@ impl Agent {
                 if sig == Signal::KILL {
                     self.enforcer.kill(&a.workload, &a.cgroup_path, &targets)
                 } else {
-                    summarize(&self.enforcer.signal(&a.workload, &targets, sig.number))
+                    summarize(
+                        &self
+                            .enforcer
+                            .signal(&a.workload, &targets, sig.number, To::Every),
+                    )
                 }
             }
         }

@@ -14,34 +14,25 @@ use super::{
 };
 use crate::attribution::ProcessIdentity;
 
+/// Which of its targets a signal goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum To {
+    /// Every target (a `kill` step's signal).
+    Every,
+    /// Only the targets that catch the signal (a `signal` step's).
+    Catching,
+}
+
 impl Enforcer {
-    /// Sends `sig` to each target. Returns the outcome per process.
+    /// Sends `sig` to the targets `to` names. Returns the outcome per process. A ladder's
+    /// `signal` step uses [`To::Catching`]: the processes that do not catch the signal are skipped
+    /// ([`Outcome::NotCaught`]), since the signal would end them and only a `kill` step may.
     pub fn signal(
         &self,
         workload: &str,
         targets: &[Target],
         sig: i32,
-    ) -> Vec<(ProcessIdentity, Outcome)> {
-        self.signal_targets(workload, targets, sig, false)
-    }
-
-    /// A ladder's `signal` step: sends `sig` only to the processes that catch it; the others are
-    /// skipped ([`Outcome::NotCaught`]), since the signal would end them and only a `kill` step may.
-    pub fn signal_step(
-        &self,
-        workload: &str,
-        targets: &[Target],
-        sig: i32,
-    ) -> Vec<(ProcessIdentity, Outcome)> {
-        self.signal_targets(workload, targets, sig, true)
-    }
-
-    fn signal_targets(
-        &self,
-        workload: &str,
-        targets: &[Target],
-        sig: i32,
-        only_if_caught: bool,
+        to: To,
     ) -> Vec<(ProcessIdentity, Outcome)> {
         targets
             .iter()
@@ -54,7 +45,7 @@ impl Enforcer {
                     );
                     return (id, Outcome::DryRun);
                 }
-                let outcome = match send_to(t, sig, only_if_caught) {
+                let outcome = match send_to(t, sig, to == To::Catching) {
                     Ok(SignalOutcome::Sent) => {
                         info!("sent signal {sig} to {} of {workload}", id.pid);
                         Outcome::Ok
@@ -113,7 +104,7 @@ impl Enforcer {
                 }
             };
         }
-        let results = self.signal(workload, targets, libc::SIGKILL);
+        let results = self.signal(workload, targets, libc::SIGKILL, To::Every);
         // v1-frozen tasks only die once thawed.
         for rec in self.records_of(workload) {
             if rec.freezer == Freezer::V1 {

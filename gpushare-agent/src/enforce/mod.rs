@@ -59,6 +59,7 @@ use self::{
     lock::{LockError, StateLock},
 };
 pub use self::{
+    kill::To,
     observe::Settled,
     offline::{ThawAllReport, thaw_everything},
     suspension::SuspendEnded,
@@ -304,7 +305,7 @@ mod tests {
                     0 => e.freeze(&key, &rel, GpuScope::All, None, "t", Instant::now()),
                     1 => e.thaw(&key, Instant::now()),
                     2 => e.kill(&key, &rel, &[Target::from(me)]),
-                    3 => e.signal(&key, &[Target::from(me)], libc::SIGUSR2)[0].1,
+                    3 => e.signal(&key, &[Target::from(me)], libc::SIGUSR2, To::Every)[0].1,
                     _ => {
                         e.observe([(key.as_str(), rel.as_str())]);
                         e.settle();

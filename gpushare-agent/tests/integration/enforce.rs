@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use gpushare_agent::{
     attribution::{ProcessIdentity, cgroupfs, procinfo},
-    enforce::{Enforcer, Outcome, Target},
+    enforce::{Enforcer, Outcome, Target, To},
     policy::{GpuScope, GroupState},
 };
 use gpushare_testkit::{FakeGpuProcess, unique};
@@ -243,19 +243,19 @@ fn signals_reach_verified_processes_and_never_a_reused_pid() {
         pid: id.pid,
         start_ticks: id.start_ticks.wrapping_sub(1),
     };
-    let r = enf.signal("w://x", &[impostor.into()], libc::SIGTERM);
+    let r = enf.signal("w://x", &[impostor.into()], libc::SIGTERM, To::Every);
     assert_eq!(r, vec![(impostor, Outcome::Refused)]);
     assert!(
         procinfo::is_same_process(id),
         "the real process is untouched"
     );
-    let r = enf.signal("w://x", &[id.into()], libc::SIGTERM);
+    let r = enf.signal("w://x", &[id.into()], libc::SIGTERM, To::Every);
     assert_eq!(r, vec![(id, Outcome::Ok)]);
     assert!(wait_exit(id.pid), "SIGTERM delivered");
     drop(victim);
     // Gone: a no-op, not an error.
     assert_eq!(
-        enf.signal("w://x", &[id.into()], libc::SIGTERM),
+        enf.signal("w://x", &[id.into()], libc::SIGTERM, To::Every),
         vec![(id, Outcome::Noop)]
     );
     std::fs::remove_dir_all(state).unwrap();
@@ -278,7 +278,7 @@ fn dry_run_reports_and_touches_nothing() {
         Outcome::DryRun
     );
     assert_eq!(
-        enf.signal("w://dry", &[id.into()], libc::SIGKILL),
+        enf.signal("w://dry", &[id.into()], libc::SIGKILL, To::Every),
         vec![(id, Outcome::DryRun)]
     );
     assert_eq!(

@@ -11,7 +11,7 @@ use std::{
 use gpushare_agent::{
     attribution::{CgroupResolver, ProcessIdentity, cgroupfs, procinfo, tracker::Tracker},
     ebpf::{KernelPrograms, LoadOptions},
-    enforce::{Enforcer, Outcome, ledger, marks},
+    enforce::{Enforcer, Outcome, To, ledger, marks},
     policy::GpuScope,
     snapshot::Snapshot,
 };
@@ -145,7 +145,7 @@ fn a_reused_pid_is_never_signalled() {
         now.start_ticks, sampled.start_ticks,
         "same pid, another process"
     );
-    let r = enf.signal("w://reuse", &[sampled.into()], libc::SIGKILL);
+    let r = enf.signal("w://reuse", &[sampled.into()], libc::SIGKILL, To::Every);
     assert_eq!(r, vec![(sampled, Outcome::Refused)]);
     assert!(
         procinfo::is_same_process(now),
