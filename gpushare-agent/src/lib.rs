@@ -1,8 +1,9 @@
 //! gpushare-agent: attributes GPU processes to containers (eBPF, with a /proc fallback), samples
 //! their GPU memory through NVML, and enforces per-workload quotas.
 //!
-//! Modules by layer; each uses only modules of the layers above it (no import circles), and data
-//! flows down this list. See `docs/architecture.md`.
+//! Modules by layer; each uses only modules of its own layer or the layers above it, with no
+//! import circle (`cargo xtask structure` checks), and data flows down this list. See
+//! `docs/architecture.md`.
 //!
 //! Foundations (no other module of the agent):
 //! - [`workload`]: cgroup path -> workload identity and root cgroup (pure).
