@@ -5,13 +5,14 @@
 
 mod common;
 
-use common::{built_lib, lock, write_scenario};
+use common::{TestEnv, built_lib, lock, write_scenario};
 use gpushare_fake_cuda::abi::{self, LockArgs, ReservedArgs};
 use gpushare_fake_driver::cuda::{RESULTS, code};
 use libloading::{Library, Symbol};
 use serde_json::json;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::ptr::{null, null_mut};
+use std::sync::MutexGuard;
 
 type Init = unsafe extern "C" fn(c_uint) -> c_uint;
 type Version = unsafe extern "C" fn(*mut c_int) -> c_uint;
@@ -28,6 +29,37 @@ fn lib() -> Library {
 
 fn sym<'a, T>(lib: &'a Library, name: &str) -> Symbol<'a, T> {
     unsafe { lib.get(name.as_bytes()) }.unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The checkpoint API's entry points, by their exported names.
+struct Checkpoint<'a> {
+    get_state: Symbol<'a, GetState>,
+    lock: Symbol<'a, Lock>,
+    checkpoint: Symbol<'a, WithArgs>,
+    restore: Symbol<'a, WithArgs>,
+    unlock: Symbol<'a, WithArgs>,
+}
+
+impl<'a> Checkpoint<'a> {
+    fn of(lib: &'a Library) -> Self {
+        Self {
+            get_state: sym(lib, "cuCheckpointProcessGetState"),
+            lock: sym(lib, "cuCheckpointProcessLock"),
+            checkpoint: sym(lib, "cuCheckpointProcessCheckpoint"),
+            restore: sym(lib, "cuCheckpointProcessRestore"),
+            unlock: sym(lib, "cuCheckpointProcessUnlock"),
+        }
+    }
+}
+
+/// This binary's lock, held over `scenario(version, cuda)`, and the mock loaded.
+fn loaded(
+    version: i32,
+    cuda: serde_json::Value,
+) -> (MutexGuard<'static, ()>, &'static TestEnv, Library) {
+    let (guard, env) = lock();
+    write_scenario(&env.state, &scenario(version, cuda));
+    (guard, env, lib())
 }
 
 fn scenario(version: i32, cuda: serde_json::Value) -> serde_json::Value {
@@ -87,9 +119,7 @@ fn installer_puts_libcuda_and_its_link_name_in_place() {
 
 #[test]
 fn an_old_driver_does_not_hand_out_the_checkpoint_api() {
-    let (_g, env) = lock();
-    write_scenario(&env.state, &scenario(12040, json!({})));
-    let lib = lib();
+    let (_g, _env, lib) = loaded(12040, json!({}));
     let proc_address: Symbol<ProcAddress> = sym(&lib, "cuGetProcAddress_v2");
     for name in gpushare_fake_driver::CUDA_CHECKPOINT_FUNCTIONS {
         let c = std::ffi::CString::new(*name).unwrap();
@@ -118,16 +148,17 @@ fn an_old_driver_does_not_hand_out_the_checkpoint_api() {
 
 #[test]
 fn arguments_are_checked_before_anything_happens() {
-    let (_g, env) = lock();
-    write_scenario(&env.state, &scenario(12080, json!({})));
-    let lib = lib();
+    let (_g, _env, lib) = loaded(12080, json!({}));
     let init: Symbol<Init> = sym(&lib, "cuInit");
     let version: Symbol<Version> = sym(&lib, "cuDriverGetVersion");
     let proc_address: Symbol<ProcAddress> = sym(&lib, "cuGetProcAddress_v2");
-    let get_state: Symbol<GetState> = sym(&lib, "cuCheckpointProcessGetState");
-    let lock_fn: Symbol<Lock> = sym(&lib, "cuCheckpointProcessLock");
-    let checkpoint: Symbol<WithArgs> = sym(&lib, "cuCheckpointProcessCheckpoint");
-    let unlock: Symbol<WithArgs> = sym(&lib, "cuCheckpointProcessUnlock");
+    let Checkpoint {
+        get_state,
+        lock: lock_fn,
+        checkpoint,
+        unlock,
+        ..
+    } = Checkpoint::of(&lib);
     unsafe {
         assert_eq!(
             init(1),
@@ -203,13 +234,14 @@ fn every_known_code_has_its_name_and_text_and_others_are_refused() {
 #[test]
 fn persistence_mode_lets_a_process_without_cuinit_restore() {
     // This test binary never calls cuInit (no test here does): restore needs persistence mode.
-    let (_g, env) = lock();
-    write_scenario(&env.state, &scenario(12080, json!({})));
-    let lib = lib();
-    let lock_fn: Symbol<Lock> = sym(&lib, "cuCheckpointProcessLock");
-    let checkpoint: Symbol<WithArgs> = sym(&lib, "cuCheckpointProcessCheckpoint");
-    let restore: Symbol<WithArgs> = sym(&lib, "cuCheckpointProcessRestore");
-    let unlock: Symbol<WithArgs> = sym(&lib, "cuCheckpointProcessUnlock");
+    let (_g, env, lib) = loaded(12080, json!({}));
+    let Checkpoint {
+        lock: lock_fn,
+        checkpoint,
+        restore,
+        unlock,
+        ..
+    } = Checkpoint::of(&lib);
     unsafe {
         assert_eq!(lock_fn(4242, null_mut()), 0);
         assert_eq!(checkpoint(4242, null_mut()), 0);

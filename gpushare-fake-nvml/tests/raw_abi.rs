@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{built_lib, lock, rich_scenario, write_scenario};
+use common::{TestEnv, built_lib, lock, rich_scenario, write_scenario};
 use gpushare_fake_nvml::abi::{
     self, Memory, MemoryV2, PciInfo, ProcessInfoV1, ProcessInfoV2, Utilization,
 };
@@ -14,6 +14,7 @@ use libloading::Library;
 use std::collections::BTreeSet;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::ptr::{null, null_mut};
+use std::sync::MutexGuard;
 
 type Handle = *const c_void;
 
@@ -33,6 +34,12 @@ macro_rules! sym {
 }
 
 impl Nvml {
+    /// The export `name` as `T`, which must be its nvml.h prototype.
+    fn sym<T: Copy>(&self, name: &str) -> T {
+        // SAFETY: the caller names the symbol's prototype.
+        *unsafe { self.lib.get::<T>(name.as_bytes()) }
+            .unwrap_or_else(|e| panic!("symbol {name}: {e}"))
+    }
     fn load() -> Self {
         // SAFETY: the mock has no initialisers with preconditions.
         let lib = unsafe { Library::new(built_lib()) }.expect("dlopen mock");
@@ -44,6 +51,14 @@ impl Nvml {
             }
         }
         nvml
+    }
+    /// This binary's lock, held over `scenario`, and the mock loaded and initialised.
+    fn initialized(scenario: &Scenario) -> (MutexGuard<'static, ()>, &'static TestEnv, Self) {
+        let (guard, env) = lock();
+        write_scenario(&env.state, scenario);
+        let nvml = Self::load();
+        assert_eq!(nvml.init(), SUCCESS);
+        (guard, env, nvml)
     }
     fn init(&self) -> u32 {
         unsafe { sym!(self, "nvmlInit_v2", unsafe extern "C" fn() -> c_uint)() }
@@ -193,10 +208,7 @@ fn error_strings() {
 
 #[test]
 fn memory_structs_and_versions() {
-    let (_g, env) = lock();
-    write_scenario(&env.state, &rich_scenario());
-    let nvml = Nvml::load();
-    assert_eq!(nvml.init(), SUCCESS);
+    let (_g, _env, nvml) = Nvml::initialized(&rich_scenario());
     let h = nvml.handle_ok(0);
     let v2 = sym!(
         nvml,
@@ -266,41 +278,20 @@ fn call_list<R: Copy>(f: ProcFn<R>, h: Handle, capacity: usize, sentinel: R) -> 
 
 #[test]
 fn process_lists_two_call_protocol_and_strides() {
-    let (_g, env) = lock();
-    write_scenario(&env.state, &rich_scenario());
-    let nvml = Nvml::load();
-    assert_eq!(nvml.init(), SUCCESS);
+    let (_g, _env, nvml) = Nvml::initialized(&rich_scenario());
     let h0 = nvml.handle_ok(0);
-    let v3 = sym!(
-        nvml,
+    let [v3, v2, g3, g2] = [
         "nvmlDeviceGetComputeRunningProcesses_v3",
-        ProcFn<ProcessInfoV2>
-    );
-    let v2 = sym!(
-        nvml,
         "nvmlDeviceGetComputeRunningProcesses_v2",
-        ProcFn<ProcessInfoV2>
-    );
-    let v1 = sym!(
-        nvml,
-        "nvmlDeviceGetComputeRunningProcesses",
-        ProcFn<ProcessInfoV1>
-    );
-    let g3 = sym!(
-        nvml,
         "nvmlDeviceGetGraphicsRunningProcesses_v3",
-        ProcFn<ProcessInfoV2>
-    );
-    let g2 = sym!(
-        nvml,
         "nvmlDeviceGetGraphicsRunningProcesses_v2",
-        ProcFn<ProcessInfoV2>
-    );
-    let g1 = sym!(
-        nvml,
+    ]
+    .map(|name| nvml.sym::<ProcFn<ProcessInfoV2>>(name));
+    let [v1, g1] = [
+        "nvmlDeviceGetComputeRunningProcesses",
         "nvmlDeviceGetGraphicsRunningProcesses",
-        ProcFn<ProcessInfoV1>
-    );
+    ]
+    .map(|name| nvml.sym::<ProcFn<ProcessInfoV1>>(name));
     let s2 = ProcessInfoV2 {
         pid: 0xdead,
         used_gpu_memory: 0xbeef,
@@ -394,11 +385,8 @@ fn process_lists_two_call_protocol_and_strides() {
 
 #[test]
 fn handles_strings_and_pointers_are_validated() {
-    let (_g, env) = lock();
     let s = rich_scenario();
-    write_scenario(&env.state, &s);
-    let nvml = Nvml::load();
-    assert_eq!(nvml.init(), SUCCESS);
+    let (_g, _env, nvml) = Nvml::initialized(&s);
     let uuid = sym!(
         nvml,
         "nvmlDeviceGetUUID",
@@ -551,11 +539,8 @@ fn handles_strings_and_pointers_are_validated() {
 /// `fail` under its own name (a copy-pasted name would answer with another function's code).
 #[test]
 fn every_export_honours_its_own_fail_entry() {
-    let (_g, env) = lock();
     let plain = rich_scenario();
-    write_scenario(&env.state, &plain);
-    let nvml = Nvml::load();
-    assert_eq!(nvml.init(), SUCCESS);
+    let (_g, env, nvml) = Nvml::initialized(&plain);
     let names: Vec<&str> = EXPORTED_FUNCTIONS
         .iter()
         .copied()

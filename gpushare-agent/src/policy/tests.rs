@@ -139,6 +139,31 @@ struct Sim {
 }
 
 impl Sim {
+    /// Container a's process 10 under `toml`.
+    fn a(toml: &str) -> Self {
+        Self::new(toml, vec![attributed(10, &docker('a'))])
+    }
+
+    /// Container a's process 10 and container b's process 20 under `toml`.
+    fn ab(toml: &str) -> Self {
+        Self::new(
+            toml,
+            vec![attributed(10, &docker('a')), attributed(20, &docker('b'))],
+        )
+    }
+
+    /// Containers a, b and c with one process each (10, 20 and 30) under `toml`.
+    fn abc(toml: &str) -> Self {
+        Self::new(
+            toml,
+            vec![
+                attributed(10, &docker('a')),
+                attributed(20, &docker('b')),
+                attributed(30, &docker('c')),
+            ],
+        )
+    }
+
     fn new(toml: &str, procs: Vec<AttributedProcess>) -> Self {
         Self {
             quotas: QuotaSet::parse(toml, "q.toml").unwrap(),
@@ -195,6 +220,14 @@ impl Sim {
                     .map(move |a| (t, a.kind))
             })
             .collect()
+    }
+
+    /// The actions for process 10 at 3 GiB on GPU 0 at 0 s and again at 60 s.
+    fn over_now_and_a_minute_later(&mut self) -> Vec<Action> {
+        let over = [(10, 0, Some(3 * GIB))];
+        let mut actions = self.at(0, &over);
+        actions.extend(self.at(60_000, &over));
+        actions
     }
 
     fn stats(&self) -> &Stats {
@@ -264,8 +297,7 @@ fn assert_whole_ladder_again_from_16s(sim: &mut Sim, over: &[(u32, u32, Option<u
 
 #[test]
 fn strict_default_ladder_timeline() {
-    let a = docker('a');
-    let mut sim = Sim::new(&quota_for('a', ""), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&quota_for('a', ""));
     let over = [(10, 0, Some(3 * GIB))];
     // Grace 3s; alert at once after grace, SIGUSR1 at 5s, freeze at 15s; no kill by default.
     assert_eq!(
@@ -319,8 +351,7 @@ fn actions_carry_numbers_targets_and_the_quota() {
 
 #[test]
 fn spikes_shorter_than_grace_do_nothing_and_reset_the_clock() {
-    let a = docker('a');
-    let mut sim = Sim::new(&quota_for('a', ""), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&quota_for('a', ""));
     let over = [(10, 0, Some(3 * GIB))];
     let under = [(10, 0, Some(GIB))];
     for round in 0..5 {
@@ -387,12 +418,11 @@ fn per_gpu_and_all_gpu_quotas_sum_differently() {
 
 #[test]
 fn gpu_by_uuid_resolves_through_the_sample() {
-    let a = docker('a');
     let toml = format!(
         "[[quota]]\ncontainer = \"{}\"\ngpu = \"GPU-00000001\"\ngpu_memory = \"1GiB\"\ngrace = \"0s\"\n",
         id('a')
     );
-    let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&toml);
     assert!(sim.at(0, &[(10, 0, Some(2 * GIB))]).is_empty());
     let actions = sim.at(1000, &[(10, 1, Some(2 * GIB))]);
     assert_eq!(actions[0].gpu, GpuScope::Gpu(1));
@@ -460,11 +490,10 @@ fn the_agent_itself_is_protected() {
 
 #[test]
 fn frozen_workloads_are_thawed_when_no_longer_liable() {
-    let a = docker('a');
     let over = [(10, 0, Some(3 * GIB))];
     let freeze_now = "grace = \"0s\"\nladder = [{ action = \"freeze\" }]";
     // Quota raised.
-    let mut sim = Sim::new(&quota_for('a', freeze_now), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&quota_for('a', freeze_now));
     assert_eq!(sim.at(0, &over)[0].kind, ActionKind::Freeze);
     sim.quotas = QuotaSet::parse(
         &quota_for('a', freeze_now).replace("2GiB", "4GiB"),
@@ -474,7 +503,7 @@ fn frozen_workloads_are_thawed_when_no_longer_liable() {
     let thaw = sim.at(1000, &over);
     assert_eq!(kinds(&thaw), vec![ActionKind::Thaw]);
     // Quota removed.
-    let mut sim = Sim::new(&quota_for('a', freeze_now), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&quota_for('a', freeze_now));
     sim.at(0, &over);
     sim.quotas = QuotaSet::empty();
     let thaw = sim.at(1000, &over);
@@ -484,7 +513,7 @@ fn frozen_workloads_are_thawed_when_no_longer_liable() {
     assert!(sim.at(2000, &over).is_empty());
     assert!(sim.state.workloads.is_empty());
     // Now protected.
-    let mut sim = Sim::new(&quota_for('a', freeze_now), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&quota_for('a', freeze_now));
     sim.at(0, &over);
     sim.quotas = QuotaSet::parse(
         &format!("protect = [\"docker://*\"]\n{}", quota_for('a', freeze_now)),
@@ -495,7 +524,7 @@ fn frozen_workloads_are_thawed_when_no_longer_liable() {
     assert_eq!(thaw[0].kind, ActionKind::Thaw);
     assert!(thaw[0].reason.contains("protected"));
     // Ladder changed to observe only.
-    let mut sim = Sim::new(&quota_for('a', freeze_now), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&quota_for('a', freeze_now));
     sim.at(0, &over);
     sim.quotas = QuotaSet::parse(&quota_for('a', "grace = \"0s\"\nladder = []"), "q.toml").unwrap();
     assert_eq!(sim.at(1000, &over)[0].kind, ActionKind::Thaw);
@@ -504,8 +533,7 @@ fn frozen_workloads_are_thawed_when_no_longer_liable() {
 
 #[test]
 fn release_thaws_and_restarts_the_ladder() {
-    let a = docker('a');
-    let mut sim = Sim::new(&quota_for('a', ""), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&quota_for('a', ""));
     let over = [(10, 0, Some(3 * GIB))];
     sim.run(0, 15, &over);
     assert_eq!(sim.state.frozen().len(), 1);
@@ -521,12 +549,10 @@ fn release_thaws_and_restarts_the_ladder() {
 
 #[test]
 fn a_workload_that_leaves_while_frozen_is_thawed_and_forgotten() {
-    let a = docker('a');
-    let b = docker('b');
-    let mut sim = Sim::new(
-        &quota_for('a', "grace = \"0s\"\nladder = [{ action = \"freeze\" }]"),
-        vec![attributed(10, &a), attributed(20, &b)],
-    );
+    let mut sim = Sim::ab(&quota_for(
+        'a',
+        "grace = \"0s\"\nladder = [{ action = \"freeze\" }]",
+    ));
     sim.at(0, &[(10, 0, Some(3 * GIB))]);
     sim.procs.retain(|p| p.identity.pid != 10);
     let actions = sim.at(1000, &[]);
@@ -537,7 +563,7 @@ fn a_workload_that_leaves_while_frozen_is_thawed_and_forgotten() {
     assert!(sim.at(2000, &[]).is_empty());
     assert!(sim.state.workloads.is_empty());
     // Not frozen: dropped silently.
-    let mut sim = Sim::new(&quota_for('a', ""), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&quota_for('a', ""));
     sim.at(0, &[(10, 0, Some(3 * GIB))]);
     sim.procs.clear();
     assert!(sim.at(1000, &[]).is_empty());
@@ -549,7 +575,7 @@ fn unknown_usage_fails_open_and_keeps_state() {
     let a = docker('a');
     let over = [(10, 0, Some(3 * GIB))];
     // Degraded device: no escalation while it lasts, the clock keeps its start.
-    let mut sim = Sim::new(&quota_for('a', ""), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&quota_for('a', ""));
     assert_eq!(sim.run(0, 3, &over), vec![(3, ActionKind::Alert)]);
     sim.gpus[0].2 = false;
     assert!(sim.run(4, 30, &over).is_empty());
@@ -558,7 +584,7 @@ fn unknown_usage_fails_open_and_keeps_state() {
     assert_eq!(sim.stats().degraded_devices, 1);
     // used_bytes unknown: same.
     sim.gpus[0].2 = true;
-    let mut sim2 = Sim::new(&quota_for('a', ""), vec![attributed(10, &a)]);
+    let mut sim2 = Sim::a(&quota_for('a', ""));
     assert!(sim2.run(0, 30, &[(10, 0, None)]).is_empty());
     assert_eq!(sim2.stats().fail_open, 1);
     // Frozen, then the data goes bad: it stays frozen (no thaw, no new action).
@@ -607,33 +633,30 @@ fn ambiguous_and_unattributed_pids() {
 
 #[test]
 fn all_gpu_quota_fails_open_when_any_gpu_is_degraded() {
-    let a = docker('a');
-    let mut sim = Sim::new(&quota_for('a', "grace = \"0s\""), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&quota_for('a', "grace = \"0s\""));
     sim.gpus[1].2 = false;
     assert!(sim.at(0, &[(10, 0, Some(5 * GIB))]).is_empty());
     assert_eq!(sim.stats().fail_open, 1);
     // A per-GPU quota on the healthy GPU is still enforced.
     let toml = quota_for('a', "grace = \"0s\"\ngpu = 0");
-    let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&toml);
     sim.gpus[1].2 = false;
     assert_eq!(sim.at(0, &[(10, 0, Some(5 * GIB))]).len(), 1);
 }
 
 #[test]
 fn elastic_acts_only_under_pressure_on_the_largest_borrowers() {
-    let (a, b, c) = (docker('a'), docker('b'), docker('c'));
     let toml = quotas_abc(
         "mode = \"elastic\"\nelastic_reserve = \"4GiB\"\ngrace = \"0s\"\nladder = [{ action = \"freeze\" }]",
         ["", "", ""],
     );
-    let procs = vec![attributed(10, &a), attributed(20, &b), attributed(30, &c)];
     // a borrows 6 GiB, b 3 GiB, c is within quota.
     let usage = [
         (10, 0, Some(8 * GIB)),
         (20, 0, Some(5 * GIB)),
         (30, 0, Some(GIB)),
     ];
-    let mut sim = Sim::new(&toml, procs);
+    let mut sim = Sim::abc(&toml);
     // Plenty free: borrowing is fine.
     assert!(sim.run(0, 10, &usage).is_empty());
     assert_eq!(sim.stats().over_quota, 2);
@@ -695,14 +718,13 @@ fn env_quotas_apply_per_gpu() {
 
 #[test]
 fn signals_are_not_sent_to_frozen_workloads_and_kill_comes_last() {
-    let a = docker('a');
     let toml = format!(
         "[defaults]\ngrace = \"0s\"\nladder = [{{ action = \"freeze\" }}, {{ action = \"kill\", signal = \"SIGTERM\", after = \"10s\" }}]\n\
          [[quota]]\ncontainer = \"{0}\"\ngpu = 0\ngpu_memory = \"1GiB\"\n\
          [[quota]]\ncontainer = \"{0}\"\ngpu_memory = \"1GiB\"\nladder = [{{ action = \"signal\", after = \"2s\" }}]\n",
         id('a')
     );
-    let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&toml);
     let term = Signal::from_name("SIGTERM").unwrap();
     // The kill step's SIGTERM comes with a thaw (a frozen process cannot handle it); the process
     // still runs 10 s later, so SIGKILL follows.
@@ -721,8 +743,7 @@ fn signals_are_not_sent_to_frozen_workloads_and_kill_comes_last() {
 
 #[test]
 fn several_due_steps_fire_together_in_order() {
-    let a = docker('a');
-    let mut sim = Sim::new(&quota_for('a', ""), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&quota_for('a', ""));
     let over = [(10, 0, Some(3 * GIB))];
     assert!(sim.at(0, &over).is_empty());
     let kinds: Vec<ActionKind> = sim.at(60_000, &over).iter().map(|a| a.kind).collect();
@@ -731,11 +752,9 @@ fn several_due_steps_fire_together_in_order() {
 
 #[test]
 fn dry_run_is_marked_on_every_action() {
-    let a = docker('a');
-    let mut sim = Sim::new(&quota_for('a', "grace = \"0s\""), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&quota_for('a', "grace = \"0s\""));
     sim.dry_run = true;
-    let mut actions = sim.at(0, &[(10, 0, Some(3 * GIB))]);
-    actions.extend(sim.at(60_000, &[(10, 0, Some(3 * GIB))]));
+    let actions = sim.over_now_and_a_minute_later();
     assert_eq!(actions.len(), 3);
     assert!(actions.iter().all(|a| a.dry_run));
     // State advances as if it had happened.
@@ -744,13 +763,14 @@ fn dry_run_is_marked_on_every_action() {
 
 #[test]
 fn observe_only_alerts_and_takes_no_other_step_until_it_ends() {
-    let a = docker('a');
-    let mut sim = Sim::new(&quota_for('a', "grace = \"0s\""), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&quota_for('a', "grace = \"0s\""));
     sim.observe_only = true;
-    let mut actions = sim.at(0, &[(10, 0, Some(3 * GIB))]);
-    actions.extend(sim.at(60_000, &[(10, 0, Some(3 * GIB))]));
-    let kinds: Vec<ActionKind> = actions.iter().map(|a| a.kind).collect();
-    assert_eq!(kinds, vec![ActionKind::Alert], "no signal, no freeze");
+    let actions = sim.over_now_and_a_minute_later();
+    assert_eq!(
+        kinds(&actions),
+        vec![ActionKind::Alert],
+        "no signal, no freeze"
+    );
     assert_eq!(sim.status('a', GpuScope::All), Some(Status::Alerted));
     // A valid configuration loads: the steps that are due fire.
     sim.observe_only = false;
@@ -764,8 +784,7 @@ fn observe_only_alerts_and_takes_no_other_step_until_it_ends() {
 
 #[test]
 fn observe_only_freezes_nothing_again_but_still_thaws() {
-    let a = docker('a');
-    let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&freeze_at_once('a'));
     sim.observe_only = true;
     // An earlier run's freeze, thawed by someone: not frozen again while observing only.
     sim.kernel
@@ -780,8 +799,7 @@ fn observe_only_freezes_nothing_again_but_still_thaws() {
 
 #[test]
 fn state_serializes_to_json() {
-    let a = docker('a');
-    let mut sim = Sim::new(&quota_for('a', "gpu = 1"), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&quota_for('a', "gpu = 1"));
     sim.at(0, &[(10, 1, Some(3 * GIB))]);
     let json = serde_json::to_value(&sim.state).unwrap();
     assert_eq!(
@@ -789,6 +807,11 @@ fn state_serializes_to_json() {
         serde_json::json!("over_quota")
     );
     serde_json::to_string(sim.last.as_ref().unwrap()).unwrap();
+}
+
+/// A quota on container `c` with no grace and this ladder.
+fn no_grace(c: char, steps: &str) -> String {
+    quota_for(c, &format!("grace = \"0s\"\nladder = [{steps}]"))
 }
 
 fn freeze_at_once(c: char) -> String {
@@ -811,9 +834,8 @@ fn reported(sim: &Sim, c: char) -> Status {
 
 #[test]
 fn a_group_thawed_behind_the_agents_back_is_frozen_again_at_once_and_counted() {
-    let a = docker('a');
     let over = [(10, 0, Some(3 * GIB))];
-    let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&freeze_at_once('a'));
     assert_eq!(sim.at(0, &over)[0].kind, ActionKind::Freeze);
     assert!(sim.at(1000, &over).is_empty(), "frozen: nothing to do");
     assert_eq!(reported(&sim, 'a'), "frozen");
@@ -836,9 +858,8 @@ fn a_group_thawed_behind_the_agents_back_is_frozen_again_at_once_and_counted() {
 
 #[test]
 fn a_freeze_that_does_not_settle_is_reported_freezing_and_retried_with_backoff() {
-    let a = docker('a');
     let over = [(10, 0, Some(3 * GIB))];
-    let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&freeze_at_once('a'));
     sim.kernel_applies = false;
     assert_eq!(sim.at(0, &over)[0].attempt, 1);
     // The kernel was asked but a task cannot stop.
@@ -869,8 +890,7 @@ fn a_freeze_that_does_not_settle_is_reported_freezing_and_retried_with_backoff()
 
 #[test]
 fn a_thaw_that_does_not_take_is_reported_frozen_and_retried() {
-    let a = docker('a');
-    let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&freeze_at_once('a'));
     sim.at(0, &[(10, 0, Some(3 * GIB))]);
     sim.kernel_applies = false;
     let within = [(10, 0, Some(GIB))];
@@ -891,10 +911,9 @@ fn a_thaw_that_does_not_take_is_reported_frozen_and_retried() {
 
 #[test]
 fn a_group_gone_or_recreated_starts_its_workload_afresh() {
-    let a = docker('a');
     let over = [(10, 0, Some(3 * GIB))];
     for state in [GroupState::Gone, GroupState::Replaced] {
-        let mut sim = Sim::new(&quota_for('a', ""), vec![attributed(10, &a)]);
+        let mut sim = Sim::a(&quota_for('a', ""));
         assert_eq!(sim.run(0, 15, &over).last().unwrap().1, ActionKind::Freeze);
         // The container was recreated under the same path (or removed and a process of the same
         // key seen again): the freeze is not the new group's.
@@ -908,15 +927,11 @@ fn a_group_gone_or_recreated_starts_its_workload_afresh() {
 
 #[test]
 fn an_earlier_runs_freezes_are_adopted_per_workload_and_per_gpu() {
-    let (a, b, c) = (docker('a'), docker('b'), docker('c'));
     let toml = quotas_abc(
         "grace = \"0s\"\nladder = [{ action = \"alert\" }, { action = \"freeze\", after = \"5s\" }, { action = \"kill\", after = \"60s\" }]",
         ["gpu = 0", "gpu = 0", "gpu = 1"],
     );
-    let mut sim = Sim::new(
-        &toml,
-        vec![attributed(10, &a), attributed(20, &b), attributed(30, &c)],
-    );
+    let mut sim = Sim::abc(&toml);
     for k in ['a', 'b', 'c'] {
         sim.kernel
             .insert(key(k), observed(GroupState::Frozen, true, k));
@@ -947,7 +962,6 @@ fn an_earlier_runs_freezes_are_adopted_per_workload_and_per_gpu() {
 
 #[test]
 fn a_frozen_workload_without_processes_is_kept_while_the_data_is_bad_then_thawed() {
-    let a = docker('a');
     let mut sim = Sim::new(&freeze_at_once('a'), Vec::new());
     sim.kernel
         .insert(key('a'), observed(GroupState::Frozen, true, 'a'));
@@ -964,7 +978,7 @@ fn a_frozen_workload_without_processes_is_kept_while_the_data_is_bad_then_thawed
     assert!(sim.at(2000, &[]).is_empty());
     assert!(sim.state.workloads.is_empty());
     // A group of someone else's is never thawed.
-    let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&freeze_at_once('a'));
     sim.kernel
         .insert(key('a'), observed(GroupState::Frozen, false, 'a'));
     assert!(sim.at(0, &[(10, 0, Some(GIB))]).is_empty());
@@ -972,9 +986,8 @@ fn a_frozen_workload_without_processes_is_kept_while_the_data_is_bad_then_thawed
 
 #[test]
 fn a_dry_run_reports_each_transition_once_and_never_retries() {
-    let a = docker('a');
     let over = [(10, 0, Some(3 * GIB))];
-    let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&freeze_at_once('a'));
     sim.dry_run = true;
     let first = sim.at(0, &over);
     assert_eq!(first[0].kind, ActionKind::Freeze);
@@ -999,8 +1012,7 @@ fn suspend_at_once(c: char, extra: &str) -> String {
 
 #[test]
 fn a_suspended_workload_keeps_its_footprint_as_usage_and_resumes_when_its_quota_covers_it() {
-    let a = docker('a');
-    let mut sim = Sim::new(&suspend_at_once('a', ""), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&suspend_at_once('a', ""));
     let s = sim.at(0, &[(10, 0, Some(3 * GIB))]);
     assert_eq!(s.len(), 1);
     assert_eq!(s[0].kind, ActionKind::Suspend);
@@ -1024,9 +1036,8 @@ fn a_suspended_workload_keeps_its_footprint_as_usage_and_resumes_when_its_quota_
 
 #[test]
 fn a_suspend_that_fails_falls_through_to_the_next_step_and_is_not_retried() {
-    let a = docker('a');
     let over = [(10, 0, Some(3 * GIB))];
-    let mut sim = Sim::new(&suspend_at_once('a', ""), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&suspend_at_once('a', ""));
     sim.kernel_applies = false;
     assert_eq!(sim.at(0, &over)[0].kind, ActionKind::Suspend);
     // The worker reports the driver's refusal (e.g. UVM memory): undone, the step falls through.
@@ -1060,9 +1071,8 @@ fn a_suspend_that_fails_falls_through_to_the_next_step_and_is_not_retried() {
 
 #[test]
 fn a_suspend_refused_at_once_falls_through_in_the_same_step() {
-    let a = docker('a');
     let over = [(10, 0, Some(3 * GIB))];
-    let mut sim = Sim::new(&suspend_at_once('a', ""), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&suspend_at_once('a', ""));
     sim.kernel_applies = false;
     sim.at(0, &over);
     sim.state = fold_reports(
@@ -1079,12 +1089,10 @@ fn a_suspend_refused_at_once_falls_through_in_the_same_step() {
 
 #[test]
 fn a_frozen_workload_is_suspended_by_its_next_step_and_a_release_resumes_it() {
-    let a = docker('a');
-    let toml = quota_for(
+    let mut sim = Sim::a(&no_grace(
         'a',
-        "grace = \"0s\"\nladder = [{ action = \"freeze\" }, { action = \"suspend\", after = \"5s\" }]",
-    );
-    let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
+        r#"{ action = "freeze" }, { action = "suspend", after = "5s" }"#,
+    ));
     let over = [(10, 0, Some(3 * GIB))];
     assert_eq!(
         sim.run(0, 6, &over),
@@ -1100,13 +1108,12 @@ fn a_frozen_workload_is_suspended_by_its_next_step_and_a_release_resumes_it() {
 
 #[test]
 fn elastic_suspends_the_largest_borrower_and_resumes_when_the_gpu_has_room_for_it() {
-    let (a, b) = (docker('a'), docker('b'));
     let toml = format!(
         "[defaults]\nmode = \"elastic\"\nelastic_reserve = \"4GiB\"\ngrace = \"0s\"\nladder = [{{ action = \"suspend\" }}]\n{}{}",
         quota_for('a', ""),
         quota_for('b', "")
     );
-    let mut sim = Sim::new(&toml, vec![attributed(10, &a), attributed(20, &b)]);
+    let mut sim = Sim::ab(&toml);
     // a borrows 8 GiB, b 2 GiB; 1 GiB free: a alone covers the shortfall.
     sim.gpus[0].1 = GIB;
     let s = sim.at(0, &[(10, 0, Some(10 * GIB)), (20, 0, Some(4 * GIB))]);
@@ -1133,12 +1140,11 @@ fn elastic_suspends_the_largest_borrower_and_resumes_when_the_gpu_has_room_for_i
 
 #[test]
 fn elastic_counts_what_a_half_done_resume_brought_back_as_room() {
-    let a = docker('a');
     let toml = format!(
         "[defaults]\nmode = \"elastic\"\nelastic_reserve = \"4GiB\"\ngrace = \"0s\"\nladder = [{{ action = \"suspend\" }}]\n{}",
         quota_for('a', "")
     );
-    let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&toml);
     sim.gpus[0].1 = GIB;
     assert_eq!(
         sim.at(0, &[(10, 0, Some(10 * GIB))])[0].kind,
@@ -1160,12 +1166,11 @@ fn elastic_counts_what_a_half_done_resume_brought_back_as_room() {
 
 #[test]
 fn an_earlier_runs_suspension_is_kept_while_liable_and_resumed_when_not() {
-    let a = docker('a');
-    let b = docker('b');
-    let mut sim = Sim::new(
-        &format!("{}{}", suspend_at_once('a', ""), suspend_at_once('b', "")),
-        vec![attributed(10, &a), attributed(20, &b)],
-    );
+    let mut sim = Sim::ab(&format!(
+        "{}{}",
+        suspend_at_once('a', ""),
+        suspend_at_once('b', "")
+    ));
     for (k, bytes) in [('a', 3 * GIB), ('b', GIB)] {
         sim.kernel.insert(
             key(k),
@@ -1193,9 +1198,8 @@ fn an_earlier_runs_suspension_is_kept_while_liable_and_resumed_when_not() {
 /// Workload a over its quota under a suspend ladder (10 s grace), suspended at 10 s.
 #[track_caller]
 fn suspended_at_10s() -> Sim {
-    let a = docker('a');
     let toml = quota_for('a', "grace = \"10s\"\nladder = [{ action = \"suspend\" }]");
-    let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&toml);
     sim.at(0, &[(10, 0, Some(3 * GIB))]);
     assert_eq!(
         sim.at(10_000, &[(10, 0, Some(3 * GIB))])[0].kind,
@@ -1729,8 +1733,7 @@ fn generated_worlds_exercise_every_action() {
 
 #[test]
 fn a_release_is_ignored_only_when_it_names_no_known_workload() {
-    let a = docker('a');
-    let mut sim = Sim::new(&quota_for('a', ""), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&quota_for('a', ""));
     // Known by its processes (no state of its own yet).
     sim.releases = vec![key('a')];
     sim.at(0, &[(10, 0, Some(GIB))]);
@@ -1751,12 +1754,10 @@ fn a_release_is_ignored_only_when_it_names_no_known_workload() {
 
 #[test]
 fn an_earlier_runs_suspension_is_adopted_past_the_steps_before_its_suspend_step() {
-    let a = docker('a');
-    let toml = quota_for(
+    let mut sim = Sim::a(&no_grace(
         'a',
-        "grace = \"0s\"\nladder = [{ action = \"alert\" }, { action = \"suspend\", after = \"5s\" }, { action = \"kill\", after = \"60s\" }]",
-    );
-    let mut sim = Sim::new(&toml, vec![attributed(10, &a)]);
+        r#"{ action = "alert" }, { action = "suspend", after = "5s" }, { action = "kill", after = "60s" }"#,
+    ));
     sim.kernel.insert(
         key('a'),
         ObservedGroup {
@@ -1783,9 +1784,8 @@ fn an_earlier_runs_suspension_is_adopted_past_the_steps_before_its_suspend_step(
 
 #[test]
 fn a_ladder_that_no_longer_freezes_thaws_and_says_so() {
-    let a = docker('a');
     let over = [(10, 0, Some(3 * GIB))];
-    let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&freeze_at_once('a'));
     assert_eq!(kinds(&sim.at(0, &over)), vec![ActionKind::Freeze]);
     // A reload keeps the quota but drops the freeze step: still liable, no longer frozen by it.
     sim.quotas = QuotaSet::parse(
@@ -1800,9 +1800,8 @@ fn a_ladder_that_no_longer_freezes_thaws_and_says_so() {
 
 #[test]
 fn a_group_gone_or_replaced_after_its_processes_left_is_counted_and_forgotten() {
-    let a = docker('a');
     for (state, counts) in [(GroupState::Gone, (1, 0)), (GroupState::Replaced, (0, 1))] {
-        let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+        let mut sim = Sim::a(&freeze_at_once('a'));
         assert_eq!(
             kinds(&sim.at(0, &[(10, 0, Some(3 * GIB))])),
             vec![ActionKind::Freeze]
@@ -1825,10 +1824,9 @@ fn a_group_gone_or_replaced_after_its_processes_left_is_counted_and_forgotten() 
 
 #[test]
 fn a_group_gone_or_replaced_under_a_running_workload_is_counted() {
-    let a = docker('a');
     let over = [(10, 0, Some(3 * GIB))];
     for (state, counts) in [(GroupState::Gone, (1, 0)), (GroupState::Replaced, (0, 1))] {
-        let mut sim = Sim::new(&freeze_at_once('a'), vec![attributed(10, &a)]);
+        let mut sim = Sim::a(&freeze_at_once('a'));
         assert_eq!(kinds(&sim.at(0, &over)), vec![ActionKind::Freeze]);
         sim.kernel.insert(key('a'), observed(state, false, 'a'));
         sim.at(1000, &over);
@@ -1843,8 +1841,7 @@ fn a_group_gone_or_replaced_under_a_running_workload_is_counted() {
 
 #[test]
 fn a_suspend_on_one_gpu_moves_only_that_gpus_memory() {
-    let a = docker('a');
-    let mut sim = Sim::new(&suspend_at_once('a', "gpu = 0"), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&suspend_at_once('a', "gpu = 0"));
     let suspend = sim.at(0, &[(10, 0, Some(3 * GIB)), (10, 1, Some(GIB))]);
     assert_eq!(kinds(&suspend), vec![ActionKind::Suspend]);
     assert_eq!(suspend[0].footprint, BTreeMap::from([(0, 3 * GIB)]));

@@ -13,26 +13,65 @@ use gpushare_testkit::{FakeGpuProcess, unique};
 use crate::util::V1Group;
 use crate::util::{group, needs_root};
 
-fn enforcer(dry_run: bool) -> (Enforcer, std::path::PathBuf) {
-    let state = std::env::temp_dir().join(unique("gpushare-state"));
+/// An executor's state directory under the temporary directory, removed when dropped (unless
+/// the test is failing, to leave it for a look).
+struct StateDir(std::path::PathBuf);
+
+impl StateDir {
+    fn new() -> Self {
+        Self(std::env::temp_dir().join(unique("gpushare-state")))
+    }
+}
+
+impl std::ops::Deref for StateDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            std::fs::remove_dir_all(&self.0).unwrap();
+        }
+    }
+}
+
+fn enforcer(dry_run: bool) -> (Enforcer, StateDir) {
+    let state = StateDir::new();
     let root = cgroupfs::find_cgroup2_mount().unwrap();
     (Enforcer::new(root, &state, dry_run).unwrap(), state)
 }
 
-/// An executor (see [`enforcer`]) and a fake GPU process in a test cgroup named after `name`.
-fn enforced(
-    dry_run: bool,
-    name: &str,
-) -> (
+/// An executor, its state directory, a test cgroup, the fake GPU process in it and its identity.
+type Enforced = (
     Enforcer,
-    std::path::PathBuf,
+    StateDir,
     gpushare_testkit::TestCgroup,
     FakeGpuProcess,
-) {
+    ProcessIdentity,
+);
+
+/// An executor (see [`enforcer`]) and a fake GPU process, with its identity, in a test cgroup
+/// named after `name`.
+fn enforced(dry_run: bool, name: &str) -> Enforced {
     let (enf, state) = enforcer(dry_run);
     let cg = group(name);
     let p = FakeGpuProcess::spawn(Some(&cg), &[], &[]).unwrap();
-    (enf, state, cg, p)
+    let id = procinfo::snapshot(p.pid()).unwrap().identity;
+    (enf, state, cg, p, id)
+}
+
+/// [`enforced`] (not a dry run) with the group frozen, settled, as workload `w://<name>`.
+fn frozen(name: &str) -> Enforced {
+    let (mut enf, state, cg, p, id) = enforced(false, name);
+    let key = format!("w://{name}");
+    assert_eq!(
+        freeze_settled(&mut enf, &key, cg.rel_path(), GpuScope::All, None),
+        Outcome::Ok
+    );
+    (enf, state, cg, p, id)
 }
 
 /// The outcome of a freeze once the kernel settled it: a freeze is `pending` until every task of
@@ -53,16 +92,15 @@ fn settled(enf: &mut Enforcer, o: Outcome) -> Outcome {
     }
 }
 
-/// `enf.freeze(...)` of the group `rel` now, then [`settled`].
+/// `enf.freeze(...)` of the group `rel` now (reason "test"), then [`settled`].
 fn freeze_settled(
     enf: &mut Enforcer,
     key: &str,
     rel: &str,
     scope: GpuScope,
     pid: Option<u32>,
-    reason: &str,
 ) -> Outcome {
-    let o = enf.freeze(key, rel, scope, pid, reason, Instant::now());
+    let o = enf.freeze(key, rel, scope, pid, "test", Instant::now());
     settled(enf, o)
 }
 
@@ -81,21 +119,14 @@ fn wait_exit(pid: u32) -> bool {
 #[test]
 fn freeze_is_recorded_before_it_happens_and_thaw_only_undoes_our_own() {
     needs_root!("freeze_is_recorded");
-    let (mut enf, state) = enforcer(false);
+    let (mut enf, _state) = enforcer(false);
     let ours = group("ours");
     let theirs = group("theirs");
     let _p1 = FakeGpuProcess::spawn(Some(&ours), &[], &[]).unwrap();
     let _p2 = FakeGpuProcess::spawn(Some(&theirs), &[], &[]).unwrap();
 
     assert_eq!(
-        freeze_settled(
-            &mut enf,
-            "w://ours",
-            ours.rel_path(),
-            GpuScope::All,
-            None,
-            "test"
-        ),
+        freeze_settled(&mut enf, "w://ours", ours.rel_path(), GpuScope::All, None),
         Outcome::Ok
     );
     assert!(ours.is_frozen(), "kernel reports the group frozen");
@@ -140,13 +171,12 @@ fn freeze_is_recorded_before_it_happens_and_thaw_only_undoes_our_own() {
     assert_eq!(enf.thaw("w://ours", Instant::now()), Outcome::Ok);
     assert!(!ours.is_frozen());
     assert!(enf.record(ours.dir()).is_none());
-    std::fs::remove_dir_all(state).unwrap();
 }
 
 #[test]
 fn a_restarted_enforcer_observes_its_earlier_freezes_as_its_own_and_thaws_them_on_request() {
     needs_root!("restarted_enforcer");
-    let state = std::env::temp_dir().join(unique("gpushare-state"));
+    let state = StateDir::new();
     let root = cgroupfs::find_cgroup2_mount().unwrap();
     let keep = group("keep");
     let release = group("release");
@@ -155,14 +185,7 @@ fn a_restarted_enforcer_observes_its_earlier_freezes_as_its_own_and_thaws_them_o
     {
         let mut enf = Enforcer::new(root.clone(), &state, false).unwrap();
         assert_eq!(
-            freeze_settled(
-                &mut enf,
-                "w://keep",
-                keep.rel_path(),
-                GpuScope::All,
-                None,
-                "t"
-            ),
+            freeze_settled(&mut enf, "w://keep", keep.rel_path(), GpuScope::All, None),
             Outcome::Ok
         );
         assert_eq!(
@@ -171,8 +194,7 @@ fn a_restarted_enforcer_observes_its_earlier_freezes_as_its_own_and_thaws_them_o
                 "w://release",
                 release.rel_path(),
                 GpuScope::Gpu(1),
-                None,
-                "t"
+                None
             ),
             Outcome::Ok
         );
@@ -199,24 +221,12 @@ fn a_restarted_enforcer_observes_its_earlier_freezes_as_its_own_and_thaws_them_o
     assert_eq!(enf.thaw_all(), 1);
     assert!(!keep.is_frozen());
     assert!(enf.records().is_empty());
-    std::fs::remove_dir_all(state).unwrap();
 }
 
 #[test]
 fn a_group_removed_while_frozen_leaves_no_record() {
     needs_root!("group_removed_while_frozen");
-    let (mut enf, state, cg, p) = enforced(false, "gone");
-    assert_eq!(
-        freeze_settled(
-            &mut enf,
-            "w://gone",
-            cg.rel_path(),
-            GpuScope::All,
-            None,
-            "t"
-        ),
-        Outcome::Ok
-    );
+    let (mut enf, _state, cg, p, _) = frozen("gone");
     let dir = cg.dir().to_path_buf();
     drop(p);
     drop(cg); // kills, thaws, removes the directory
@@ -229,13 +239,12 @@ fn a_group_removed_while_frozen_leaves_no_record() {
         "the record of a gone group is dropped"
     );
     assert!(enf.observe([]).is_empty());
-    std::fs::remove_dir_all(state).unwrap();
 }
 
 #[test]
 fn signals_reach_verified_processes_and_never_a_reused_pid() {
     needs_root!("signals_reach_verified");
-    let (enf, state) = enforcer(false);
+    let (enf, _state) = enforcer(false);
     let victim = FakeGpuProcess::spawn(None, &[], &[]).unwrap();
     let id = procinfo::snapshot(victim.pid()).unwrap().identity;
     // Same pid, other start time: what a reused pid looks like. Must not be signalled.
@@ -258,14 +267,12 @@ fn signals_reach_verified_processes_and_never_a_reused_pid() {
         enf.signal("w://x", &[id.into()], libc::SIGTERM, To::Every),
         vec![(id, Outcome::Noop)]
     );
-    std::fs::remove_dir_all(state).unwrap();
 }
 
 #[test]
 fn dry_run_reports_and_touches_nothing() {
     needs_root!("dry_run_reports");
-    let (mut enf, state, cg, p) = enforced(true, "dry");
-    let id = procinfo::snapshot(p.pid()).unwrap().identity;
+    let (mut enf, _state, cg, _p, id) = enforced(true, "dry");
     assert_eq!(
         enf.freeze(
             "w://dry",
@@ -288,25 +295,12 @@ fn dry_run_reports_and_touches_nothing() {
     assert!(!cg.is_frozen());
     assert!(procinfo::is_same_process(id));
     assert!(enf.records().is_empty());
-    std::fs::remove_dir_all(state).unwrap();
 }
 
 #[test]
 fn kill_uses_cgroup_kill_even_on_a_frozen_group_and_the_agents_own_groups_are_refused() {
     needs_root!("kill_uses_cgroup_kill");
-    let (mut enf, state, cg, p) = enforced(false, "kill");
-    let id = procinfo::snapshot(p.pid()).unwrap().identity;
-    assert_eq!(
-        freeze_settled(
-            &mut enf,
-            "w://kill",
-            cg.rel_path(),
-            GpuScope::All,
-            None,
-            "t"
-        ),
-        Outcome::Ok
-    );
+    let (mut enf, _state, cg, _p, id) = frozen("kill");
     assert_eq!(
         enf.kill("w://kill", cg.rel_path(), &[Target::from(id)]),
         Outcome::Ok
@@ -340,13 +334,12 @@ fn kill_uses_cgroup_kill_even_on_a_frozen_group_and_the_agents_own_groups_are_re
             Outcome::Refused
         );
     }
-    std::fs::remove_dir_all(state).unwrap();
 }
 
 #[test]
 fn a_group_frozen_by_the_v1_freezer_is_someone_elses_and_is_left_alone_at_once() {
     needs_root!("v1_frozen_group");
-    let (mut enf, state, cg, p) = enforced(false, "paused");
+    let (mut enf, _state, cg, p, _) = enforced(false, "paused");
     // What `docker pause` does on a hybrid host: the v1 freezer.
     let Some(group) = V1Group::create(&unique("gpushare-test-paused")) else {
         gpushare_testkit::loud_skip("no v1 freezer mounted (pure cgroup v2 host)");
@@ -383,7 +376,6 @@ fn a_group_frozen_by_the_v1_freezer_is_someone_elses_and_is_left_alone_at_once()
     );
     drop(group);
     drop(p);
-    std::fs::remove_dir_all(state).unwrap();
 }
 
 /// The v1 freezer path of the executors. On this hybrid host the agent itself never takes it:
@@ -431,7 +423,7 @@ fn without_a_v2_freezer_the_v1_freezer_group_is_frozen_recorded_taken_over_thawe
     assert!(enf.records().is_empty());
     // With one: its v1 freezer group is frozen, and recorded as such first.
     assert_eq!(
-        freeze_settled(&mut enf, &key, &rel, GpuScope::All, Some(p.pid()), "t"),
+        freeze_settled(&mut enf, &key, &rel, GpuScope::All, Some(p.pid())),
         Outcome::Ok
     );
     assert_eq!(group.state(), "FROZEN");
@@ -461,7 +453,7 @@ fn without_a_v2_freezer_the_v1_freezer_group_is_frozen_recorded_taken_over_thawe
     // Killed while v1-frozen: no cgroup.kill there, so SIGKILL to the process and a thaw, without
     // which a v1-frozen task cannot die.
     assert_eq!(
-        freeze_settled(&mut enf, &key, &rel, GpuScope::All, Some(p.pid()), "t"),
+        freeze_settled(&mut enf, &key, &rel, GpuScope::All, Some(p.pid())),
         Outcome::Ok
     );
     assert_eq!(group.state(), "FROZEN");
@@ -470,5 +462,4 @@ fn without_a_v2_freezer_the_v1_freezer_group_is_frozen_recorded_taken_over_thawe
     assert_eq!(group.state(), "THAWED");
     drop(p);
     drop(group);
-    std::fs::remove_dir_all(state).unwrap();
 }

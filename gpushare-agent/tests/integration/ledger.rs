@@ -13,7 +13,7 @@ use gpushare_testkit::{TestCgroup, nvml::Scenario, workspace_bin};
 use serde_json::json;
 
 use crate::util::needs_root;
-use crate::util::{AgentProcess, agent_dir, key, one_gpu, sleeping_group};
+use crate::util::{AgentProcess, Reaped, agent_dir, key, one_gpu, sleeping_group};
 
 const GIB: u64 = 1 << 30;
 const FREEZE: &str = "[defaults]\ngrace = \"0s\"\nladder = [ { action = \"freeze\" } ]\n";
@@ -45,6 +45,21 @@ fn earlier_run(dir: &Path, frozen: &[&TestCgroup], bytes: &[u8]) {
         std::fs::write(cg.dir().join("cgroup.freeze"), "1").unwrap();
         assert!(cg.wait_frozen(true));
     }
+}
+
+/// Two sleeping groups named `names`, each under a 2 GiB quota (on GPU `gpus[k]`, else on all
+/// GPUs) with a ladder that freezes at once; and those quotas.
+fn two_under_freeze(
+    names: [&str; 2],
+    gpus: [Option<u32>; 2],
+) -> ([(TestCgroup, Reaped); 2], String) {
+    let groups = names.map(sleeping_group);
+    let quotas = format!(
+        "{FREEZE}{}{}",
+        cgroup_quota(&groups[0].0, "2GiB", gpus[0]),
+        cgroup_quota(&groups[1].0, "2GiB", gpus[1])
+    );
+    (groups, quotas)
 }
 
 fn agent_bin() -> std::path::PathBuf {
@@ -79,13 +94,9 @@ fn a_ledger_with_a_byte_that_is_not_utf8_still_starts_and_reconciles_its_freezes
 #[test]
 fn a_ledger_from_a_newer_version_is_read_and_its_freezes_reconciled() {
     needs_root!("a_ledger_from_a_newer_version");
-    let (thaw, pt) = sleeping_group("ledger-new-thaw");
-    let (keep, pk) = sleeping_group("ledger-new-keep");
-    let dir = agent_dir(&format!(
-        "{FREEZE}{}{}",
-        cgroup_quota(&thaw, "2GiB", None),
-        cgroup_quota(&keep, "2GiB", None)
-    ));
+    let ([(thaw, pt), (keep, pk)], quotas) =
+        two_under_freeze(["ledger-new-thaw", "ledger-new-keep"], [None, None]);
+    let dir = agent_dir(&quotas);
     let mut r1 = record(&thaw, "t");
     r1["checkpointed_bytes"] = json!(123);
     r1["future"] = json!({ "nested": [1, 2] });
@@ -116,13 +127,9 @@ fn a_ledger_from_a_newer_version_is_read_and_its_freezes_reconciled() {
 #[test]
 fn reconciliation_is_per_gpu_and_release_knows_the_freezes_of_an_earlier_run() {
     needs_root!("reconciliation_is_per_gpu");
-    let (on0, p0) = sleeping_group("ledger-gpu0");
-    let (on1, p1) = sleeping_group("ledger-gpu1");
-    let dir = agent_dir(&format!(
-        "{FREEZE}{}{}",
-        cgroup_quota(&on0, "2GiB", Some(0)),
-        cgroup_quota(&on1, "2GiB", Some(1))
-    ));
+    let ([(on0, p0), (on1, p1)], quotas) =
+        two_under_freeze(["ledger-gpu0", "ledger-gpu1"], [Some(0), Some(1)]);
+    let dir = agent_dir(&quotas);
     let file = json!({ "version": 1, "freezes": [record(&on0, "a"), record(&on1, "b")] });
     earlier_run(&dir, &[&on0, &on1], file.to_string().as_bytes());
     let sc = Scenario::create(&json!({ "devices": [
@@ -183,6 +190,18 @@ fn dry_run_does_not_reapply_an_earlier_runs_freeze() {
 }
 
 /// Runs a command with a deadline; `None` when it had to be killed.
+/// `gpushare-agent thaw --all` on the state directory of the agent directory `dir`, which must
+/// end within `limit`.
+fn thaw_all(dir: &Path, limit: Duration) -> std::process::Output {
+    run_with_deadline(
+        Command::new(agent_bin())
+            .args(["thaw", "--all", "--state-dir"])
+            .arg(dir.join("state")),
+        limit,
+    )
+    .unwrap()
+}
+
 fn run_with_deadline(cmd: &mut Command, limit: Duration) -> Option<std::process::Output> {
     let mut child = cmd
         .stdin(Stdio::null())
@@ -224,13 +243,7 @@ fn a_second_agent_on_the_same_state_directory_refuses_to_start() {
         err.contains(&format!("pid {pid}")) && err.contains("agent.lock"),
         "{err}"
     );
-    let out = run_with_deadline(
-        Command::new(agent_bin())
-            .args(["thaw", "--all", "--state-dir"])
-            .arg(first.dir.join("state")),
-        Duration::from_secs(15),
-    )
-    .unwrap();
+    let out = thaw_all(&first.dir, Duration::from_secs(15));
     assert!(!out.status.success(), "thaw --all next to a running agent");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains(&format!("pid {pid}")),
@@ -245,14 +258,9 @@ fn a_second_agent_on_the_same_state_directory_refuses_to_start() {
 #[test]
 fn freezes_survive_a_lost_ledger_and_thaw_all_undoes_them_without_an_agent() {
     needs_root!("thaw_all_without_an_agent");
-    let (a, pa) = sleeping_group("ledger-lost-a");
-    let (b, pb) = sleeping_group("ledger-lost-b");
+    let ([(a, pa), (b, pb)], quotas) =
+        two_under_freeze(["ledger-lost-a", "ledger-lost-b"], [None, None]);
     let (theirs, _pt) = sleeping_group("ledger-lost-theirs");
-    let quotas = format!(
-        "{FREEZE}{}{}",
-        cgroup_quota(&a, "2GiB", None),
-        cgroup_quota(&b, "2GiB", None)
-    );
     let sc = Scenario::create(&one_gpu(&[(pa.pid(), 3 * GIB), (pb.pid(), 3 * GIB)])).unwrap();
     let mut agent = AgentProcess::start(&sc, &quotas, &[]);
     assert!(a.wait_frozen(true) && b.wait_frozen(true));
@@ -272,13 +280,7 @@ fn freezes_survive_a_lost_ledger_and_thaw_all_undoes_them_without_an_agent() {
     // The agent cannot run any more; the operator undoes what it froze.
     agent.sigkill();
     std::fs::write(agent.ledger(), b"garbage").unwrap();
-    let out = run_with_deadline(
-        Command::new(agent_bin())
-            .args(["thaw", "--all", "--state-dir"])
-            .arg(agent.dir.join("state")),
-        Duration::from_secs(30),
-    )
-    .unwrap();
+    let out = thaw_all(&agent.dir, Duration::from_secs(30));
     assert!(
         out.status.success(),
         "thaw --all failed: {}",

@@ -20,8 +20,7 @@ fn wanted(sim: &Sim) -> Option<WantedLimits> {
 
 #[test]
 fn each_gpu_its_processes_use_gets_the_lowest_limit_with_its_tolerance() {
-    let a = docker('a');
-    let mut sim = Sim::new(&two_limits('a', "3GiB"), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&two_limits('a', "3GiB"));
     sim.at(0, &[(10, 0, Some(GIB)), (10, 1, Some(GIB))]);
     let path = sim.state.workloads[&key('a')].cgroup_path.clone();
     let want: WantedLimits = [
@@ -34,8 +33,7 @@ fn each_gpu_its_processes_use_gets_the_lowest_limit_with_its_tolerance() {
 
 #[test]
 fn a_limit_is_capped_at_the_gpus_memory_and_only_on_gpus_in_use() {
-    let a = docker('a');
-    let mut sim = Sim::new(&two_limits('a', "100GiB"), vec![attributed(10, &a)]);
+    let mut sim = Sim::a(&two_limits('a', "100GiB"));
     sim.at(0, &[(10, 1, Some(GIB))]);
     let path = sim.state.workloads[&key('a')].cgroup_path.clone();
     let want: WantedLimits = [
@@ -48,9 +46,8 @@ fn a_limit_is_capped_at_the_gpus_memory_and_only_on_gpus_in_use() {
 
 #[test]
 fn a_dry_run_or_observe_only_wants_no_driver_limit_at_all() {
-    let a = docker('a');
     for (dry_run, observe_only) in [(true, false), (false, true)] {
-        let mut sim = Sim::new(&two_limits('a', "3GiB"), vec![attributed(10, &a)]);
+        let mut sim = Sim::a(&two_limits('a', "3GiB"));
         sim.dry_run = dry_run;
         sim.observe_only = observe_only;
         sim.at(0, &[(10, 0, Some(GIB))]);
@@ -60,12 +57,7 @@ fn a_dry_run_or_observe_only_wants_no_driver_limit_at_all() {
 
 #[test]
 fn workloads_without_a_quota_or_not_carried_want_none() {
-    let a = docker('a');
-    let b = docker('b');
-    let mut sim = Sim::new(
-        &two_limits('a', "3GiB"),
-        vec![attributed(10, &a), attributed(20, &b)],
-    );
+    let mut sim = Sim::ab(&two_limits('a', "3GiB"));
     sim.at(0, &[(20, 0, Some(GIB))]);
     let d = sim.last.as_ref().unwrap().driver_limits.clone().unwrap();
     assert!(!d.contains_key(&key('b')));
