@@ -404,3 +404,15 @@ fn retries_back_off_doubling_to_the_maximum() {
     assert_eq!(RETRY_BASE, s(1));
     assert_eq!(RETRY_MAX, s(60));
 }
+
+/// The ledger stores the scope that froze a group as its label; reading it back gives the same
+/// scope, and a label that is neither `all` nor an index gives none (the record then says nothing
+/// about its scope).
+#[test]
+fn a_scope_reads_back_from_its_label() {
+    for scope in [GpuScope::All, GpuScope::Gpu(0), GpuScope::Gpu(7)] {
+        assert_eq!(GpuScope::from_label(&scope.label()), Some(scope));
+    }
+    assert_eq!(GpuScope::from_label("gpu0"), None);
+    assert_eq!(GpuScope::from_label(""), None);
+}
