@@ -383,6 +383,26 @@ fn tolerance_in_bytes_and_percent() {
     }
 }
 
+/// The reason an action gives names the tolerance the usage was measured against, and only
+/// when there is one.
+#[test]
+fn the_reason_names_a_tolerance_only_where_there_is_one() {
+    for (extra, used, named) in [
+        ("tolerance = \"64MiB\"", 3 * GIB, true),
+        ("", 3 * GIB, false),
+    ] {
+        let mut sim = Sim::a(&quota_for('a', &format!("grace = \"0s\"\n{extra}")));
+        let actions = sim.at(0, &[(10, 0, Some(used))]);
+        let alert = actions.first().expect("an alert");
+        assert_eq!(
+            alert.reason.contains("(tolerance 64"),
+            named,
+            "{}",
+            alert.reason
+        );
+    }
+}
+
 #[test]
 fn per_gpu_and_all_gpu_quotas_sum_differently() {
     let a = docker('a');
