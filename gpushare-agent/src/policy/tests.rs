@@ -761,6 +761,31 @@ fn signals_are_not_sent_to_frozen_workloads_and_kill_comes_last() {
     assert_eq!(sim.status('a', GpuScope::Gpu(0)), Some(Status::Killed));
 }
 
+/// A kill step whose signal the workload handled by going back within its quota is not followed
+/// by SIGKILL; while its usage is unknown the kill step neither counts as complied with nor
+/// escalates, and SIGKILL follows once the usage is known and still over.
+#[test]
+fn a_kill_step_complied_with_is_not_followed_by_sigkill_and_unknown_usage_waits() {
+    let toml = quota_for(
+        'a',
+        "grace = \"0s\"\nladder = [{ action = \"kill\", signal = \"SIGTERM\" }]",
+    );
+    let term = Signal::from_name("SIGTERM").unwrap();
+    let over = [(10, 0, Some(3 * GIB))];
+
+    let mut complied = Sim::a(&toml);
+    assert_eq!(complied.run(0, 0, &over), vec![(0, ActionKind::Kill(term))]);
+    assert_eq!(complied.run(1, 30, &[(10, 0, Some(GIB))]), vec![]);
+
+    let mut unknown = Sim::a(&toml);
+    assert_eq!(unknown.run(0, 0, &over), vec![(0, ActionKind::Kill(term))]);
+    assert_eq!(unknown.run(1, 30, &[(10, 0, None)]), vec![]);
+    assert_eq!(
+        unknown.run(31, 31, &over),
+        vec![(31, ActionKind::Kill(Signal::KILL))]
+    );
+}
+
 #[test]
 fn several_due_steps_fire_together_in_order() {
     let mut sim = Sim::a(&quota_for('a', ""));
