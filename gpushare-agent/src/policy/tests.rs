@@ -784,6 +784,13 @@ fn a_kill_step_complied_with_is_not_followed_by_sigkill_and_unknown_usage_waits(
         unknown.run(31, 31, &over),
         vec![(31, ActionKind::Kill(Signal::KILL))]
     );
+    // A process that outlives SIGKILL (in D state in a driver) gets it again every KILL_GRACE, not
+    // every step.
+    assert_eq!(unknown.run(32, 40, &over), vec![]);
+    assert_eq!(
+        unknown.run(41, 41, &over),
+        vec![(41, ActionKind::Kill(Signal::KILL))]
+    );
 }
 
 #[test]
