@@ -26,8 +26,8 @@ if rustup toolchain list | grep -q '^nightly'; then
 fi
 APT_PKGS=()
 [[ -n "$LLVM_MAJOR" ]] && APT_PKGS+=("llvm-${LLVM_MAJOR}-dev" "libpolly-${LLVM_MAJOR}-dev")
-# tests: C ABI check (gcc), python venv, prometheus/promtool, docker engine, busybox for container images
-APT_PKGS+=(gcc python3-venv prometheus docker.io busybox-static systemd jq)
+# tests: C ABI check (gcc), the image test's C++ library (g++), the package's strip and objdump (binutils), python venv, prometheus/promtool, docker engine, busybox for container images
+APT_PKGS+=(gcc g++ binutils python3-venv prometheus docker.io busybox-static systemd jq)
 apt_missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || apt_missing+=("$p")
