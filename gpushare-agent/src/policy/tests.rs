@@ -14,6 +14,8 @@ use crate::{
 };
 
 mod driver_limits;
+mod pressure;
+mod reasons;
 mod states;
 
 const GIB: u64 = 1 << 30;
