@@ -237,6 +237,9 @@ fn an_allocation_ioctl_makes_the_agent_re_sample_at_once() {
     sc.write(&one_gpu(&[(p.pid(), 3 * GIB)])).unwrap();
     let t = Instant::now();
     p.command("alloc 1").unwrap();
+    // Another process's device open at the same moment (as another test's would be): it too
+    // makes the agent re-sample, so the usage alone does not prove which event did.
+    let _other = FakeGpuProcess::spawn(None, &[node.path()], &[]).unwrap();
     agent.wait_for(BOUND, |s| used(s) == Some(3 * GIB));
     assert!(
         started.elapsed() < INTERVAL - BOUND,
