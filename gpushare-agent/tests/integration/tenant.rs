@@ -12,7 +12,7 @@ use std::{
 };
 
 use gpushare_agent::client::{Endpoint, request};
-use gpushare_testkit::{nvml::Scenario, unique, workspace_bin};
+use gpushare_testkit::{FakeDeviceNode, nvml::Scenario, unique, workspace_bin};
 
 use crate::util::{
     AgentProcess, Reaped, cgroup_quota, counter_value, group, needs_root, one_gpu, sleeping_group,
@@ -188,17 +188,27 @@ fn ip(args: &[&str]) {
     assert!(out.status.success(), "ip {args:?}: {out:?}");
 }
 
-/// A process in `cg` whose name (comm) holds an escape sequence and a line break, under a fresh
-/// directory; the directory goes with the guard.
-fn oddly_named_sleeper(cg: &gpushare_testkit::TestCgroup) -> (Reaped, gpushare_testkit::TempTree) {
+/// A GPU process in `cg` (it opens a fake nvidia node, so the agent logs its name) whose name
+/// (comm) holds an escape sequence and a line break; the node and the directory of its
+/// executable go with the guards.
+fn oddly_named_gpu_process(
+    cg: &gpushare_testkit::TestCgroup,
+) -> (Reaped, gpushare_testkit::TempTree, FakeDeviceNode) {
+    let node = FakeDeviceNode::create(&unique("odd-name")).unwrap();
     let dir = gpushare_testkit::TempTree::new("gpushare-odd-name");
     let exe = dir.path().join(ODD_NAME);
-    std::fs::copy("/bin/sleep", &exe).unwrap();
+    std::fs::copy(workspace_bin("gpushare-fake-gpu-proc"), &exe).unwrap();
     let p = Reaped(
-        cg.spawn(Command::new(&exe).arg("300").stdin(Stdio::null()))
-            .unwrap(),
+        cg.spawn(
+            Command::new(&exe)
+                .arg("--device")
+                .arg(node.path())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null()),
+        )
+        .unwrap(),
     );
-    (p, dir)
+    (p, dir, node)
 }
 
 /// 15 bytes, as the kernel keeps a comm: an escape sequence that clears the screen, a line break.
@@ -210,10 +220,12 @@ const ODD_NAME: &str = "a\x1b[2J\x1b[Hb\nc";
 fn status_and_the_log_show_a_process_name_with_control_characters_escaped() {
     needs_root!("status_and_the_log_show_a_process_name_with_control_characters_escaped");
     let cg = group("odd-name");
-    let (p, _dir) = oddly_named_sleeper(&cg);
-    let sc = Scenario::create(&one_gpu(&[(p.pid(), GIB)])).unwrap();
+    let sc = Scenario::create(&one_gpu(&[])).unwrap();
     let quotas = format!("{FREEZE}{}", cgroup_quota(&cg, "4GiB"));
     let agent = AgentProcess::start(&sc, &quotas, &[]);
+    // Started after the agent, so the agent sees its open and logs it by name.
+    let (p, _dir, _node) = oddly_named_gpu_process(&cg);
+    sc.write(&one_gpu(&[(p.pid(), GIB)])).unwrap();
     let s = agent.wait_for(Duration::from_secs(20), |s| {
         s.processes.iter().any(|q| q.pid == p.pid())
     });
@@ -242,9 +254,16 @@ fn status_and_the_log_show_a_process_name_with_control_characters_escaped() {
         table.lines().all(|l| !l.starts_with("c ")),
         "the name's line break started a row of its own:\n{table}"
     );
+    // The agent logs the new GPU task with its name: escaped, its line break indented.
+    let log = agent.log();
     assert!(
-        !agent.log().contains('\x1b'),
-        "a raw escape reached the log"
+        log.contains(r"a\u{1b}[2J\u{1b}[Hb"),
+        "the log does not show the name escaped:\n{log}"
+    );
+    assert!(!log.contains('\x1b'), "a raw escape reached the log");
+    assert!(
+        log.lines().all(|l| !l.starts_with("c)")),
+        "the name's line break started a log line of its own:\n{log}"
     );
 }
 
@@ -255,7 +274,7 @@ fn status_and_the_log_show_a_process_name_with_control_characters_escaped() {
 fn a_user_without_privilege_gets_no_workload_detail_from_the_socket_or_loopback() {
     needs_root!("a_user_without_privilege_gets_no_workload_detail");
     let cg = group("detail");
-    let (p, _dir) = oddly_named_sleeper(&cg);
+    let (p, _dir, _node) = oddly_named_gpu_process(&cg);
     let sc = Scenario::create(&one_gpu(&[(p.pid(), GIB)])).unwrap();
     let quotas = format!("{FREEZE}{}", cgroup_quota(&cg, "4GiB"));
     let agent = AgentProcess::start(&sc, &quotas, &[]);
