@@ -7,7 +7,8 @@
 #   structurally instead: Kustomization (resources exist and are all listed), ServiceMonitor and
 #   PodMonitor (Prometheus Operator CRDs: required fields, and that their selector and port match
 #   the agent's pods/service). Cross-references are checked too (the ConfigMap and service account
-#   the DaemonSet uses, the service selector, /healthz probes, --listen 0.0.0.0:9402), and the image:
+#   the DaemonSet uses, the service selector, /healthz probes, --listen 0.0.0.0:9402, a NetworkPolicy
+#   over the agent's pods admitting named sources to the metrics port only), and the image:
 #   the DaemonSet's image is `<NAME>:<version>` as `cargo xtask image` tags it (NAME from
 #   xtask/src/image.rs, the workspace version from Cargo.toml), kustomization.yaml maps that name
 #   (`images:` with newName and newTag = the version), and a built archive in target/image/ carries
@@ -188,6 +189,23 @@ def check_daemonset(d, errs):
         if not matches(get(s, "spec", "selector", default={}), pod_labels):
             errs.append(f"service {get(s, 'metadata', 'name')} does not select the agent's pods")
 
+def check_network_policy(d, errs):
+    # The agent's pods admit the scrape only: every ingress rule names its sources and the
+    # metrics port alone (issue 20: no other pod reads a node's workload series).
+    if not matches(get(d, "spec", "podSelector", "matchLabels", default={}), pod_labels):
+        errs.append(f"podSelector does not select the agent's pods {pod_labels}")
+    if "Ingress" not in get(d, "spec", "policyTypes", default=[]):
+        errs.append("policyTypes must include Ingress")
+    rules = get(d, "spec", "ingress", default=[]) or []
+    if not rules:
+        errs.append("no ingress rule: the scrape would be refused too")
+    for i, r in enumerate(rules):
+        if not r.get("from"):
+            errs.append(f"ingress[{i}] has no `from`: it admits every source")
+        ports = [p.get("port") for p in r.get("ports", [])]
+        if not ports or any(p not in ("metrics", 9402) for p in ports):
+            errs.append(f"ingress[{i}] must admit the metrics port only, not {ports or 'every port'}")
+
 for path in files:
     rel = os.path.relpath(path, root)
     errs = list(problems.get(path, []))
@@ -213,6 +231,8 @@ for path in files:
         how.add(f"schema, strict, Kubernetes {' and '.join(versions)}")
         if kind == "DaemonSet":
             check_daemonset(d, errs)
+        if kind == "NetworkPolicy":
+            check_network_policy(d, errs)
         if kind == "ConfigMap" and "quotas.toml" in (d.get("data") or {}):
             with open(os.path.join(tmp, "configmap-quotas.toml"), "w") as f:
                 f.write(d["data"]["quotas.toml"])

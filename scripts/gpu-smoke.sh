@@ -92,15 +92,19 @@ else
   fail "suspend unavailable: $(grep -o 'suspend is unavailable.*' "$LOG" | head -1) (needs driver r570+)"; SUSPEND=0
 fi
 
-# The agent's view of one workload (or of the GPU): "used state suspended_bytes" from /api/v1/state.
+# The agent's view of one workload (or of the GPU): "used state suspended_bytes" from /api/v1/state
+# (served on the root-only local socket only).
 state_of() {
-  python3 - "$PORT" "$1" <<'PY'
-import json, sys, urllib.request
-port, cg = sys.argv[1], sys.argv[2]
-s = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/state", timeout=5))
+  "$AGENT" status --json --socket "$SOCK" 2>/dev/null | python3 -c '
+import json, sys
+cg = sys.argv[1]
+try:
+    s = json.load(sys.stdin)
+except ValueError:
+    s = {"workloads": []}
 rows = [w for w in s["workloads"] if w["workload"] == "cgroup://" + cg and w["gpu_uuid"] == "all"]
-print(f'{rows[0]["used_bytes"]} {rows[0]["state"]} {rows[0].get("suspended_bytes", 0)}' if rows else "0 absent 0")
-PY
+print("%s %s %s" % (rows[0]["used_bytes"], rows[0]["state"], rows[0].get("suspended_bytes", 0)) if rows else "0 absent 0")
+' "$1"
 }
 wait_state() { # cgroup state seconds -> 0 when reached
   local deadline=$(( $(date +%s) + $3 ))
@@ -221,7 +225,7 @@ else
   READY="$(docker logs "$IMAGE_CONTAINER" 2>&1 | grep -o 'NVML ready: driver [^,]*, [0-9]* GPU(s)' | head -1)"
   if [[ -n "$READY" ]]; then
     pass "in the image ($REF): $READY"
-    GPUS_IN="$("$AGENT" status --json --listen "127.0.0.1:$IPORT" 2>/dev/null | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["gpus"]))' 2>/dev/null)"
+    GPUS_IN="$("$AGENT" status --json --socket "$WORK/image-run/agent.sock" 2>/dev/null | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["gpus"]))' 2>/dev/null)"
     GPUS_SMI="$(nvidia-smi -L | grep -c '^GPU ')"
     [[ "$GPUS_IN" == "$GPUS_SMI" ]] && pass "the agent in the image lists $GPUS_IN GPU(s), as nvidia-smi does" \
       || fail "the agent in the image lists '${GPUS_IN}' GPU(s), nvidia-smi $GPUS_SMI"

@@ -327,7 +327,7 @@ fn footprint_once(
     let pid = agent.id() as i32;
     // Only a working agent's figure counts: it must see every workload.
     let seen = gpushare_agent::client::request(
-        &gpushare_agent::client::Endpoint::Tcp(&listen),
+        &gpushare_agent::client::Endpoint::Unix(&dir.join("agent.sock")),
         "GET",
         "/api/v1/state",
         None,

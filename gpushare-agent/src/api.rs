@@ -1,6 +1,9 @@
-//! The agent's HTTP endpoints. Read-only ones (`/metrics`, `/healthz`, `/api/v1/state`) are served on
-//! TCP (default 127.0.0.1:9402) and on the local Unix socket; the write endpoint (`release`) only on
-//! the Unix socket, which is created owned by root with mode 0600. Never on TCP.
+//! The agent's HTTP endpoints. TCP (default 127.0.0.1:9402) serves `/metrics` and `/healthz` only:
+//! any local user reaches loopback, and any pod reaches a node's address, so nothing per workload
+//! beyond the metrics a scrape needs is served there (per-process series only when the operator
+//! turns them on). Per-workload and per-process detail (`/api/v1/state`, what `status` shows) and
+//! the write endpoint (`release`) are served on the local Unix socket only, created owned by root
+//! with mode 0600.
 
 use std::{
     net::SocketAddr,
@@ -42,14 +45,14 @@ struct Ctx {
     release: Option<mpsc::Sender<ReleaseRequest>>,
 }
 
-fn read_routes() -> Router<Ctx> {
+/// What every listener serves: what a scrape and a probe need.
+fn public_routes() -> Router<Ctx> {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
-        .route("/api/v1/state", get(state))
 }
 
-/// Serves the read-only endpoints on `addr`.
+/// Serves `/metrics` and `/healthz` on `addr`.
 pub async fn serve_tcp(
     addr: SocketAddr,
     snapshot: SharedSnapshot,
@@ -58,8 +61,11 @@ pub async fn serve_tcp(
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
         format!("listening on {addr} (is another agent running? use --listen to change)")
     })?;
-    info!("serving /metrics, /healthz and /api/v1/state on http://{addr}");
-    let app = read_routes().with_state(Ctx {
+    info!(
+        "serving /metrics and /healthz on http://{addr} (the state and release on the local \
+         socket only)"
+    );
+    let app = public_routes().with_state(Ctx {
         snapshot,
         metrics,
         release: None,
@@ -72,7 +78,8 @@ pub async fn serve_tcp(
     Ok(())
 }
 
-/// Serves every endpoint, `release` included, on a root-only Unix socket at `path`.
+/// Serves every endpoint, `/api/v1/state` and `release` included, on a root-only Unix socket at
+/// `path`.
 pub async fn serve_unix(
     path: &Path,
     snapshot: SharedSnapshot,
@@ -92,7 +99,8 @@ pub async fn serve_unix(
     let listener = tokio::net::UnixListener::bind(path)
         .with_context(|| format!("binding {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    let app = read_routes()
+    let app = public_routes()
+        .route("/api/v1/state", get(state))
         .route("/api/v1/release", post(release_handler))
         .with_state(Ctx {
             snapshot,
@@ -105,7 +113,10 @@ pub async fn serve_unix(
             warn!("local API on {} stopped: {e}", shown.display());
         }
     });
-    info!("local API (release) on {} (root only)", path.display());
+    info!(
+        "local API (/api/v1/state, release) on {} (root only)",
+        path.display()
+    );
     Ok(path.to_path_buf())
 }
 

@@ -48,9 +48,9 @@ pub enum Command {
         /// Print the agent's state as JSON.
         #[arg(long)]
         json: bool,
-        /// Where the agent listens.
-        #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN)]
-        listen: String,
+        /// The agent's local socket (root only: the state names every workload's processes).
+        #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
     },
     /// Release a workload: thaw it if frozen and restart its ladder (root; local socket).
     Release {
@@ -122,10 +122,14 @@ pub struct RunArgs {
     /// Runtime quota drop-in directory (where `launch` registers quotas).
     #[arg(long, value_name = "DIR", default_value = RUNTIME_QUOTAS_DIR)]
     pub runtime_quotas: PathBuf,
-    /// Address of /metrics, /healthz and /api/v1/state.
+    /// Address of /metrics and /healthz (nothing else is served on TCP).
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN)]
     pub listen: std::net::SocketAddr,
-    /// The local API socket (release), root only.
+    /// Export a GPU-memory series per process (`gpushare_process_gpu_memory_used_bytes`, labelled
+    /// with pid and process name). Off by default: whoever reaches the listener reads them.
+    #[arg(long)]
+    pub process_metrics: bool,
+    /// The local API socket (/api/v1/state, release), root only.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
     pub socket: PathBuf,
     /// Where the freeze ledger and the last good quota configuration are kept.

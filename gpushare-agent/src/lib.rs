@@ -9,6 +9,7 @@
 //! - [`workload`]: cgroup path -> workload identity and root cgroup (pure).
 //! - [`sample`]: what one NVML sample saw (plain data).
 //! - [`sys`]: `/proc/self/mountinfo` and `/proc/<pid>/cgroup`, parsed once.
+//! - [`shown`]: names a tenant chooses, escaped for a terminal or a log.
 //! - [`ebpf`]: loading the kernel programs, draining their ring buffer and counters.
 //! - [`cuda`]: the CUDA checkpoint driver API, loaded at run time for `suspend`.
 //! - [`client`]: the HTTP client of `status`, `release` and the tests.
@@ -51,6 +52,7 @@ pub mod policy;
 pub mod quota;
 pub mod run;
 pub mod sample;
+pub mod shown;
 pub mod snapshot;
 pub mod status;
 pub mod sys;

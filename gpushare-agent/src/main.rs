@@ -5,19 +5,31 @@ use gpushare_agent::{
     cli::{Cli, Command},
     client::{Endpoint, request},
     quota::file::load_dir_set,
+    shown::log_message,
     snapshot::Snapshot,
     status::{render_quota_rows, render_status},
 };
 
 fn main() -> ExitCode {
+    // env_logger's own layout, with names a tenant chooses (in any message) escaped.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .format_timestamp_millis()
+        .format(|buf, record| {
+            use std::io::Write;
+            writeln!(
+                buf,
+                "[{} {:<5} {}] {}",
+                buf.timestamp_millis(),
+                record.level(),
+                record.target(),
+                log_message(&record.args().to_string())
+            )
+        })
         .init();
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gpushare-agent: error: {e:#}");
+            eprintln!("gpushare-agent: error: {}", log_message(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }
@@ -75,9 +87,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Some(Command::Status { json, listen }) => {
-            let (code, body) = request(&Endpoint::Tcp(&listen), "GET", "/api/v1/state", None).map_err(|e| {
-                anyhow::anyhow!("no gpushare agent answers on {listen} ({e:#}); is it running? (`cargo xtask run`, or `systemctl status gpushare-agent`)")
+        Some(Command::Status { json, socket }) => {
+            let (code, body) = request(&Endpoint::Unix(&socket), "GET", "/api/v1/state", None).map_err(|e| {
+                anyhow::anyhow!("no gpushare agent answers on {} ({e:#}); status needs root and a running agent (`cargo xtask run`, or `systemctl status gpushare-agent`)", socket.display())
             })?;
             anyhow::ensure!(code == 200, "the agent answered HTTP {code}: {body}");
             if json {

@@ -59,8 +59,15 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// A registry over `snapshot`.
+    /// A registry over `snapshot`, without per-process series.
     pub fn new(snapshot: SharedSnapshot, compat: Compat) -> Self {
+        Self::with_options(snapshot, compat, false)
+    }
+
+    /// A registry over `snapshot`; `process_series` adds `gpushare_process_gpu_memory_used_bytes`
+    /// (a series per GPU process, labelled with its pid and name: off unless the operator turns
+    /// it on, since `/metrics` is served to whoever reaches the listener).
+    pub fn with_options(snapshot: SharedSnapshot, compat: Compat, process_series: bool) -> Self {
         let mut registry = Registry::default();
         let sample_duration = Histogram::new([
             0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -93,7 +100,11 @@ impl Metrics {
             "How long a resume took: thaw, restore and unlock every checkpointed process",
             resume_duration.clone(),
         );
-        registry.register_collector(Box::new(SnapshotCollector { snapshot, compat }));
+        registry.register_collector(Box::new(SnapshotCollector {
+            snapshot,
+            compat,
+            process_series,
+        }));
         Self {
             registry,
             sample_duration,
@@ -122,6 +133,7 @@ impl Metrics {
 struct SnapshotCollector {
     snapshot: SharedSnapshot,
     compat: Compat,
+    process_series: bool,
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -257,20 +269,23 @@ impl Collector for SnapshotCollector {
         gauge(
             &mut e,
             "gpushare_process_gpu_memory_used_bytes",
-            "GPU memory used by a process, bytes",
-            snap.processes.iter().filter_map(|p| {
-                p.used_bytes.map(|b| {
-                    (
-                        vec![
-                            ("gpu_uuid", p.gpu_uuid.clone()),
-                            ("pid", p.pid.to_string()),
-                            ("comm", p.comm.clone()),
-                            ("workload", p.workload.clone()),
-                        ],
-                        b as f64,
-                    )
-                })
-            }),
+            "GPU memory used by a process, bytes (with --process-metrics only)",
+            snap.processes
+                .iter()
+                .filter(|_| self.process_series)
+                .filter_map(|p| {
+                    p.used_bytes.map(|b| {
+                        (
+                            vec![
+                                ("gpu_uuid", p.gpu_uuid.clone()),
+                                ("pid", p.pid.to_string()),
+                                ("comm", p.comm.clone()),
+                                ("workload", p.workload.clone()),
+                            ],
+                            b as f64,
+                        )
+                    })
+                }),
         )?;
         gauge(
             &mut e,
@@ -354,6 +369,18 @@ impl Collector for SnapshotCollector {
              because their pid's process started after the sample (unverifiable), pids rejected \
              at attribution (rejected)",
             c.identity
+                .iter()
+                .map(|(k, v)| (vec![("kind", k.clone())], *v)),
+        )?;
+        counter(
+            &mut e,
+            "gpushare_attribution_work",
+            "Work attribution did whose amount processes choose: unconfirmed nvidia opens checked \
+             in /proc (open_checks) and found failed (failed_opens), /proc/<pid>/fd entries read \
+             (fd_entries_read), cgroup ids resolved by opening the group (cgroup_id_lookups), \
+             walks of the cgroup hierarchy (cgroup_rescans) and the directories they read \
+             (cgroup_dirs_walked)",
+            c.attribution_work
                 .iter()
                 .map(|(k, v)| (vec![("kind", k.clone())], *v)),
         )?;

@@ -82,7 +82,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
     } else {
         Compat::None
     };
-    let metrics = Arc::new(Metrics::new(snapshot.clone(), compat));
+    let metrics = Arc::new(Metrics::with_options(
+        snapshot.clone(),
+        compat,
+        args.process_metrics,
+    ));
     let opts = AgentOptions {
         dry_run: args.dry_run,
         keep_frozen_on_exit: args.keep_frozen_on_exit,
@@ -270,7 +274,22 @@ fn enter_host_cgroup_namespace() {
 fn on_changes(agent: &mut Agent) -> Option<Instant> {
     let changes = agent.tracker.poll();
     log_changes(agent, &changes);
-    Agent::wants_resample(&changes).then(Instant::now)
+    if !Agent::wants_resample(&changes) {
+        return None;
+    }
+    // Which events asked for it, each as `wants_resample` judges it alone (tests check that a
+    // re-sample came from their own process's event, not another's).
+    let causes: Vec<String> = changes
+        .iter()
+        .filter(|c| Agent::wants_resample(std::slice::from_ref(*c)))
+        .map(|c| match c {
+            Change::AllocHint(pid) => format!("an allocation ioctl of GPU task {pid}"),
+            Change::Added(pid) => format!("new GPU task {pid}"),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    log::debug!("re-sample wanted by {}", causes.join(", "));
+    Some(Instant::now())
 }
 
 /// Re-samples after a short debounce, so a burst of allocations costs one sample.

@@ -185,6 +185,10 @@ pub struct Counters {
     /// Attribution's identity checks, by kind (`exited`, `stale_identity`, `unverifiable`).
     #[serde(default)]
     pub identity: BTreeMap<String, u64>,
+    /// Work attribution did whose amount processes choose, by kind (`fd_entries_read`,
+    /// `cgroup_rescans`, ...: `attribution::tracker::Work`).
+    #[serde(default)]
+    pub attribution_work: BTreeMap<String, u64>,
     /// Malformed environment-quota variables and unreadable runtime specs seen.
     #[serde(default)]
     pub env_quota_errors: u64,

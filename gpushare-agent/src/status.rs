@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use crate::{
     quota::{ByteSize, QuotaRow},
+    shown::shown,
     snapshot::Snapshot,
 };
 
@@ -41,7 +42,7 @@ pub fn render_status(snap: &Snapshot) -> String {
         );
     }
     for d in &h.degraded {
-        let _ = writeln!(out, "  degraded: {d}");
+        let _ = writeln!(out, "  degraded: {}", shown(d));
     }
     let _ = writeln!(out);
     let _ = writeln!(
@@ -55,7 +56,7 @@ pub fn render_status(snap: &Snapshot) -> String {
             "{:<4} {:<42} {:<24} {:>22} {:>5}",
             g.index,
             g.uuid,
-            truncate(&g.name, 24),
+            truncate(&shown(&g.name), 24),
             format!(
                 "{} / {}",
                 human_bytes(g.memory_used_bytes),
@@ -106,7 +107,7 @@ pub fn render_status(snap: &Snapshot) -> String {
                 format!(
                     "{}({}) {}",
                     p.pid,
-                    p.comm,
+                    shown(&p.comm),
                     p.used_bytes
                         .map(human_bytes)
                         .unwrap_or_else(|| "n/a".into())
@@ -116,7 +117,7 @@ pub fn render_status(snap: &Snapshot) -> String {
         let _ = writeln!(
             out,
             "{:<28} {:<6} {:>10} {:>10} {:>6} {:<11} {:>8}  {}",
-            truncate(&w.workload, 28),
+            truncate(&shown(&w.workload), 28),
             gpu,
             human_bytes(w.used_bytes),
             quota,
@@ -133,7 +134,7 @@ pub fn render_status(snap: &Snapshot) -> String {
             );
         }
         if !w.detail.is_empty() {
-            let _ = writeln!(out, "    {}", w.detail);
+            let _ = writeln!(out, "    {}", shown(&w.detail));
         }
     }
     if snap.workloads.is_empty() {
@@ -145,7 +146,7 @@ pub fn render_status(snap: &Snapshot) -> String {
             let _ = writeln!(
                 out,
                 "  note: {}: environment quota read from its init process (no runtime spec found): lower trust",
-                w.workload
+                shown(&w.workload)
             );
         }
     }
@@ -164,8 +165,8 @@ pub fn render_quota_rows(rows: &[QuotaRow]) -> String {
         let _ = writeln!(
             out,
             "{:<34} {:<36} {:<10} {:>10} {:<8} {:<9} {:<6} {}",
-            truncate(&r.origin, 34),
-            truncate(&r.selector, 36),
+            truncate(&shown(&r.origin), 34),
+            truncate(&shown(&r.selector), 36),
             r.gpu,
             r.memory,
             r.mode,

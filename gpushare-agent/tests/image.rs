@@ -306,15 +306,7 @@ impl Agent {
     /// `gpushare-agent status --json` inside the container (the image's own client).
     fn state(&self) -> Result<Snapshot, String> {
         let out = run_timeout(
-            Command::new("docker").args([
-                "exec",
-                &self.name,
-                "gpushare-agent",
-                "status",
-                "--json",
-                "--listen",
-                "127.0.0.1:9402",
-            ]),
+            Command::new("docker").args(["exec", &self.name, "gpushare-agent", "status", "--json"]),
             Duration::from_secs(20),
         )
         .map_err(|e| format!("{e:#}"))?;

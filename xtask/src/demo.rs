@@ -376,7 +376,8 @@ impl Demo {
 
     fn status_table(&self) -> Result<String> {
         let out = Command::new(&self.agent_bin)
-            .args(["status", "--listen", &self.listen])
+            .args(["status", "--socket"])
+            .arg(self.path("agent.sock"))
             .output()
             .context("running gpushare-agent status")?;
         ensure!(
@@ -795,9 +796,15 @@ impl Demo {
         Ok((file, bytes))
     }
 
+    /// The agent's state, from its local socket (the only listener that serves it).
+    fn local_state(&self) -> Result<(u16, String)> {
+        let sock = self.path("agent.sock");
+        client::request(&client::Endpoint::Unix(&sock), "GET", "/api/v1/state", None)
+    }
+
     /// Free memory of GPU `index` as the agent last sampled it.
     fn gpu_free(&self, index: u32) -> Result<u64> {
-        let (_, body) = http_get(&self.listen, "/api/v1/state")?;
+        let (_, body) = self.local_state()?;
         let v: serde_json::Value = serde_json::from_str(&body)?;
         v["gpus"]
             .as_array()
@@ -808,7 +815,7 @@ impl Demo {
 
     /// A service's GPU memory as the agent sees it (summed over its per-GPU rows).
     fn used_of(&self, name: &str) -> Result<u64> {
-        let (_, body) = http_get(&self.listen, "/api/v1/state")?;
+        let (_, body) = self.local_state()?;
         let v: serde_json::Value = serde_json::from_str(&body)?;
         let rows = v["workloads"].as_array().context("no workloads")?;
         Ok(rows

@@ -595,6 +595,13 @@ impl Agent {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect(),
+            attribution_work: self
+                .tracker
+                .work()
+                .pairs()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
             env_quota_errors: self.workloads.env_quotas().problems_total(),
             env_quota_unit_mismatch: self
                 .workloads

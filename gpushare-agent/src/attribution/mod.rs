@@ -151,6 +151,11 @@ impl Attribution {
         }
     }
 
+    /// The cgroup resolver (for its work counters).
+    pub fn resolver(&self) -> &CgroupResolver {
+        &self.resolver
+    }
+
     /// The task with this pid.
     pub fn get(&self, pid: u32) -> Option<&GpuTaskEntry> {
         self.tasks.get(&pid)

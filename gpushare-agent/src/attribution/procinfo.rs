@@ -151,8 +151,9 @@ const OPEN_SYSCALLS: [libc::c_long; 2] = [libc::SYS_openat, libc::SYS_openat2];
 /// Where thread `tid`'s open of an nvidia node in process `tgid` stands. The thread's syscall is
 /// read first (`/proc/<tgid>/task/<tid>/syscall`): once it has left the open, an fd it opened is
 /// already in its table. A thread that is running cannot be told apart: `running_is_done` says
-/// whether to judge it by its fds anyway (the caller gives up waiting).
-pub fn open_state(tgid: u32, tid: u32, running_is_done: bool) -> OpenState {
+/// whether to judge it by its fds anyway (the caller gives up waiting). `fd_entries` counts the fd
+/// entries read: a tenant chooses how many fds it holds, so this is the cost it controls.
+pub fn open_state(tgid: u32, tid: u32, running_is_done: bool, fd_entries: &mut u64) -> OpenState {
     let syscall = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/syscall"));
     let first = syscall
         .as_deref()
@@ -167,8 +168,8 @@ pub fn open_state(tgid: u32, tid: u32, running_is_done: bool) -> OpenState {
         return OpenState::InProgress;
     }
     // The thread's own table first (it may have unshared it), then the process's.
-    if holds_nvidia_fd_in(&format!("/proc/{tgid}/task/{tid}/fd"))
-        || holds_nvidia_fd_in(&format!("/proc/{tgid}/fd"))
+    if holds_nvidia_fd_in(&format!("/proc/{tgid}/task/{tid}/fd"), fd_entries)
+        || holds_nvidia_fd_in(&format!("/proc/{tgid}/fd"), fd_entries)
     {
         OpenState::Opened
     } else {
@@ -176,12 +177,14 @@ pub fn open_state(tgid: u32, tid: u32, running_is_done: bool) -> OpenState {
     }
 }
 
-/// Whether the fd directory `dir` (`/proc/<pid>/fd`) holds a link to `/dev/nvidia*`.
-pub fn holds_nvidia_fd_in(dir: &str) -> bool {
+/// Whether the fd directory `dir` (`/proc/<pid>/fd`) holds a link to `/dev/nvidia*`; adds the
+/// entries read to `fd_entries`.
+pub fn holds_nvidia_fd_in(dir: &str, fd_entries: &mut u64) -> bool {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return false;
     };
     entries.flatten().any(|e| {
+        *fd_entries += 1;
         std::fs::read_link(e.path())
             .is_ok_and(|t| t.as_os_str().as_encoded_bytes().starts_with(b"/dev/nvidia"))
     })

@@ -36,7 +36,40 @@ pub struct Tracker {
     undecodable: u64,
     /// Opens sent on their entry whose result is not known yet: (event, when first checked).
     unconfirmed: Vec<(KernelEvent, Instant)>,
-    failed_opens: u64,
+    work: Work,
+}
+
+/// What attribution did whose amount a tenant chooses (how many fds it holds, how often it opens
+/// a missing node, how many cgroups it makes): typed totals since the start, so tests assert
+/// counts instead of times.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Unconfirmed opens checked in `/proc` (probe sets without an exit probe only).
+    pub open_checks: u64,
+    /// Of those, opens found to have failed (their kernel entries were dropped).
+    pub failed_opens: u64,
+    /// `/proc/<pid>/fd` entries read: checking opens, reconciling, at start.
+    pub fd_entries_read: u64,
+    /// cgroup ids resolved by opening the group by its id (one syscall each).
+    pub cgroup_id_lookups: u64,
+    /// Whole walks of the cgroup hierarchy (to resolve a cgroup id where it cannot be opened).
+    pub cgroup_rescans: u64,
+    /// Directories those walks read.
+    pub cgroup_dirs_walked: u64,
+}
+
+impl Work {
+    /// (label value, total) pairs, as `gpushare_attribution_work_total{kind}` shows them.
+    pub fn pairs(&self) -> [(&'static str, u64); 6] {
+        [
+            ("open_checks", self.open_checks),
+            ("failed_opens", self.failed_opens),
+            ("fd_entries_read", self.fd_entries_read),
+            ("cgroup_id_lookups", self.cgroup_id_lookups),
+            ("cgroup_rescans", self.cgroup_rescans),
+            ("cgroup_dirs_walked", self.cgroup_dirs_walked),
+        ]
+    }
 }
 
 /// How long a thread that keeps running after an unconfirmed open is waited for before its fds
@@ -76,7 +109,7 @@ impl Tracker {
             counts: Vec::new(),
             undecodable: 0,
             unconfirmed: Vec::new(),
-            failed_opens: 0,
+            work: Work::default(),
         };
         tracker.bootstrap_from_proc();
         tracker
@@ -92,7 +125,7 @@ impl Tracker {
             counts: Vec::new(),
             undecodable: 0,
             unconfirmed: Vec::new(),
-            failed_opens: 0,
+            work: Work::default(),
         }
     }
 
@@ -136,7 +169,18 @@ impl Tracker {
 
     /// Opens of nvidia nodes that turned out to have failed (their kernel entries were dropped).
     pub fn failed_opens(&self) -> u64 {
-        self.failed_opens
+        self.work.failed_opens
+    }
+
+    /// What attribution did, in totals a tenant's choices size.
+    pub fn work(&self) -> Work {
+        let resolver = self.table.resolver();
+        Work {
+            cgroup_id_lookups: resolver.handle_lookups(),
+            cgroup_rescans: resolver.rescans(),
+            cgroup_dirs_walked: resolver.dirs_walked(),
+            ..self.work
+        }
     }
 
     /// Drains pending kernel events into the table and returns what changed. An open sent on its
@@ -193,12 +237,14 @@ impl Tracker {
         for (ev, since) in pending {
             let tid = (ev.arg & 0xffff_ffff) as u32;
             let waited_enough = since.elapsed() >= RUNNING_OPEN_WAIT;
-            let mut state = open_state(ev.tgid, tid, waited_enough);
+            self.work.open_checks += 1;
+            let fds = &mut self.work.fd_entries_read;
+            let mut state = open_state(ev.tgid, tid, waited_enough, fds);
             if state == OpenState::Failed
                 && let Some(kernel) = self.kernel.as_mut()
             {
                 kernel.forget_gpu_task(ev.tgid);
-                state = open_state(ev.tgid, tid, true);
+                state = open_state(ev.tgid, tid, true, fds);
                 if state != OpenState::Failed {
                     // Put the entry back: the task's ioctls count again.
                     kernel.track_task(ev.tgid, ev.cgroup_id, &ev.comm);
@@ -214,7 +260,7 @@ impl Tracker {
                 }
                 OpenState::InProgress => self.unconfirmed.push((ev, since)),
                 OpenState::Failed => {
-                    self.failed_opens += 1;
+                    self.work.failed_opens += 1;
                     log::debug!("GPU task {}: its nvidia open failed", ev.tgid);
                 }
             }
@@ -242,9 +288,16 @@ impl Tracker {
             .unwrap_or_default();
         // Entries the table does not know may be opens sent on their entry whose event was lost:
         // only a process holding an nvidia fd (or whose open is still being decided) counts.
+        // Where an exit probe confirms opens, an entry is itself the proof of one that succeeded.
         let mut not_gpu = Vec::new();
+        let unconfirmed_opens = self
+            .kernel
+            .as_ref()
+            .is_some_and(|k| k.sends_unconfirmed_opens());
+        let fds = &mut self.work.fd_entries_read;
         kernel_tasks.retain(|(tgid, _)| {
-            if self.table.get(*tgid).is_some() || holds_nvidia_fd(*tgid) {
+            if self.table.get(*tgid).is_some() || !unconfirmed_opens || holds_nvidia_fd(*tgid, fds)
+            {
                 return true;
             }
             if !self.unconfirmed.iter().any(|(e, _)| e.tgid == *tgid) {
@@ -286,7 +339,9 @@ impl Tracker {
     pub fn bootstrap_from_proc(&mut self) -> usize {
         let mut found = 0;
         for pid in super::procinfo::all_pids() {
-            if !holds_nvidia_fd(pid) || self.table.get(pid).is_some() {
+            if self.table.get(pid).is_some()
+                || !holds_nvidia_fd(pid, &mut self.work.fd_entries_read)
+            {
                 continue;
             }
             let Some(entry) = self.table.attribute_pid(pid).cloned() else {
@@ -304,9 +359,9 @@ impl Tracker {
     }
 }
 
-/// Whether `/proc/<pid>/fd` holds a link to `/dev/nvidia*`.
-pub fn holds_nvidia_fd(pid: u32) -> bool {
-    super::procinfo::holds_nvidia_fd_in(&format!("/proc/{pid}/fd"))
+/// Whether `/proc/<pid>/fd` holds a link to `/dev/nvidia*`; adds the entries read to `fd_entries`.
+pub fn holds_nvidia_fd(pid: u32, fd_entries: &mut u64) -> bool {
+    super::procinfo::holds_nvidia_fd_in(&format!("/proc/{pid}/fd"), fd_entries)
 }
 
 impl Source {

@@ -95,26 +95,24 @@ pub const PROGRAMS: &[(&str, Attach)] = &[
     ("floor_btf_sys_enter", Attach::Btf("sys_enter")),
 ];
 
+/// The programs that send an nvidia open on its entry, flagged unconfirmed.
+const UNCONFIRMED_OPEN_PROGRAMS: [&str; 4] = [
+    "sys_enter_openat",
+    "sys_enter_openat2",
+    "sys_enter_open",
+    "btf_sys_enter_noexit",
+];
+
 /// The process-lifetime programs every probe set attaches.
 const SCHED: [&str; 2] = ["sched_process_exec", "sched_process_exit"];
 
 /// Ways to see nvidia opens and GPU tasks' ioctls, by name: (name, programs, what it is). The
 /// first is what the agent attaches; the overhead bench (`--variants`) measures them all. "no
 /// exit" sets send an open on its entry, unconfirmed, and the agent checks the result
-/// (`attribution::procinfo::open_state`); the others check it in an exit probe.
+/// (`attribution::procinfo::open_state`, which lists the opener's fds: a tenant with many fds
+/// that keeps failing to open a made-up node stalls the agent, issue 20); the others, the
+/// agent's among them, check it in an exit probe, so a failed open costs the agent nothing.
 pub const PROBE_SETS: &[(&str, &[&str], &str)] = &[
-    (
-        "tracepoints, no exit",
-        &[
-            SCHED[0],
-            SCHED[1],
-            "sys_enter_openat",
-            "sys_enter_openat2",
-            "sys_enter_open",
-            "sys_enter_ioctl",
-        ],
-        "syscalls:sys_enter_open{,at,at2} and syscalls:sys_enter_ioctl; the agent checks an open's result",
-    ),
     (
         "tracepoints",
         &[
@@ -128,7 +126,19 @@ pub const PROBE_SETS: &[(&str, &[&str], &str)] = &[
             "sys_exit_open",
             "sys_enter_ioctl",
         ],
-        "syscalls:sys_{enter,exit}_open{,at,at2} and syscalls:sys_enter_ioctl (before this change)",
+        "syscalls:sys_{enter,exit}_open{,at,at2} and syscalls:sys_enter_ioctl; an open's result checked on its exit",
+    ),
+    (
+        "tracepoints, no exit",
+        &[
+            SCHED[0],
+            SCHED[1],
+            "sys_enter_openat",
+            "sys_enter_openat2",
+            "sys_enter_open",
+            "sys_enter_ioctl",
+        ],
+        "syscalls:sys_enter_open{,at,at2} and syscalls:sys_enter_ioctl; the agent checks an open's result (before issue 20)",
     ),
     (
         "tp_btf, no exit",
@@ -368,6 +378,15 @@ impl KernelPrograms {
     /// Names of the attached programs.
     pub fn attached(&self) -> &[&'static str] {
         &self.attached
+    }
+
+    /// Whether an nvidia open is sent on its entry, before its result is known, so the agent
+    /// must check it (the "no exit" probe sets); otherwise an exit probe sends only opens that
+    /// succeeded and a failed one costs the agent nothing.
+    pub fn sends_unconfirmed_opens(&self) -> bool {
+        self.attached
+            .iter()
+            .any(|p| UNCONFIRMED_OPEN_PROGRAMS.contains(p))
     }
 
     /// Raw fd of the event ring buffer (readable when a forced wakeup happened).

@@ -212,7 +212,9 @@ fn reconcile_recovers_a_gpu_task_whose_open_event_was_missed() {
 
 /// An allocation ioctl makes the agent re-sample at once, not at its next periodic sample: with a
 /// 30 s interval, the usage the mock reports after an `alloc` shows within a few seconds (a bound
-/// that tells "at once" from "30 s later", not a speed claim).
+/// that tells "at once" from "30 s later", not a speed claim), and the agent's log says the
+/// re-sample was asked for by this process's allocation (another test's device open also makes
+/// the agent re-sample, and could otherwise satisfy the first check alone).
 #[test]
 fn an_allocation_ioctl_makes_the_agent_re_sample_at_once() {
     needs_root!("an_allocation_ioctl_makes_the_agent_re_sample_at_once");
@@ -235,11 +237,26 @@ fn an_allocation_ioctl_makes_the_agent_re_sample_at_once() {
     sc.write(&one_gpu(&[(p.pid(), 3 * GIB)])).unwrap();
     let t = Instant::now();
     p.command("alloc 1").unwrap();
+    // Another process's device open at the same moment (as another test's would be): it too
+    // makes the agent re-sample, so the usage alone does not prove which event did.
+    let _other = FakeGpuProcess::spawn(None, &[node.path()], &[]).unwrap();
     agent.wait_for(BOUND, |s| used(s) == Some(3 * GIB));
     assert!(
         started.elapsed() < INTERVAL - BOUND,
         "inconclusive: the periodic sample may have come ({:?} since the start)",
         started.elapsed()
+    );
+    // Any GPU task's event (another test's device open) also makes the agent re-sample: the
+    // agent must say that this one was asked for by this process's allocation.
+    let ours = format!("an allocation ioctl of GPU task {}", p.pid());
+    assert!(
+        agent
+            .log()
+            .lines()
+            .any(|l| l.contains("re-sample wanted by") && l.contains(&ours)),
+        "no re-sample was asked for by the allocation of {} (another process's event re-sampled)\n{}",
+        p.pid(),
+        agent.log()
     );
     eprintln!("re-sampled {:?} after the allocation", t.elapsed());
 }
@@ -385,9 +402,14 @@ fn an_open_still_in_progress_is_waited_for_and_counts_once_it_succeeds() {
     let seen = poll_until(&mut tracker, Duration::from_millis(600), |_, _| false);
     assert!(!seen.contains(&Change::Added(pid)), "{seen:?}");
     assert!(tracker.table().get(pid).is_none());
-    assert!(
+    // Where opens are checked on their exit (the agent's probes), nothing is recorded before the
+    // result; where they are sent on their entry, the kernel entry of an open in progress stays.
+    assert_eq!(
         kernel_holds(&tracker, pid),
-        "the kernel entry of an open in progress stays"
+        tracker
+            .kernel()
+            .is_some_and(|k| k.sends_unconfirmed_opens()),
+        "the kernel entry of an open in progress"
     );
     // A writer lets the open complete: now it is a GPU task.
     let writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();

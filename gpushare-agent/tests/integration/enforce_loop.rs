@@ -85,6 +85,67 @@ fn a_reused_pid_is_charged_to_its_new_owner_never_to_the_workload_that_held_it()
     drop(pb);
 }
 
+/// The same with the kernel programs: A's GPU process, in the kernel's table, exits and B's GPU
+/// process (it opens the device too) takes its pid within one sample interval. The memory NVML
+/// reports for the pid is B's; A is never charged or frozen for it.
+#[test]
+fn in_ebpf_mode_a_reused_pid_is_charged_to_its_new_owner_never_to_the_workload_that_held_it() {
+    needs_root!("in_ebpf_mode_a_reused_pid_is_charged_to_its_new_owner");
+    let node = gpushare_testkit::FakeDeviceNode::create(&unique("reuse-ebpf")).unwrap();
+    let a = group("reuse-ebpf-a");
+    let b = group("reuse-ebpf-b");
+    let gpu_proc = || {
+        let mut c =
+            std::process::Command::new(gpushare_testkit::workspace_bin("gpushare-fake-gpu-proc"));
+        c.arg("--device")
+            .arg(node.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null());
+        c
+    };
+    let pa = Reaped(a.spawn(&mut gpu_proc()).unwrap());
+    let pid = pa.pid();
+    let sc = Scenario::create(&one_gpu(&[(pid, GIB)])).unwrap();
+    let quotas = format!(
+        "{FREEZE}{}{}",
+        cgroup_quota(&a, "2GiB"),
+        cgroup_quota(&b, "8GiB")
+    );
+    let agent = AgentProcess::start_in(agent_dir(&quotas), &sc, &[], "1s");
+    agent.wait_used(&key(&a), GIB);
+    agent.wait_next_step();
+    drop(pa);
+    let pb = spawn_with_pid(pid, || b.spawn(&mut gpu_proc()).unwrap());
+    sc.write(&one_gpu(&[(pid, 3 * GIB)])).unwrap();
+    let s = agent.wait_for(WAIT, |s| {
+        assert!(
+            !a.is_frozen(),
+            "A was frozen for B's memory: {:?}",
+            workload(s, &key(&a), "all")
+        );
+        workload(s, &key(&b), "all").is_some_and(|w| w.used_bytes == 3 * GIB)
+    });
+    assert!(
+        workload(&s, &key(&a), "all").is_none_or(|w| w.used_bytes == 0),
+        "A is still charged for B's memory: {:?}",
+        workload(&s, &key(&a), "all")
+    );
+    let s = agent.steps_over(Duration::from_secs(1), |_| {
+        assert!(
+            !a.is_frozen() && !b.is_frozen(),
+            "a workload was frozen for memory that is not its own\n{}",
+            agent.log()
+        );
+    });
+    let owner = s
+        .processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .map(|p| &p.workload);
+    assert_eq!(owner, Some(&key(&b)), "the pid is B's now");
+    drop(pb);
+}
+
 /// Problem 2 (a unit with a delegated subtree): the GPU process lives in a child cgroup of the
 /// unit; over quota, the unit's root is frozen, and with it every process of the unit.
 #[test]

@@ -204,7 +204,9 @@ impl Normalizer {
                     "gpushare_quota_config_last_reload_timestamp_seconds" => "<TIMESTAMP>",
                     // Counts of what every process on the machine did (other tests' GPU tasks
                     // included), not only the scenario's.
-                    "gpushare_identity_checks_total" => "<COUNT>",
+                    "gpushare_identity_checks_total" | "gpushare_attribution_work_total" => {
+                        "<COUNT>"
+                    }
                     _ => return l.to_string(),
                 };
                 format!("{series} {placeholder}")
@@ -223,7 +225,10 @@ impl Normalizer {
                 "taken_at_unix" | "quota_config_last_reload_unix" => Some("<TIMESTAMP>".into()),
                 "state_for_secs" => Some("<DURATION>".into()),
                 "ebpf_events" => Some("<EVENTS_BY_KIND>".into()),
-                _ if path.len() >= 2 && path[path.len() - 2] == "identity" => {
+                _ if path.len() >= 2
+                    && ["identity", "attribution_work"]
+                        .contains(&path[path.len() - 2].as_str()) =>
+                {
                     value.parse::<u64>().ok().map(|_| "<COUNT>".into())
                 }
                 _ => None,
@@ -529,7 +534,7 @@ fn the_version_names_the_commit_the_agent_was_built_from() {
 /// `gpushare-agent status [--json]` against `agent`: its stdout.
 fn status(agent: &AgentProcess, json: bool) -> String {
     let mut cmd = Command::new(gpushare_testkit::workspace_bin("gpushare-agent"));
-    cmd.args(["status", "--listen", &agent.listen]);
+    cmd.arg("status").arg("--socket").arg(agent.socket());
     if json {
         cmd.arg("--json");
     }
@@ -544,11 +549,12 @@ fn golden_metrics_state_and_status_with_compat_hami() {
         return;
     }
     let f = Fixture::create("hami");
-    let agent = f.agent(&["--compat", "hami"]);
+    // Per-process series too (off by default, as `golden_metrics_without_compat` pins).
+    let agent = f.agent(&["--compat", "hami", "--process-metrics"]);
     let n = f.normalizer(&agent);
     let (code, metrics) = agent.get("/metrics");
     assert_eq!(code, 200);
-    let (code, state) = agent.get("/api/v1/state");
+    let (code, state) = agent.get_local("/api/v1/state");
     assert_eq!(code, 200);
     let status_json = status(&agent, true);
     let status_table = status(&agent, false);

@@ -459,7 +459,7 @@ fn an_invalid_file_at_start_observes_only_and_a_protected_workload_is_never_sign
         "signalled while the operator's file was invalid"
     );
     assert!(!cg.is_frozen());
-    let (_, body) = agent.get("/api/v1/state");
+    let (_, body) = agent.get_local("/api/v1/state");
     assert!(body.contains("observe only"), "the state says so: {body}");
     assert!(agent.log().contains("observe only"), "{}", agent.log());
     let metrics = agent.get("/metrics").1;
@@ -477,7 +477,7 @@ fn an_invalid_file_at_start_observes_only_and_a_protected_workload_is_never_sign
         container_key(&cg)
     ));
     agent.wait_for(Duration::from_secs(15), |s| s.counters.quota_config_valid);
-    let (_, body) = agent.get("/api/v1/state");
+    let (_, body) = agent.get_local("/api/v1/state");
     assert!(!body.contains("observe only"), "{body}");
     agent.steps_over(Duration::from_millis(1000), |_| {});
     assert_eq!(p.usr1s(), 0, "protected");

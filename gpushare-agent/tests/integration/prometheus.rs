@@ -242,7 +242,8 @@ fn promtool_accepts_the_agents_metrics_and_the_shipped_alert_rules() {
         cg.rel_path(),
         per_gpu.rel_path()
     );
-    let agent = AgentProcess::start(&sc, &quotas, &["--compat", "hami"]);
+    // Every series, the per-process ones (off by default) included.
+    let agent = AgentProcess::start(&sc, &quotas, &["--compat", "hami", "--process-metrics"]);
     agent.wait_for(Duration::from_secs(10), |s| {
         s.workloads.iter().any(|w| w.state == "frozen")
     });

@@ -188,9 +188,19 @@ impl AgentProcess {
         self.dir.join("state/freezes.json")
     }
 
-    /// GET a path; (status, body).
+    /// GET a path on the TCP listener (`/metrics`, `/healthz`); (status, body).
     pub fn get(&self, path: &str) -> (u16, String) {
         request(&Endpoint::Tcp(&self.listen), "GET", path, None).unwrap_or((0, String::new()))
+    }
+
+    /// The agent's local socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("agent.sock")
+    }
+
+    /// GET a path on the local socket (`/api/v1/state`); (status, body).
+    pub fn get_local(&self, path: &str) -> (u16, String) {
+        request(&Endpoint::Unix(&self.socket()), "GET", path, None).unwrap_or((0, String::new()))
     }
 
     /// POST to the local socket; (status, body).
@@ -206,7 +216,7 @@ impl AgentProcess {
 
     /// The agent's state, if it answers.
     pub fn state(&self) -> Option<Snapshot> {
-        let (code, body) = self.get("/api/v1/state");
+        let (code, body) = self.get_local("/api/v1/state");
         (code == 200).then(|| serde_json::from_str(&body).unwrap())
     }
 

@@ -11,6 +11,11 @@
 //! - `open PATH [open|openat|openat2] [thread] [ro]`: open PATH read-write (read-only with `ro`,
 //!   e.g. to block on a FIFO) through that syscall (default openat), from a new thread with
 //!   `thread` (it exits afterwards, the fd stays); answers `ok <fd>` or `error <errno>`. The fd is kept open; later ioctls still go to the first device.
+//! - `flood FDS PATH COUNT_FILE`: hold FDS more fds (dups of /dev/null), answer `ok`, then try to
+//!   open PATH (a missing `/dev/nvidia*` node) for ever, 100 µs apart (so the thread is seen
+//!   asleep, out of the open, rather than running), writing the number of attempts to COUNT_FILE
+//!   every 1024 (what a hostile tenant without a GPU does to an agent that checks opens by
+//!   listing fds)
 //! - `mem DIR DEVICE BYTES`: write BYTES to `DIR/<pid>.<DEVICE>` (the mock NVML's per-process memory)
 //! - `exit [CODE]`: exit
 //!
@@ -211,6 +216,21 @@ fn main() {
                 let _ = out.flush();
                 continue;
             }
+            Some("flood") if words.len() == 4 => {
+                let n = words[1].parse::<usize>().unwrap_or(0);
+                match hold_fds(n) {
+                    Ok(held) => {
+                        let _ = writeln!(out, "ok");
+                        let _ = out.flush();
+                        flood(words[2], words[3], held)
+                    }
+                    Err(e) => {
+                        let _ = writeln!(out, "error {e}");
+                        let _ = out.flush();
+                        continue;
+                    }
+                }
+            }
             Some("exit") => {
                 remove_mem_file();
                 std::process::exit(n(1) as i32 * (words.len() > 1) as i32)
@@ -263,6 +283,45 @@ fn open_with(path: &str, how: &str, ro: bool) -> Result<i32, i32> {
 }
 
 /// CLOCK_BOOTTIME now, in ns.
+/// Raises the soft fd limit as far as needed (within the hard one) and holds `n` dups of
+/// /dev/null.
+fn hold_fds(n: usize) -> std::io::Result<Vec<File>> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max.min(n as u64 + 64);
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+    let null = File::open("/dev/null")?;
+    (0..n).map(|_| null.try_clone()).collect()
+}
+
+/// Tries to open `path` for ever (it should fail), 100 µs apart, writing the number of tries to
+/// `count_file` every 1024. `held` stays open all along.
+fn flood(path: &str, count_file: &str, held: Vec<File>) -> ! {
+    let c = CString::new(path).unwrap_or_else(|_| usage("flood: bad path"));
+    let mut tries: u64 = 0;
+    loop {
+        // SAFETY: a NUL-terminated path; a successful open's fd is closed at once.
+        let fd =
+            unsafe { libc::openat(libc::AT_FDCWD, c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd >= 0 {
+            // SAFETY: the fd just opened.
+            unsafe { libc::close(fd) };
+        }
+        tries += 1;
+        std::thread::sleep(Duration::from_micros(100));
+        if tries.is_multiple_of(1024) {
+            let _ = std::fs::write(count_file, tries.to_string());
+            std::hint::black_box(&held);
+        }
+    }
+}
+
 fn boot_time_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -60,6 +60,8 @@ pub const CRIO_CONTAINER_ROOTS: [&str; 1] = ["/run/containers/storage/overlay-co
 const MAX_SUBTREE_PIDS: usize = 4096;
 /// Deepest subtree walked.
 const MAX_SUBTREE_DEPTH: usize = 16;
+/// Most groups of one subtree read when looking for its init (a tenant chooses how many it makes).
+const MAX_SUBTREE_GROUPS: usize = 256;
 
 /// Where runtime specs are looked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -244,11 +246,23 @@ pub fn read_spec(kind: SpecKind, path: &Path, id: &str) -> Result<Vec<(String, S
     Ok(quota_vars(&env))
 }
 
-/// The processes of a cgroup subtree (`dir` is its v2 directory), at most [`MAX_SUBTREE_PIDS`].
+/// The processes of a cgroup subtree (`dir` is its v2 directory), at most [`MAX_SUBTREE_PIDS`],
+/// from at most [`MAX_SUBTREE_GROUPS`] groups, shallowest first (breadth-first: an init lives at
+/// or near the top, and a tenant that makes thousands of groups only makes the walk stop early).
 fn subtree_pids(dir: &Path) -> Vec<u32> {
+    subtree_pids_within(dir, MAX_SUBTREE_GROUPS).0
+}
+
+/// [`subtree_pids`] reading at most `max_groups` groups; also says how many it read.
+fn subtree_pids_within(dir: &Path, max_groups: usize) -> (Vec<u32>, usize) {
     let mut pids = Vec::new();
-    let mut stack = vec![(dir.to_path_buf(), 0usize)];
-    while let Some((d, depth)) = stack.pop() {
+    let mut queue = std::collections::VecDeque::from([(dir.to_path_buf(), 0usize)]);
+    let mut groups = 0;
+    while let Some((d, depth)) = queue.pop_front() {
+        if groups >= max_groups {
+            break;
+        }
+        groups += 1;
         if let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs")) {
             pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
         }
@@ -256,18 +270,21 @@ fn subtree_pids(dir: &Path) -> Vec<u32> {
             pids.truncate(MAX_SUBTREE_PIDS);
             break;
         }
-        if depth >= MAX_SUBTREE_DEPTH {
+        if depth >= MAX_SUBTREE_DEPTH || queue.len() >= max_groups {
             continue;
         }
         if let Ok(rd) = std::fs::read_dir(&d) {
             for e in rd.flatten() {
+                if queue.len() >= max_groups {
+                    break;
+                }
                 if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    stack.push((e.path(), depth + 1));
+                    queue.push_back((e.path(), depth + 1));
                 }
             }
         }
     }
-    pids
+    (pids, groups)
 }
 
 /// One process as the init search sees it.
@@ -354,6 +371,23 @@ mod tests {
 
     fn tree(tag: &str) -> TempTree {
         TempTree::new(&format!("gpushare-runtime-spec-{tag}-"))
+    }
+
+    #[test]
+    fn a_subtree_of_thousands_of_groups_is_read_shallowest_first_and_only_in_part() {
+        // A tenant's subtree: its init at the top, 3,000 empty groups beside one deep worker.
+        let t = tree("storm");
+        t.write("cgroup.procs", "10\n");
+        for i in 0..3000 {
+            t.write(&format!("g{i}/cgroup.procs"), "");
+        }
+        t.write("w/x/cgroup.procs", "11\n");
+        let (pids, groups) = subtree_pids_within(t.path(), MAX_SUBTREE_GROUPS);
+        assert_eq!(groups, MAX_SUBTREE_GROUPS, "stopped at the bound");
+        assert_eq!(pids.first(), Some(&10), "the top group first");
+        let (all, groups) = subtree_pids_within(t.path(), 10_000);
+        assert_eq!(groups, 3003, "every group, with a bound above the count");
+        assert_eq!(all, vec![10, 11]);
     }
 
     fn roots(t: &TempTree) -> SpecRoots {

@@ -1,0 +1,410 @@
+//! Hostile tenants: nothing a tenant controls (fds, opens of missing nodes, cgroups) costs the
+//! agent's loop more than a bounded amount, and no tenant reads another's details from an
+//! endpoint it can reach. Tests count work (the agent's `attribution_work` totals) and steps
+//! completed, never times.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use gpushare_agent::client::{Endpoint, request};
+use gpushare_testkit::{FakeDeviceNode, nvml::Scenario, unique, workspace_bin};
+
+use crate::util::{
+    AgentProcess, Reaped, cgroup_quota, counter_value, group, needs_root, one_gpu, sleeping_group,
+    wait_until,
+};
+
+const GIB: u64 = 1 << 30;
+const FREEZE: &str = "[defaults]\ngrace = \"0s\"\nladder = [ { action = \"freeze\" } ]\n";
+/// The uid and gid of `nobody`: the flooding tenant has no privilege.
+const NOBODY: u32 = 65534;
+/// Flooding processes, and the fds each holds (the box's hard limit is 20,000).
+const FLOODERS: usize = 8;
+const FLOOD_FDS: usize = 19_000;
+/// The most `/proc/<pid>/fd` entries one failed open may cost the agent: a constant, whatever the
+/// number of fds the tenant holds (listing its table costs all of them, four times).
+const FD_ENTRIES_PER_FAILED_OPEN: u64 = 4;
+/// The least share of its sample interval's steps the agent completes under the flood.
+const MIN_STEP_SHARE: f64 = 0.5;
+
+/// An unprivileged, niced process holding [`FLOOD_FDS`] fds and opening a missing `/dev/nvidia*`
+/// node for ever; killed on drop.
+pub struct Flooder {
+    child: Child,
+    count: PathBuf,
+}
+
+impl Flooder {
+    /// Starts one in the background, counting its tries in a file under `dir`.
+    pub fn spawn(dir: &Path, i: usize, missing: &str, fds: usize) -> Self {
+        let count = dir.join(format!("flood-{i}.count"));
+        std::fs::write(&count, "0").unwrap();
+        std::os::unix::fs::chown(&count, Some(NOBODY), Some(NOBODY)).unwrap();
+        let mut cmd = Command::new(workspace_bin("gpushare-fake-gpu-proc"));
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .uid(NOBODY)
+            .gid(NOBODY);
+        // SAFETY: nice(2) only, in the child before exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::nice(19);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready"), "flooder did not start: {line:?}");
+        let stdin = child.stdin.as_mut().unwrap();
+        writeln!(stdin, "flood {fds} {missing} {}", count.display()).unwrap();
+        stdin.flush().unwrap();
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ok", "flooder could not hold {fds} fds");
+        Self { child, count }
+    }
+
+    /// Opens tried so far (to the last 1024).
+    pub fn tries(&self) -> u64 {
+        std::fs::read_to_string(&self.count)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Flooder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.count);
+    }
+}
+
+/// NVML samples the agent has taken (one a step at its interval).
+fn samples(agent: &AgentProcess) -> f64 {
+    let (_, m) = agent.get("/metrics");
+    counter_value(&m, "gpushare_sample_duration_seconds_count", "")
+}
+
+/// Problem 3 of issue 20: eight unprivileged processes with ~20k fds each keep failing to open a
+/// made-up `/dev/nvidia*` path while a workload goes over quota. Checking an open must not cost
+/// the agent a listing of the opener's fd table, and the agent keeps stepping at its interval.
+#[test]
+fn a_flood_of_failed_nvidia_opens_from_fd_heavy_tenants_costs_the_agent_a_bounded_amount() {
+    needs_root!("a_flood_of_failed_nvidia_opens_from_fd_heavy_tenants");
+    let (victim, vp) = sleeping_group("flood-victim");
+    let sc = Scenario::create(&one_gpu(&[])).unwrap();
+    let quotas = format!("{FREEZE}{}", cgroup_quota(&victim, "1GiB"));
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    let before = agent.wait_next_step().counters.attribution_work;
+    let missing = format!("/dev/nvidia-{}", unique("missing"));
+    let flooders: Vec<Flooder> = (0..FLOODERS)
+        .map(|i| Flooder::spawn(&agent.dir, i, &missing, FLOOD_FDS))
+        .collect();
+    wait_until(
+        Duration::from_secs(60),
+        || "the flooders did not get going".into(),
+        || flooders.iter().all(|f| f.tries() >= 1024),
+    );
+    let samples0 = samples(&agent);
+    let t0 = Instant::now();
+    sc.write(&one_gpu(&[(vp.pid(), 2 * GIB)])).unwrap();
+    wait_until(
+        Duration::from_secs(120),
+        || format!("the victim was never frozen\n{}", agent.log()),
+        || victim.is_frozen(),
+    );
+    let frozen_after = t0.elapsed();
+    // Some more steps under the flood, so the share covers several intervals.
+    let s = agent.steps_over(Duration::from_secs(2), |_| {});
+    let elapsed = t0.elapsed();
+    let steps = samples(&agent) - samples0;
+    let after = s.counters.attribution_work;
+    let d = |k: &str| after.get(k).copied().unwrap_or(0) - before.get(k).copied().unwrap_or(0);
+    let tries: u64 = flooders.iter().map(Flooder::tries).sum();
+    let share = steps / (elapsed.as_secs_f64() / 0.2);
+    eprintln!(
+        "flood: {tries} failed opens tried by {FLOODERS} tenants with {FLOOD_FDS} fds each; \
+         agent: {} open checks, {} failed opens seen, {} fd entries read; frozen after {:.2} s; \
+         {steps} samples in {:.2} s (share {share:.2})",
+        d("open_checks"),
+        d("failed_opens"),
+        d("fd_entries_read"),
+        frozen_after.as_secs_f64(),
+        elapsed.as_secs_f64(),
+    );
+    assert!(tries > 0);
+    assert!(
+        d("fd_entries_read") <= FD_ENTRIES_PER_FAILED_OPEN * d("failed_opens"),
+        "the agent read {} fd entries for {} failed opens (at most {FD_ENTRIES_PER_FAILED_OPEN} \
+         each): it lists the tenants' fd tables",
+        d("fd_entries_read"),
+        d("failed_opens")
+    );
+    assert!(
+        share >= MIN_STEP_SHARE,
+        "the agent completed {steps} of the {:.0} steps of {:.2} s at 200 ms under the flood",
+        elapsed.as_secs_f64() / 0.2,
+        elapsed.as_secs_f64()
+    );
+    drop(flooders);
+}
+
+/// A network namespace the test makes, removed on drop.
+struct NetNs(String);
+
+impl NetNs {
+    fn create(name: &str) -> Self {
+        ip(&["netns", "add", name]);
+        Self(name.to_string())
+    }
+
+    /// Moves the calling thread (and what it spawns from now on) into the namespace.
+    fn enter(&self) {
+        let f = std::fs::File::open(format!("/run/netns/{}", self.0)).unwrap();
+        // SAFETY: setns(2) on an fd just opened; it changes this thread's namespace only.
+        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap();
+    assert!(out.status.success(), "ip {args:?}: {out:?}");
+}
+
+/// A GPU process in `cg` (it opens a fake nvidia node, so the agent logs its name) whose name
+/// (comm) holds an escape sequence and a line break; the node and the directory of its
+/// executable go with the guards.
+fn oddly_named_gpu_process(
+    cg: &gpushare_testkit::TestCgroup,
+) -> (Reaped, gpushare_testkit::TempTree, FakeDeviceNode) {
+    let node = FakeDeviceNode::create(&unique("odd-name")).unwrap();
+    let dir = gpushare_testkit::TempTree::new("gpushare-odd-name");
+    let exe = dir.path().join(ODD_NAME);
+    std::fs::copy(workspace_bin("gpushare-fake-gpu-proc"), &exe).unwrap();
+    let p = Reaped(
+        cg.spawn(
+            Command::new(&exe)
+                .arg("--device")
+                .arg(node.path())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null()),
+        )
+        .unwrap(),
+    );
+    (p, dir, node)
+}
+
+/// 15 bytes, as the kernel keeps a comm: an escape sequence that clears the screen, a line break.
+const ODD_NAME: &str = "a\x1b[2J\x1b[Hb\nc";
+
+/// Problem 5 of issue 20: a process name a tenant chooses reaches the operator's terminal
+/// (`status`) and the agent's log escaped, never as control characters.
+#[test]
+fn status_and_the_log_show_a_process_name_with_control_characters_escaped() {
+    needs_root!("status_and_the_log_show_a_process_name_with_control_characters_escaped");
+    let cg = group("odd-name");
+    let sc = Scenario::create(&one_gpu(&[])).unwrap();
+    let quotas = format!("{FREEZE}{}", cgroup_quota(&cg, "4GiB"));
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    // Started after the agent, so the agent sees its open and logs it by name.
+    let (p, _dir, _node) = oddly_named_gpu_process(&cg);
+    sc.write(&one_gpu(&[(p.pid(), GIB)])).unwrap();
+    let s = agent.wait_for(Duration::from_secs(20), |s| {
+        s.processes.iter().any(|q| q.pid == p.pid())
+    });
+    let row = s.processes.iter().find(|q| q.pid == p.pid()).unwrap();
+    assert_eq!(
+        row.comm, ODD_NAME,
+        "the API keeps the name as the kernel has it (JSON escapes it)"
+    );
+    let out = Command::new(workspace_bin("gpushare-agent"))
+        .arg("status")
+        .arg("--socket")
+        .arg(agent.socket())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "status: {out:?}");
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table.contains(r"a\u{1b}[2J\u{1b}[Hb\nc"),
+        "the name is not shown escaped:\n{table}"
+    );
+    assert!(
+        !table.contains('\x1b'),
+        "a raw escape reached the terminal:\n{table:?}"
+    );
+    assert!(
+        table.lines().all(|l| !l.starts_with("c ")),
+        "the name's line break started a row of its own:\n{table}"
+    );
+    // The agent logs the new GPU task with its name: escaped, its line break indented.
+    let log = agent.log();
+    assert!(
+        log.contains(r"a\u{1b}[2J\u{1b}[Hb"),
+        "the log does not show the name escaped:\n{log}"
+    );
+    assert!(!log.contains('\x1b'), "a raw escape reached the log");
+    assert!(
+        log.lines().all(|l| !l.starts_with("c)")),
+        "the name's line break started a log line of its own:\n{log}"
+    );
+}
+
+/// Problem 4 of issue 20: per-workload and per-process detail is served on the root-only socket
+/// only. A user without privilege gets nothing from the socket, and loopback serves `/metrics`
+/// (without per-process series unless turned on) and `/healthz`, never the state.
+#[test]
+fn a_user_without_privilege_gets_no_workload_detail_from_the_socket_or_loopback() {
+    needs_root!("a_user_without_privilege_gets_no_workload_detail");
+    let cg = group("detail");
+    let (p, _dir, _node) = oddly_named_gpu_process(&cg);
+    let sc = Scenario::create(&one_gpu(&[(p.pid(), GIB)])).unwrap();
+    let quotas = format!("{FREEZE}{}", cgroup_quota(&cg, "4GiB"));
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    agent.wait_for(Duration::from_secs(20), |s| {
+        s.processes.iter().any(|q| q.pid == p.pid())
+    });
+    // The socket: `status` as nobody cannot even connect.
+    let out = Command::new(workspace_bin("gpushare-agent"))
+        .arg("status")
+        .arg("--json")
+        .arg("--socket")
+        .arg(agent.socket())
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "status answered nobody: {out:?}");
+    assert!(out.stdout.is_empty(), "nobody read: {out:?}");
+    // Loopback, which any local user reaches: no state, no per-process series.
+    let (code, body) = agent.get("/api/v1/state");
+    assert_eq!(code, 404, "loopback serves the state: {body}");
+    let (code, metrics) = agent.get("/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        !metrics.contains("gpushare_process_gpu_memory_used_bytes{")
+            && !metrics.contains(&format!("pid=\"{}\"", p.pid())),
+        "per-process series are on by default:\n{metrics}"
+    );
+    assert_eq!(agent.get("/healthz").0, 200);
+    // The operator turns per-process series on.
+    drop(agent);
+    let agent = AgentProcess::start(&sc, &quotas, &["--process-metrics"]);
+    agent.wait_for(Duration::from_secs(20), |s| {
+        s.processes.iter().any(|q| q.pid == p.pid())
+    });
+    let (_, metrics) = agent.get("/metrics");
+    assert!(
+        metrics.contains(&format!("pid=\"{}\"", p.pid())),
+        "--process-metrics shows no per-process series:\n{metrics}"
+    );
+    assert_eq!(agent.get("/api/v1/state").0, 404);
+}
+
+/// Problem 4 of issue 20: a listener on an address that is not loopback (two network namespaces
+/// the test makes, a veth pair between them, the agent in one, the client in the other) answers
+/// `/metrics` and `/healthz` only.
+#[test]
+fn a_listener_on_a_non_loopback_address_answers_metrics_and_health_only() {
+    needs_root!("a_listener_on_a_non_loopback_address_answers_metrics_and_health_only");
+    let tag = unique("ns");
+    let (ns_agent, ns_client) = (
+        NetNs::create(&format!("{tag}-a")),
+        NetNs::create(&format!("{tag}-c")),
+    );
+    let (va, vc) = (
+        format!("gsa{}", std::process::id() % 100_000),
+        format!("gsc{}", std::process::id() % 100_000),
+    );
+    ip(&[
+        "link",
+        "add",
+        &va,
+        "netns",
+        &ns_agent.0,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &vc,
+        "netns",
+        &ns_client.0,
+    ]);
+    let net = 1 + std::process::id() % 250;
+    let (addr_agent, addr_client) = (format!("10.213.{net}.1"), format!("10.213.{net}.2"));
+    for (ns, dev, addr) in [
+        (&ns_agent, &va, &addr_agent),
+        (&ns_client, &vc, &addr_client),
+    ] {
+        ip(&[
+            "-n",
+            &ns.0,
+            "addr",
+            "add",
+            &format!("{addr}/30"),
+            "dev",
+            dev,
+        ]);
+        ip(&["-n", &ns.0, "link", "set", dev, "up"]);
+        ip(&["-n", &ns.0, "link", "set", "lo", "up"]);
+    }
+    let (cg, p) = sleeping_group("netns");
+    let sc = Scenario::create(&one_gpu(&[(p.pid(), GIB)])).unwrap();
+    let quotas = format!("{FREEZE}{}", cgroup_quota(&cg, "4GiB"));
+    let listen = format!("{addr_agent}:{}", crate::util::free_port());
+    let agent = std::thread::scope(|s| {
+        s.spawn(|| {
+            ns_agent.enter();
+            let mut a = AgentProcess::unstarted(crate::util::agent_dir(&quotas), &sc, &[], "200ms");
+            a.listen = listen.clone();
+            a.restart();
+            a
+        })
+        .join()
+        .unwrap()
+    });
+    agent.wait_for(Duration::from_secs(20), |s| {
+        s.processes.iter().any(|q| q.pid == p.pid())
+    });
+    let answers = std::thread::scope(|s| {
+        s.spawn(|| {
+            ns_client.enter();
+            ["/metrics", "/healthz", "/api/v1/state", "/api/v1/release"].map(|path| {
+                let (code, body) = request(&Endpoint::Tcp(&listen), "GET", path, None)
+                    .unwrap_or_else(|e| panic!("GET {path} from the other namespace: {e:#}"));
+                (path, code, body)
+            })
+        })
+        .join()
+        .unwrap()
+    });
+    let [metrics, health, state, release] = answers;
+    assert_eq!(metrics.1, 200, "{metrics:?}");
+    assert!(
+        metrics
+            .2
+            .contains("gpushare_workload_gpu_memory_used_bytes")
+    );
+    assert!(!metrics.2.contains(&format!("pid=\"{}\"", p.pid())));
+    assert_eq!(health.1, 200, "{health:?}");
+    assert_eq!(state.1, 404, "the state is served off the node: {state:?}");
+    assert_eq!(release.1, 404, "{release:?}");
+    drop(agent);
+}
