@@ -3,7 +3,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_ktime_get_boot_ns},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use gpushare_common::{
     Counter, Event, EventKind, GpuTask, IoctlCounts,
@@ -37,8 +37,13 @@ pub static GPU_TGID_BITS: Array<u64> =
 pub static IOCTL_COUNTS: PerCpuHashMap<u32, IoctlCounts> =
     PerCpuHashMap::with_max_entries(MAX_GPU_TASKS, 0);
 
+/// Opens of nvidia paths between their entry and exit, by thread. Least recently used first out:
+/// a tenant that keeps thousands of such opens blocked (a FIFO named `/dev/nvidia-…` in its own
+/// mount namespace) pushes out its own oldest entries, never keeps a new open from being seen.
+const PENDING_OPENS_MAX: u32 = 4096;
+
 #[map(name = "PENDING_OPENS")]
-pub static PENDING_OPENS: HashMap<u64, u8> = HashMap::with_max_entries(1024, 0);
+pub static PENDING_OPENS: LruHashMap<u64, u8> = LruHashMap::with_max_entries(PENDING_OPENS_MAX, 0);
 
 #[map(name = "COUNTERS")]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);

@@ -421,3 +421,68 @@ fn an_open_still_in_progress_is_waited_for_and_counts_once_it_succeeds() {
     drop(writer);
     std::fs::remove_file(&fifo).unwrap();
 }
+
+/// A tenant that keeps opens of an nvidia-named path blocked (a FIFO named `/dev/nvidia-…` in its
+/// own mount namespace, opened by 1,100 readers with no writer) fills no table the kernel needs:
+/// a GPU task that opens a device node afterwards is still seen on its open.
+#[test]
+fn opens_a_tenant_keeps_blocked_do_not_hide_a_new_gpu_task() {
+    use std::os::unix::process::CommandExt;
+    needs_root!("opens_a_tenant_keeps_blocked_do_not_hide_a_new_gpu_task");
+    const BLOCKED: usize = 1100;
+    let mut tracker = tracker(50_000_000);
+    let ready = std::env::temp_dir().join(unique("blocked-ready"));
+    let script = format!(
+        "mount -t tmpfs tenant /dev && mknod -m 666 /dev/null c 1 3 && mkfifo /dev/nvidia-tenant && i=0 && \
+         while [ $i -lt {BLOCKED} ]; do cat /dev/nvidia-tenant & i=$((i+1)); done; \
+         touch {}; wait",
+        ready.display()
+    );
+    let tenant = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .process_group(0)
+        .spawn()
+        .expect("unshare runs");
+    // The readers go with the test, passed or failed.
+    struct KillGroup(i32);
+    impl Drop for KillGroup {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) on the tenant's own process group.
+            unsafe { libc::kill(-self.0, libc::SIGKILL) };
+        }
+    }
+    let _kill = KillGroup(tenant.id() as i32);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(ready.exists(), "the tenant's readers started");
+    // Each reader is in its open (a FIFO's open waits for a writer).
+    let in_open = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                std::fs::read_to_string(e.path().join("wchan"))
+                    .is_ok_and(|w| w == "wait_for_partner")
+            })
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while in_open() < BLOCKED && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(in_open() >= BLOCKED, "{} readers in their open", in_open());
+    let node = FakeDeviceNode::create(&unique("blocked")).unwrap();
+    let cg = group("blocked");
+    let p = FakeGpuProcess::spawn(Some(&cg), &[node.path()], &[]).unwrap();
+    let pid = p.pid();
+    let seen = poll_until(&mut tracker, Duration::from_secs(5), |t, _| {
+        t.table().get(pid).is_some()
+    });
+    assert!(
+        seen.contains(&Change::Added(pid)),
+        "the open of GPU task {pid} was not seen with {BLOCKED} opens blocked: {seen:?}"
+    );
+    let _ = std::fs::remove_file(&ready);
+}
