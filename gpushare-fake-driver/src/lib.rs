@@ -97,6 +97,7 @@ pub const NVML_FUNCTIONS: &[&str] = &[
     "nvmlDeviceGetBrand",
     "nvmlDeviceGetArchitecture",
     "nvmlDeviceGetProcessUtilization",
+    "nvmlDeviceGetClockInfo",
     "nvmlDeviceSetMemoryLimits_v1",
     "nvmlDeviceGetMemoryLimits_v1",
 ];

@@ -56,6 +56,25 @@ pub struct Utilization {
     pub memory: u32,
 }
 
+/// nvmlProcessUtilizationSample_t: 32 bytes (4 bytes of padding after `pid`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessUtilizationSample {
+    pub pid: u32,
+    pub time_stamp: u64,
+    pub sm_util: u32,
+    pub mem_util: u32,
+    pub enc_util: u32,
+    pub dec_util: u32,
+}
+
+/// nvmlClockType_t: NVML_CLOCK_GRAPHICS.
+pub const CLOCK_GRAPHICS: u32 = 0;
+/// nvmlClockType_t: NVML_CLOCK_SM.
+pub const CLOCK_SM: u32 = 1;
+/// nvmlClockType_t: NVML_CLOCK_VIDEO, the last clock type.
+pub const CLOCK_VIDEO: u32 = 3;
+
 /// nvmlPciInfo_t (the struct of nvmlDeviceGetPciInfo_v3).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +114,9 @@ const _: () = {
     assert!(offset_of!(ProcessInfoV2, gpu_instance_id) == 16);
     assert!(offset_of!(ProcessInfoV2, compute_instance_id) == 20);
     assert!(size_of::<Utilization>() == 8);
+    assert!(size_of::<ProcessUtilizationSample>() == 32);
+    assert!(offset_of!(ProcessUtilizationSample, time_stamp) == 8);
+    assert!(offset_of!(ProcessUtilizationSample, sm_util) == 16);
     assert!(size_of::<PciInfo>() == 68);
     assert!(offset_of!(PciInfo, domain) == 16);
     assert!(offset_of!(PciInfo, bus_id) == 36);

@@ -2,7 +2,7 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use super::{NvmlDevice, call, device_call, fixed_str, put, put_str};
-use crate::abi::{self, Memory, MemoryV2, PciInfo, Utilization};
+use crate::abi::{self, Memory, MemoryV2, PciInfo, ProcessUtilizationSample, Utilization};
 use crate::codes;
 use crate::handles;
 use crate::state::Session;
@@ -167,6 +167,9 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
 ) -> c_uint {
     device_call("nvmlDeviceGetUtilizationRates", device, |s, i| {
         let d = &s.scenario.devices[i];
+        if !d.utilization_supported {
+            return Err(codes::ERROR_NOT_SUPPORTED);
+        }
         let value = Utilization {
             gpu: d.utilization_gpu,
             memory: d.utilization_memory,
@@ -216,16 +219,71 @@ pub unsafe extern "C" fn nvmlDeviceGetFanSpeed(device: NvmlDevice, _speed: *mut 
     })
 }
 
-/// No per-process samples are simulated: NOT_SUPPORTED (nvitop queries this while listing
-/// processes and tolerates the error, but logs a missing symbol loudly).
+/// The scenario's `process_utilization` samples newer than `last_seen_time_stamp`, as nvml.h
+/// describes: `utilization` NULL is the size query (`*count` = the number of samples,
+/// INSUFFICIENT_SIZE, as the driver answers it); no sample newer -> NOT_FOUND; a buffer of
+/// `*count` entries too small -> INSUFFICIENT_SIZE with `*count` = the number needed;
+/// `utilization_supported: false` -> NOT_SUPPORTED.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     device: NvmlDevice,
-    _utilization: *mut std::ffi::c_void,
-    _process_samples_count: *mut c_uint,
-    _last_seen_time_stamp: u64,
+    utilization: *mut ProcessUtilizationSample,
+    process_samples_count: *mut c_uint,
+    last_seen_time_stamp: u64,
 ) -> c_uint {
-    device_call("nvmlDeviceGetProcessUtilization", device, |_, _| {
-        Err(codes::ERROR_NOT_SUPPORTED)
+    device_call("nvmlDeviceGetProcessUtilization", device, |s, i| {
+        let d = &s.scenario.devices[i];
+        if !d.utilization_supported {
+            return Err(codes::ERROR_NOT_SUPPORTED);
+        }
+        if process_samples_count.is_null() {
+            return Err(codes::ERROR_INVALID_ARGUMENT);
+        }
+        let newer: Vec<ProcessUtilizationSample> = d
+            .process_utilization
+            .iter()
+            .filter(|u| u.timestamp > last_seen_time_stamp)
+            .map(|u| ProcessUtilizationSample {
+                pid: u.pid,
+                time_stamp: u.timestamp,
+                sm_util: u.sm_util,
+                mem_util: u.mem_util,
+                enc_util: u.enc_util,
+                dec_util: u.dec_util,
+            })
+            .collect();
+        if newer.is_empty() {
+            return Err(codes::ERROR_NOT_FOUND);
+        }
+        let n = c_uint::try_from(newer.len()).unwrap_or(c_uint::MAX);
+        // SAFETY: non-null; the caller's count.
+        let capacity = unsafe { process_samples_count.read_unaligned() };
+        if utilization.is_null() || capacity < n {
+            unsafe { put(process_samples_count, n)? };
+            return Err(codes::ERROR_INSUFFICIENT_SIZE);
+        }
+        for (k, sample) in newer.into_iter().enumerate() {
+            // SAFETY: the caller's buffer holds `capacity >= n` samples.
+            unsafe { utilization.add(k).write_unaligned(sample) };
+        }
+        unsafe { put(process_samples_count, n) }
+    })
+}
+
+/// NVML_CLOCK_SM and NVML_CLOCK_GRAPHICS (one domain on current GPUs): `sm_clock`; the memory and
+/// video clocks are not simulated (NOT_SUPPORTED, "cannot report the specified clock"); an
+/// unknown clock type -> INVALID_ARGUMENT.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+    device: NvmlDevice,
+    clock_type: c_uint,
+    clock: *mut c_uint,
+) -> c_uint {
+    device_call("nvmlDeviceGetClockInfo", device, |s, i| match clock_type {
+        abi::CLOCK_GRAPHICS | abi::CLOCK_SM => unsafe {
+            put(clock, s.scenario.devices[i].sm_clock)
+        },
+        t if t <= abi::CLOCK_VIDEO => Err(codes::ERROR_NOT_SUPPORTED),
+        _ => Err(codes::ERROR_INVALID_ARGUMENT),
     })
 }
