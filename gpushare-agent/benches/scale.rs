@@ -129,7 +129,7 @@ fn per_sample_cost() {
         let dir = agent_dir("step-agent", &parent);
         let tracker = Tracker::procfs_only(CgroupResolver::new(root.clone()), "bench".into());
         let snapshot: SharedSnapshot = Arc::default();
-        let metrics = Arc::new(Metrics::new(snapshot.clone(), Compat::None));
+        let metrics = Arc::new(Metrics::new(snapshot.clone(), Compat::default()));
         let mut agent = Agent::new(
             tracker,
             NvmlSampler::open(Some(&lib)),

@@ -137,9 +137,10 @@ pub struct RunArgs {
     /// On SIGTERM, leave workloads the agent froze frozen (the next start reconciles them).
     #[arg(long)]
     pub keep_frozen_on_exit: bool,
-    /// Also export another system's metric names (`hami`).
-    #[arg(long, value_name = "SYSTEM", value_parser = ["hami"])]
-    pub compat: Option<String>,
+    /// Also export other systems' metric names: `hami` (HAMi v2.9+), `volcano` (Volcano's vGPU
+    /// monitor), `dcgm` (dcgm-exporter); repeat or separate with commas.
+    #[arg(long, value_name = "SYSTEM", value_delimiter = ',', value_parser = ["hami", "volcano", "dcgm"])]
+    pub compat: Vec<String>,
 }
 
 #[cfg(test)]

@@ -14,3 +14,4 @@ mod nvml;
 mod prometheus;
 mod suspend;
 mod util;
+mod utilization;
