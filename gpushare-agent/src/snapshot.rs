@@ -580,6 +580,23 @@ mod tests {
         })
     }
 
+    /// A workload's utilization sums its processes' known values, capped at 1; unknown only when
+    /// no process's value is known (an idle process is 0, not unknown).
+    #[test]
+    fn workload_utilization_sums_known_processes_capped_at_one() {
+        use crate::sample::Utilization;
+        let u = |sm, memory| Some(Utilization { sm, memory });
+        let mut b = Busy::default();
+        b.add(None);
+        assert_eq!(b.ratios(), (None, None));
+        b.add(u(0, 0));
+        assert_eq!(b.ratios(), (Some(0.0), Some(0.0)), "idle is 0");
+        b.add(u(60, 10));
+        b.add(None);
+        b.add(u(70, 5));
+        assert_eq!(b.ratios(), (Some(1.0), Some(0.15)));
+    }
+
     #[test]
     fn ioctl_totals_add_what_each_task_issued_since_the_last_step_and_follow_a_move() {
         let me = std::process::id();
