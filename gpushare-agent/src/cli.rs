@@ -156,4 +156,27 @@ mod tests {
         let cli = Cli::try_parse_from(["gpushare-agent", "--interval", "x"]);
         assert!(cli.is_err());
     }
+
+    #[test]
+    fn compat_sets_are_comma_separated_or_repeated_and_known() {
+        let cli = Cli::try_parse_from([
+            "gpushare-agent",
+            "--compat",
+            "hami,dcgm",
+            "--compat",
+            "volcano",
+        ])
+        .unwrap();
+        assert_eq!(cli.run.compat, ["hami", "dcgm", "volcano"]);
+        let c = crate::metrics::Compat::from_names(&cli.run.compat);
+        assert!(c.hami && c.dcgm && c.volcano);
+        assert!(Cli::try_parse_from(["gpushare-agent", "--compat", "hami,dcgmm"]).is_err());
+        assert!(
+            Cli::try_parse_from(["gpushare-agent"])
+                .unwrap()
+                .run
+                .compat
+                .is_empty()
+        );
+    }
 }
