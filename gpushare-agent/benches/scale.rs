@@ -199,7 +199,11 @@ fn utilization_cost() {
     if charged < workloads_n {
         panic!("scale bench: FAILED: {charged} of {workloads_n} workloads charged their samples");
     }
-    let rounds = if quick() { 3 } else { 20 };
+    // GPUSHARE_BENCH_STEP_COUNT: more rounds (a busy machine needs them).
+    let rounds: usize = std::env::var("GPUSHARE_BENCH_STEP_COUNT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick() { 3 } else { 20 });
     let (mut without, mut with) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         without.push(step(false));
