@@ -98,6 +98,7 @@ pub const NVML_FUNCTIONS: &[&str] = &[
     "nvmlDeviceGetArchitecture",
     "nvmlDeviceGetProcessUtilization",
     "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetProcessesUtilizationInfo",
     "nvmlDeviceSetMemoryLimits_v1",
     "nvmlDeviceGetMemoryLimits_v1",
 ];

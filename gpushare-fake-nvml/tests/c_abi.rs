@@ -66,6 +66,18 @@ fn rust_layout_defines() -> Vec<String> {
             offset_of!(abi::ProcessUtilizationSample, sm_util),
         ),
         (
+            "RUST_SIZEOF_PROCESS_UTILIZATION_INFO",
+            size_of::<abi::ProcessUtilizationInfoV1>(),
+        ),
+        (
+            "RUST_SIZEOF_PROCESSES_UTILIZATION_INFO",
+            size_of::<abi::ProcessesUtilizationInfoV1>(),
+        ),
+        (
+            "RUST_PROCESSES_UTILIZATION_INFO_VERSION",
+            abi::PROCESSES_UTILIZATION_INFO_V1_VERSION as usize,
+        ),
+        (
             "RUST_OFFSET_PCI_INFO_BUS_ID",
             offset_of!(abi::PciInfo, bus_id),
         ),
@@ -149,17 +161,19 @@ fn expected_output(s: &Scenario) -> String {
                 .unwrap();
             }
         }
-        if d.process_utilization.is_empty() {
-            writeln!(out, "procutil {i} rc=6").unwrap();
-        } else {
-            writeln!(out, "procutil {i} rc=0").unwrap();
-            for u in &d.process_utilization {
-                writeln!(
-                    out,
-                    "procutil {i} pid={} ts={} sm={} mem={} enc={} dec={}",
-                    u.pid, u.timestamp, u.sm_util, u.mem_util, u.enc_util, u.dec_util
-                )
-                .unwrap();
+        for call in ["procutil", "procutilinfo"] {
+            if d.process_utilization.is_empty() {
+                writeln!(out, "{call} {i} rc=6").unwrap();
+            } else {
+                writeln!(out, "{call} {i} rc=0").unwrap();
+                for u in &d.process_utilization {
+                    writeln!(
+                        out,
+                        "{call} {i} pid={} ts={} sm={} mem={} enc={} dec={}",
+                        u.pid, u.timestamp, u.sm_util, u.mem_util, u.enc_util, u.dec_util
+                    )
+                    .unwrap();
+                }
             }
         }
         writeln!(out, "smclock {i} rc=0 mhz={}", d.sm_clock).unwrap();
