@@ -49,12 +49,119 @@ impl ProcessRead {
 
 /// Reads utilization; remembers per GPU where the next per-process read starts, and which GPUs
 /// were already named as unsupported.
-#[derive(Default)]
 pub struct UtilizationReader {
+    /// Whether `nvmlDeviceGetProcessesUtilizationInfo` (the versioned call) is used; false once
+    /// the library lacks it or refuses its struct version.
+    versioned_works: bool,
     /// GPU UUID -> NVML timestamp (µs) of the newest per-process sample read so far.
     last_seen: HashMap<String, u64>,
     /// (GPU UUID, what) already logged as not supported.
     unsupported: BTreeSet<(String, &'static str)>,
+}
+
+impl Default for UtilizationReader {
+    fn default() -> Self {
+        Self {
+            versioned_works: true,
+            last_seen: HashMap::new(),
+            unsupported: BTreeSet::new(),
+        }
+    }
+}
+
+/// One per-process sample, from either call.
+struct RawSample {
+    pid: u32,
+    /// NVML's CPU timestamp, µs.
+    timestamp: u64,
+    sm: u32,
+    memory: u32,
+}
+
+fn is_version_mismatch(e: &NvmlError) -> bool {
+    // nvml-wrapper 0.13 has no variant of its own for NVML_ERROR_ARGUMENT_VERSION_MISMATCH.
+    matches!(e, NvmlError::UnexpectedVariant(25))
+}
+
+/// `nvmlDeviceGetProcessUtilization`, through nvml-wrapper.
+fn legacy(dev: &Device<'_>, since: Option<u64>) -> Result<Vec<RawSample>, NvmlError> {
+    Ok(dev
+        .process_utilization_stats(since)?
+        .into_iter()
+        .map(|s| RawSample {
+            pid: s.pid,
+            timestamp: s.timestamp,
+            sm: s.sm_util,
+            memory: s.mem_util,
+        })
+        .collect())
+}
+
+/// `nvmlDeviceGetProcessesUtilizationInfo` (the versioned struct, drivers from r550 on), which
+/// nvml-wrapper 0.13 binds but does not wrap; `None` when the library lacks it.
+fn versioned(dev: &Device<'_>, since: u64) -> Option<Result<Vec<RawSample>, NvmlError>> {
+    use nvml_wrapper_sys::bindings::{
+        nvmlProcessUtilizationInfo_v1_t as Record, nvmlProcessesUtilizationInfo_v1_t as Info,
+        nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE as INSUFFICIENT_SIZE,
+        nvmlReturn_enum_NVML_SUCCESS as SUCCESS,
+    };
+    let call = dev
+        .nvml()
+        .lib()
+        .nvmlDeviceGetProcessesUtilizationInfo
+        .as_ref()
+        .ok()?;
+    // SAFETY: the handle is valid while `dev`'s session lives, which outlasts this call.
+    let handle = unsafe { dev.handle() };
+    let mut info = Info {
+        // nvmlProcessesUtilizationInfo_v1 = NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1).
+        version: std::mem::size_of::<Info>() as u32 | (1 << 24),
+        processSamplesCount: 0,
+        lastSeenTimeStamp: since,
+        procUtilArray: std::ptr::null_mut(),
+    };
+    // SAFETY: `info` is a valid nvmlProcessesUtilizationInfo_v1_t with no array: the size query.
+    let rc = unsafe { call(handle, &mut info) };
+    if rc == SUCCESS {
+        return Some(Ok(Vec::new()));
+    }
+    if rc != INSUFFICIENT_SIZE {
+        return Some(Err(NvmlError::from(rc)));
+    }
+    // Room for a few processes that appear between the two calls; read again if more did.
+    for _ in 0..3 {
+        let zero = Record {
+            timeStamp: 0,
+            pid: 0,
+            smUtil: 0,
+            memUtil: 0,
+            encUtil: 0,
+            decUtil: 0,
+            jpgUtil: 0,
+            ofaUtil: 0,
+        };
+        let mut records = vec![zero; info.processSamplesCount as usize + 8];
+        info.processSamplesCount = records.len() as u32;
+        info.procUtilArray = records.as_mut_ptr();
+        // SAFETY: `procUtilArray` holds `processSamplesCount` records, and outlives the call.
+        let rc = unsafe { call(handle, &mut info) };
+        if rc == SUCCESS {
+            records.truncate(info.processSamplesCount as usize);
+            return Some(Ok(records
+                .into_iter()
+                .map(|r| RawSample {
+                    pid: r.pid,
+                    timestamp: r.timeStamp,
+                    sm: r.smUtil,
+                    memory: r.memUtil,
+                })
+                .collect()));
+        }
+        if rc != INSUFFICIENT_SIZE {
+            return Some(Err(NvmlError::from(rc)));
+        }
+    }
+    Some(Err(NvmlError::InsufficientSize(None)))
 }
 
 /// What failed, for the sampler's error counters.
@@ -90,7 +197,23 @@ impl UtilizationReader {
     ) -> Result<ProcessRead, Failure> {
         let previous = self.last_seen.get(uuid).copied();
         let (now_boot_ns, now_unix_us) = clocks();
-        let read = dev.process_utilization_stats(previous);
+        let read = match self.versioned_works {
+            true => versioned(dev, previous.unwrap_or(0)),
+            false => None,
+        };
+        let read = match read {
+            // A driver with the symbol but another version of the struct: the older call from now on.
+            None if !self.versioned_works => legacy(dev, previous),
+            None | Some(Err(NvmlError::FunctionNotFound)) => {
+                self.use_legacy("the library lacks it");
+                legacy(dev, previous)
+            }
+            Some(Err(e)) if is_version_mismatch(&e) => {
+                self.use_legacy("it refuses nvmlProcessesUtilizationInfo_v1");
+                legacy(dev, previous)
+            }
+            Some(r) => r,
+        };
         let samples = match read {
             Ok(samples) => samples,
             // No sample since the last read: nothing ran.
@@ -113,8 +236,8 @@ impl UtilizationReader {
             }
             newest = newest.max(s.timestamp);
             let u = Utilization {
-                sm: s.sm_util.min(100),
-                memory: s.mem_util.min(100),
+                sm: s.sm.min(100),
+                memory: s.memory.min(100),
             };
             let e = by_pid.entry(s.pid).or_insert((s.timestamp, u));
             if s.timestamp >= e.0 {
@@ -145,6 +268,14 @@ impl UtilizationReader {
     /// Forgets GPUs that are gone (by UUID), so a GPU that comes back starts afresh.
     pub fn retain(&mut self, present: &BTreeSet<&str>) {
         self.last_seen.retain(|u, _| present.contains(u.as_str()));
+    }
+
+    fn use_legacy(&mut self, why: &str) {
+        self.versioned_works = false;
+        info!(
+            "per-process utilization through nvmlDeviceGetProcessUtilization: \
+             nvmlDeviceGetProcessesUtilizationInfo is not usable ({why})"
+        );
     }
 
     fn name_unsupported(&mut self, index: u32, uuid: &str, what: &'static str) {

@@ -102,6 +102,13 @@ fn utilization_of_a_pid_reused_inside_a_sample_window_is_charged_to_the_right_wo
         never_a(s);
         util_of(s, &key(&b)) == Some(0.7)
     });
+    assert!(
+        !agent
+            .log()
+            .contains("through nvmlDeviceGetProcessUtilization"),
+        "read through the versioned call\n{}",
+        agent.log()
+    );
     let status = gpushare_agent::status::render_status(&s);
     let row = status
         .lines()
@@ -200,4 +207,37 @@ fn a_gpu_without_utilization_support_shows_no_series_not_zeros() {
         .matches("GPU-mig) does not report utilization")
         .count();
     assert_eq!(named, 1, "named once in the log:\n{}", agent.log());
+}
+
+/// Where the library lacks the versioned call (`nvmlDeviceGetProcessesUtilizationInfo`, drivers
+/// before r550; here: the mock answering FUNCTION_NOT_FOUND), samples come through
+/// `nvmlDeviceGetProcessUtilization`, and the switch is named once.
+#[test]
+fn utilization_is_read_through_the_older_call_where_the_versioned_one_is_missing() {
+    needs_root!("utilization_through_the_older_call");
+    let (a, pa) = sleeping_group("util-old");
+    let pid = pa.pid();
+    let with_fail = |v: serde_json::Value| {
+        let mut v = v;
+        v["fail"] = json!({ "nvmlDeviceGetProcessesUtilizationInfo": 13 });
+        v
+    };
+    let sc = Scenario::create(&with_fail(gpu_with(pid, &[]))).unwrap();
+    let agent = AgentProcess::start_in(
+        agent_dir(&cgroup_quota(&a, "8GiB")),
+        &sc,
+        &["--no-ebpf"],
+        "200ms",
+    );
+    agent.wait_next_step();
+    sc.write(&with_fail(gpu_with(pid, &[(pid, now_us(), 45)])))
+        .unwrap();
+    agent.wait_for(WAIT, |s| util_of(s, &key(&a)) == Some(0.45));
+    let log = agent.log();
+    assert_eq!(
+        log.matches("through nvmlDeviceGetProcessUtilization")
+            .count(),
+        1,
+        "{log}"
+    );
 }
