@@ -25,6 +25,7 @@ fn main() {
             memory_free_bytes: 40 << 30,
             healthy: true,
             isolation_backend: "soft".into(),
+            ..Default::default()
         });
     }
     for w in 0..WORKLOADS {
@@ -49,10 +50,17 @@ fn main() {
             workload: format!("containerd://{:064x}", p % WORKLOADS),
             gpu_uuid: s.gpus[p % GPUS].uuid.clone(),
             used_bytes: Some(100 << 20),
+            ..Default::default()
         });
     }
     let shared: SharedSnapshot = Arc::new(std::sync::RwLock::new(Arc::new(s)));
-    let m = Metrics::new(shared, Compat::Hami);
+    let m = Metrics::new(
+        shared,
+        Compat {
+            hami: true,
+            ..Default::default()
+        },
+    );
     for (name, f) in [
         (
             "prometheus text",

@@ -2,12 +2,15 @@
 //! 1. Attribution cost for 10 / 100 / 1,000 / 10,000 GPU processes: the agent's eBPF-fed table
 //!    (a map lookup) next to reading and parsing `/proc/<pid>/cgroup` per process (what
 //!    dcgm-exporter and HAMi's monitor do), side by side in one run, as a ratio.
-//! 2. Agent footprint with 1,000 GPU processes in 200 workloads sampled every second (the release
+//! 2. The per-step cost of utilization sampling at 1,000 GPU processes on 8 GPUs: agent steps
+//!    with every process sampled (fresh per-process samples each step) next to steps on GPUs that
+//!    answer NOT_SUPPORTED, alternating in one run.
+//! 3. Agent footprint with 1,000 GPU processes in 200 workloads sampled every second (the release
 //!    binary against the mock NVML): CPU share of one core and RSS, over 30 s.
 //!
 //! Needs root and `cargo build --release` (for the agent) and `cargo build` (mock, fake process).
 //! Run: `cargo bench -p gpushare-agent --bench scale` or `cargo xtask bench`. Arguments after `--`
-//! pick parts: `attribution`, `step`, `footprint` (default: all). `GPUSHARE_BENCH_AGENT_BIN=A[:B..]`
+//! pick parts: `attribution`, `step`, `utilization`, `footprint` (default: all). `GPUSHARE_BENCH_AGENT_BIN=A[:B..]`
 //! measures other agent binaries (e.g. before and after a change) in alternating rounds over the
 //! same processes, `GPUSHARE_BENCH_FOOTPRINT_ROUNDS=N` of them (the median is shown);
 //! `GPUSHARE_BENCH_STEP_PROCS=N` runs one size of the step part (`..._STEP_COUNT=N` steps);
@@ -56,9 +59,11 @@ fn main() {
     let want = |p: &str| parts.is_empty() || parts.iter().any(|a| a == p);
     if let Some(unknown) = parts
         .iter()
-        .find(|a| !["attribution", "step", "footprint"].contains(&a.as_str()))
+        .find(|a| !["attribution", "step", "utilization", "footprint"].contains(&a.as_str()))
     {
-        eprintln!("scale bench: FAILED: unknown part {unknown:?} (attribution, step, footprint)");
+        eprintln!(
+            "scale bench: FAILED: unknown part {unknown:?} (attribution, step, utilization, footprint)"
+        );
         std::process::exit(1);
     }
     if want("attribution") {
@@ -66,6 +71,9 @@ fn main() {
     }
     if want("step") {
         per_sample_cost();
+    }
+    if want("utilization") {
+        utilization_cost();
     }
     if want("footprint") {
         footprint();
@@ -89,17 +97,6 @@ fn mock_nvml() -> std::path::PathBuf {
 /// One agent step (sample through the mock, attribute, decide, publish) as processes and workloads
 /// grow, in-process, median over 20 steps.
 fn per_sample_cost() {
-    use std::sync::Arc;
-
-    use gpushare_agent::{
-        agent::{
-            Agent, AgentOptions,
-            quota_store::{QuotaPaths, QuotaStore},
-        },
-        enforce::Enforcer,
-        metrics::{Compat, Metrics, SharedSnapshot},
-        nvml::NvmlSampler,
-    };
     let lib = mock_nvml();
     if !lib.exists() {
         eprintln!("scale bench: FAILED: the mock NVML is not built (`cargo build`)");
@@ -127,21 +124,7 @@ fn per_sample_cost() {
         let sc = scenario_of(&procs);
         unsafe { std::env::set_var(SCENARIO_ENV, sc.path()) };
         let dir = agent_dir("step-agent", &parent);
-        let tracker = Tracker::procfs_only(CgroupResolver::new(root.clone()), "bench".into());
-        let snapshot: SharedSnapshot = Arc::default();
-        let metrics = Arc::new(Metrics::new(snapshot.clone(), Compat::None));
-        let mut agent = Agent::new(
-            tracker,
-            NvmlSampler::open(Some(&lib)),
-            QuotaStore::load(QuotaPaths::new(dir.join("quotas.toml"), None)),
-            Enforcer::new(root.clone(), &dir.join("state"), true).unwrap(),
-            metrics,
-            snapshot.clone(),
-            AgentOptions {
-                dry_run: true,
-                keep_frozen_on_exit: false,
-            },
-        );
+        let (mut agent, snapshot) = bench_agent(&lib, &root, &dir);
         agent.tick(None); // first step attributes every pid through /proc
         let seen = snapshot.read().unwrap().workloads.len();
         if seen < workloads_n {
@@ -170,6 +153,155 @@ fn per_sample_cost() {
         drop(procs);
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// The per-step cost of utilization sampling: 1,000 GPU processes in 200 workloads on 8 GPUs,
+/// agent steps alternating between GPUs that report per-process utilization (every process with a
+/// fresh sample each step: read, verified against the pid's holder, summed per workload, published)
+/// and GPUs that answer NOT_SUPPORTED. The scenario is rewritten before every step, in both modes,
+/// and the mock (loaded once per process, so shared with the agent) re-reads it before the clock
+/// starts.
+fn utilization_cost() {
+    let lib = mock_nvml();
+    let root = cgroupfs::find_cgroup2_mount().unwrap();
+    let node = FakeDeviceNode::create(&unique("util")).unwrap();
+    let (procs_n, workloads_n) = if quick() { (100, 20) } else { (1_000, 200) };
+    let (parent, cgs) = workload_groups(&root, "util", workloads_n);
+    let procs = spawn_gpu_procs(procs_n, node.path(), &cgs);
+    let pids: Vec<u32> = procs.0.iter().map(|c| c.id()).collect();
+    let sc = Scenario::create(&utilization_scenario(&pids, false)).unwrap();
+    unsafe { std::env::set_var(SCENARIO_ENV, sc.path()) };
+    let dir = agent_dir("util-agent", &parent);
+    let (mut agent, snapshot) = bench_agent(&lib, &root, &dir);
+    // A second session on the same (process-wide) mock: touching it makes the mock re-read a
+    // rewritten scenario outside the timed step.
+    let poke = nvml_wrapper::Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .init()
+        .expect("the mock NVML");
+    let mut step = |with: bool| -> f64 {
+        sc.write(&utilization_scenario(&pids, with)).unwrap();
+        poke.device_count().unwrap();
+        let t = Instant::now();
+        agent.tick(None);
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    // Attribute every pid, and set where each GPU's next per-process read starts.
+    step(true);
+    step(true);
+    let charged = snapshot
+        .read()
+        .unwrap()
+        .workloads
+        .iter()
+        .filter(|w| w.utilization.is_some_and(|u| u > 0.0))
+        .count();
+    if charged < workloads_n {
+        panic!("scale bench: FAILED: {charged} of {workloads_n} workloads charged their samples");
+    }
+    // GPUSHARE_BENCH_STEP_COUNT: more rounds (a busy machine needs them).
+    let rounds: usize = std::env::var("GPUSHARE_BENCH_STEP_COUNT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick() { 3 } else { 20 });
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        without.push(step(false));
+        with.push(step(true));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let (a, b) = (median(&mut without), median(&mut with));
+    println!(
+        "utilization sampling, {procs_n} processes in {workloads_n} workloads on 8 GPUs, median of \
+         {rounds} alternating steps"
+    );
+    println!("{:>44} {:>10}", "", "step (ms)");
+    println!("{:>44} {a:>10.2}", "GPUs answering NOT_SUPPORTED");
+    println!("{:>44} {b:>10.2}", "every process sampled each step");
+    println!(
+        "{:>44} {:>10.2}  ({:.1} us per process, {:.2}x the step)",
+        "cost of utilization sampling",
+        b - a,
+        (b - a) * 1e3 / procs_n as f64,
+        b / a
+    );
+    drop(poke);
+    drop(agent);
+    drop(procs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// 8 GPUs of 80 GiB, the processes dealt out in turn (256 MiB each); `with`: each process has a
+/// per-process sample stamped now (5% SM, 2% memory), else the GPUs answer NOT_SUPPORTED.
+fn utilization_scenario(pids: &[u32], with: bool) -> serde_json::Value {
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let devices: Vec<_> = (0..8)
+        .map(|d| {
+            let mine: Vec<u32> = pids
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % 8 == d)
+                .map(|(_, p)| *p)
+                .collect();
+            let list: Vec<_> = mine
+                .iter()
+                .map(|p| json!({ "pid": p, "used_memory": 256u64 << 20 }))
+                .collect();
+            let samples: Vec<_> = mine
+                .iter()
+                .map(|p| json!({ "pid": p, "timestamp": now_us, "sm_util": 5, "mem_util": 2 }))
+                .collect();
+            json!({ "uuid": format!("GPU-{d}"), "name": "NVIDIA Fake", "memory_total": 80u64 << 30,
+                    "compute_processes": list, "utilization_supported": with,
+                    "utilization_gpu": 40, "process_utilization": if with { samples } else { Vec::new() } })
+        })
+        .collect();
+    json!({ "devices": devices })
+}
+
+/// An in-process agent in dry-run mode over the mock NVML `lib`, with `/proc` attribution and its
+/// files under `dir`; and the snapshot it publishes.
+fn bench_agent(
+    lib: &Path,
+    root: &Path,
+    dir: &Path,
+) -> (
+    gpushare_agent::agent::Agent,
+    gpushare_agent::metrics::SharedSnapshot,
+) {
+    use std::sync::Arc;
+
+    use gpushare_agent::{
+        agent::{
+            Agent, AgentOptions,
+            quota_store::{QuotaPaths, QuotaStore},
+        },
+        enforce::Enforcer,
+        metrics::{Compat, Metrics, SharedSnapshot},
+        nvml::NvmlSampler,
+    };
+    let tracker = Tracker::procfs_only(CgroupResolver::new(root.to_path_buf()), "bench".into());
+    let snapshot: SharedSnapshot = Arc::default();
+    let metrics = Arc::new(Metrics::new(snapshot.clone(), Compat::default()));
+    let agent = Agent::new(
+        tracker,
+        NvmlSampler::open(Some(lib)),
+        QuotaStore::load(QuotaPaths::new(dir.join("quotas.toml"), None)),
+        Enforcer::new(root.to_path_buf(), &dir.join("state"), true).unwrap(),
+        metrics,
+        snapshot.clone(),
+        AgentOptions {
+            dry_run: true,
+            keep_frozen_on_exit: false,
+        },
+    );
+    (agent, snapshot)
 }
 
 /// A new parent group (`<tag>-...`) with `n` workload groups `w0`, `w1`, ... under it.

@@ -141,9 +141,10 @@ pub struct RunArgs {
     /// On SIGTERM, leave workloads the agent froze frozen (the next start reconciles them).
     #[arg(long)]
     pub keep_frozen_on_exit: bool,
-    /// Also export another system's metric names (`hami`).
-    #[arg(long, value_name = "SYSTEM", value_parser = ["hami"])]
-    pub compat: Option<String>,
+    /// Also export other systems' metric names: `hami` (HAMi v2.9+), `volcano` (Volcano's vGPU
+    /// monitor), `dcgm` (dcgm-exporter); repeat or separate with commas.
+    #[arg(long, value_name = "SYSTEM", value_delimiter = ',', value_parser = ["hami", "volcano", "dcgm"])]
+    pub compat: Vec<String>,
 }
 
 #[cfg(test)]
@@ -158,5 +159,28 @@ mod tests {
         assert!(!cli.run.no_ebpf);
         let cli = Cli::try_parse_from(["gpushare-agent", "--interval", "x"]);
         assert!(cli.is_err());
+    }
+
+    #[test]
+    fn compat_sets_are_comma_separated_or_repeated_and_known() {
+        let cli = Cli::try_parse_from([
+            "gpushare-agent",
+            "--compat",
+            "hami,dcgm",
+            "--compat",
+            "volcano",
+        ])
+        .unwrap();
+        assert_eq!(cli.run.compat, ["hami", "dcgm", "volcano"]);
+        let c = crate::metrics::Compat::from_names(&cli.run.compat);
+        assert!(c.hami && c.dcgm && c.volcano);
+        assert!(Cli::try_parse_from(["gpushare-agent", "--compat", "hami,dcgmm"]).is_err());
+        assert!(
+            Cli::try_parse_from(["gpushare-agent"])
+                .unwrap()
+                .run
+                .compat
+                .is_empty()
+        );
     }
 }

@@ -27,7 +27,8 @@
 //!
 //! Reporting:
 //! - [`snapshot`]: the agent's state as readers see it, rebuilt after each step.
-//! - [`metrics`]: `/metrics`, encoded from the latest snapshot.
+//! - [`metrics`]: `/metrics`, encoded from the latest snapshot; [`metrics::compat`]: other
+//!   systems' metric names (HAMi, Volcano, dcgm-exporter) for the same values.
 //! - [`status`]: the `status` table and the `check` listing (pure renderings).
 //! - [`api`]: the HTTP endpoints and the local socket.
 //!

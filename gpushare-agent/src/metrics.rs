@@ -35,15 +35,10 @@ pub const ISOLATION_STATES: &[&str] = &[
     "killing",
 ];
 
-/// Which compatibility metrics to add.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Compat {
-    /// gpushare's own metrics only.
-    #[default]
-    None,
-    /// Also HAMi's `hami_vgpu_memory_*` series.
-    Hami,
-}
+pub mod compat;
+
+/// Which other systems' metric names to add (`--compat`).
+pub use self::compat::Compat;
 
 /// The registry and the histograms the agent loop observes into.
 pub struct Metrics {
@@ -136,9 +131,9 @@ struct SnapshotCollector {
     process_series: bool,
 }
 
-type Labels = Vec<(&'static str, String)>;
+pub(crate) type Labels = Vec<(&'static str, String)>;
 
-fn gauge(
+pub(crate) fn gauge(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -232,6 +227,42 @@ impl Collector for SnapshotCollector {
         )?;
         gauge(
             &mut e,
+            "gpushare_gpu_utilization_ratio",
+            "Share of NVML's last sample period in which a kernel ran on the GPU, 0-1 (absent where \
+             NVML does not report it: not supported, MIG)",
+            snap.gpus
+                .iter()
+                .filter_map(|g| Some((gpu_labels(g), g.utilization?))),
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_gpu_memory_utilization_ratio",
+            "Share of NVML's last sample period in which GPU memory was read or written, 0-1 \
+             (absent where not reported)",
+            snap.gpus
+                .iter()
+                .filter_map(|g| Some((gpu_labels(g), g.memory_utilization?))),
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_workload_gpu_utilization_ratio",
+            "SM utilization of a workload's processes on a GPU over its last sample window, summed, \
+             0-1 (absent where unknown: not supported, MIG, or no process verified for the window)",
+            snap.workloads
+                .iter()
+                .filter_map(|w| Some((workload_labels(w), w.utilization?))),
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_workload_gpu_memory_utilization_ratio",
+            "Memory-controller utilization of a workload's processes on a GPU, summed, 0-1 (absent \
+             where unknown)",
+            snap.workloads
+                .iter()
+                .filter_map(|w| Some((workload_labels(w), w.memory_utilization?))),
+        )?;
+        gauge(
+            &mut e,
             "gpushare_workload_gpu_memory_used_bytes",
             "GPU memory used by a workload, bytes",
             snap.workloads
@@ -286,6 +317,23 @@ impl Collector for SnapshotCollector {
                         )
                     })
                 }),
+        )?;
+        gauge(
+            &mut e,
+            "gpushare_process_gpu_utilization_ratio",
+            "SM utilization of a process over its GPU's last sample window, 0-1 (0: no sample, \
+             idle; absent where unknown; with --process-metrics only)",
+            snap.processes.iter().filter(|_| self.process_series).filter_map(|p| {
+                Some((
+                    vec![
+                        ("gpu_uuid", p.gpu_uuid.clone()),
+                        ("pid", p.pid.to_string()),
+                        ("comm", p.comm.clone()),
+                        ("workload", p.workload.clone()),
+                    ],
+                    p.utilization?,
+                ))
+            }),
         )?;
         gauge(
             &mut e,
@@ -467,45 +515,7 @@ impl Collector for SnapshotCollector {
                 1.0,
             )],
         )?;
-        if self.compat == Compat::Hami {
-            // HAMi exports per device: one series per container per GPU, so a sum over devices is
-            // the container's total. Rows of all-GPU quotas (`gpu_uuid="all"`, the sum of the
-            // per-GPU rows) and rows of a GPU not in the sample have no device and are left out;
-            // an all-GPU quota has no per-device limit (see README, `--compat hami`).
-            let hami = |w: &WorkloadView| -> Option<Labels> {
-                let gpu = snap.gpus.iter().find(|g| g.uuid == w.gpu_uuid)?;
-                Some(vec![
-                    ("namespace", w.namespace.clone()),
-                    (
-                        "pod",
-                        if w.pod.is_empty() {
-                            w.name.clone()
-                        } else {
-                            w.pod.clone()
-                        },
-                    ),
-                    ("container", w.container.clone()),
-                    ("vdevice_index", gpu.index.to_string()),
-                    ("device_uuid", gpu.uuid.clone()),
-                ])
-            };
-            gauge(
-                &mut e,
-                "hami_vgpu_memory_used_bytes",
-                "HAMi-compatible: GPU memory used by a container on one GPU",
-                snap.workloads
-                    .iter()
-                    .filter_map(|w| Some((hami(w)?, w.used_bytes as f64))),
-            )?;
-            gauge(
-                &mut e,
-                "hami_vgpu_memory_limit_bytes",
-                "HAMi-compatible: GPU memory limit of a container on one GPU (per-GPU quotas)",
-                snap.workloads
-                    .iter()
-                    .filter_map(|w| Some((hami(w)?, w.quota_bytes? as f64))),
-            )?;
-        }
+        compat::encode(&self.compat, &snap, &mut e)?;
         Ok(())
     }
 }
@@ -526,6 +536,7 @@ mod tests {
             memory_free_bytes: 60,
             healthy: true,
             isolation_backend: "soft".into(),
+            ..Default::default()
         });
         for (key, used, quota, state) in workloads {
             s.workloads.push(WorkloadView {
@@ -542,6 +553,7 @@ mod tests {
                 workload: key.to_string(),
                 gpu_uuid: "GPU-a".into(),
                 used_bytes: Some(*used),
+                ..Default::default()
             });
         }
         s.counters.enforcement_actions.insert("freeze/ok".into(), 2);
@@ -590,7 +602,14 @@ mod tests {
             row("docker://c", "GPU-gone", 0, Some(15)),
         ];
         let shared: SharedSnapshot = Arc::new(RwLock::new(Arc::new(s)));
-        let text = Metrics::new(shared, Compat::Hami).render_prometheus();
+        let text = Metrics::new(
+            shared,
+            Compat {
+                hami: true,
+                ..Default::default()
+            },
+        )
+        .render_prometheus();
         let series = |name: &str| -> Vec<&str> {
             text.lines()
                 .filter(|l| l.starts_with(&format!("{name}{{")))
@@ -621,7 +640,13 @@ mod tests {
     #[test]
     fn series_follow_the_snapshot_and_vanish_with_their_workload() {
         let shared: SharedSnapshot = Arc::default();
-        let m = Metrics::new(shared.clone(), Compat::Hami);
+        let m = Metrics::new(
+            shared.clone(),
+            Compat {
+                hami: true,
+                ..Default::default()
+            },
+        );
         *shared.write().unwrap() = Arc::new(snapshot(&[
             ("docker://a", 10, Some(5), "frozen"),
             ("docker://b", 30, None, "ok"),

@@ -67,7 +67,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         events_bytes: None,
     };
     let tracker = Tracker::start(&load, args.no_ebpf)?;
-    let sampler = NvmlSampler::open(args.nvml_lib.as_deref());
+    let mut sampler = NvmlSampler::open(args.nvml_lib.as_deref());
+    sampler.read_device_extras(args.compat.iter().any(|c| c == "dcgm"));
     if let Err(e) = std::fs::create_dir_all(&args.runtime_quotas) {
         warn!(
             "cannot create {}: {e}; launched services' quotas will not be seen",
@@ -77,11 +78,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let paths = QuotaPaths::new(args.quotas.clone(), Some(args.runtime_quotas.clone()));
     let quotas = QuotaStore::load_with_state(paths.clone(), Some(args.state_dir.clone()));
     let snapshot: SharedSnapshot = Arc::default();
-    let compat = if args.compat.as_deref() == Some("hami") {
-        Compat::Hami
-    } else {
-        Compat::None
-    };
+    let compat = Compat::from_names(&args.compat);
     let metrics = Arc::new(Metrics::with_options(
         snapshot.clone(),
         compat,

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 /// One GPU as NVML reported it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DeviceSample {
     /// NVML index.
     pub index: u32,
@@ -20,10 +20,48 @@ pub struct DeviceSample {
     pub memory_free: u64,
     /// Memory reserved by the driver, bytes (0 where only the v1 call works).
     pub memory_reserved: u64,
+    /// How busy the GPU was over NVML's last sample period (`nvmlDeviceGetUtilizationRates`);
+    /// `None` where the GPU or driver does not say (NOT_SUPPORTED, MIG) or the call failed.
+    pub utilization: Option<Utilization>,
+    /// Whether per-process utilization was read for this GPU, and since when.
+    pub process_utilization: ProcessUtilization,
+    /// GPU temperature, degrees C (`None` where not reported).
+    pub temperature_c: Option<u32>,
+    /// Power draw, milliwatts (`None` where not reported).
+    pub power_mw: Option<u32>,
+    /// SM clock, MHz (`None` where not reported).
+    pub sm_clock_mhz: Option<u32>,
+}
+
+/// Percentages of time busy, 0-100, as NVML reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Utilization {
+    /// SM (kernels running): `gpu` of nvmlUtilization_t, `smUtil` of a process sample.
+    pub sm: u32,
+    /// Memory controller (reads and writes of device memory): `memory` / `memUtil`.
+    pub memory: u32,
+}
+
+/// Per-process utilization of one GPU in one sample.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum ProcessUtilization {
+    /// Not read: the GPU or driver does not support it (NOT_SUPPORTED, MIG), the call failed,
+    /// or this is the first read (it only sets where the next one starts). Processes show no
+    /// utilization, never 0.
+    #[default]
+    Unknown,
+    /// Read: every sample newer than the previous read. A process of the GPU without a sample
+    /// was idle.
+    Read {
+        /// CLOCK_BOOTTIME ns at which the window of these samples began (the previous read's
+        /// newest sample): a process charged with one must have held its pid since then.
+        since_boot_ns: u64,
+    },
 }
 
 /// One process on one GPU. Compute and graphics records of the same pid are merged.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ProcessSample {
     /// Host pid.
     pub pid: u32,
@@ -33,6 +71,10 @@ pub struct ProcessSample {
     pub device_uuid: String,
     /// Used memory, bytes; `None` when NVML reports it as not available.
     pub used_bytes: Option<u64>,
+    /// Utilization over the GPU's sample window (0 when it had no sample: idle); `None` where
+    /// the GPU's process utilization is unknown, or the pid's holder may not have held it for
+    /// the whole window.
+    pub utilization: Option<Utilization>,
 }
 
 /// Whether a device's data in a sample can be acted upon.
@@ -65,6 +107,18 @@ pub struct GpuSample {
 }
 
 impl GpuSample {
+    /// CLOCK_BOOTTIME ns at which the per-process utilization window of device `index` began
+    /// (0, which no process started before, where it is unknown).
+    pub fn utilization_since(&self, index: u32) -> u64 {
+        match self.devices.iter().find(|d| d.index == index) {
+            Some(DeviceSample {
+                process_utilization: ProcessUtilization::Read { since_boot_ns },
+                ..
+            }) => *since_boot_ns,
+            _ => 0,
+        }
+    }
+
     /// Whether device `index` was read completely in this sample.
     pub fn device_ok(&self, index: u32) -> bool {
         self.health

@@ -84,6 +84,26 @@ pub struct GpuView {
     /// driver's per-cgroup limits, r615+).
     #[serde(default)]
     pub isolation_backend: String,
+    /// Share of NVML's last sample period with a kernel running, 0-1; absent where NVML does not
+    /// report it (not supported, MIG).
+    #[serde(default)]
+    pub utilization: Option<f64>,
+    /// Share of that period with device memory being read or written, 0-1; absent likewise.
+    #[serde(default)]
+    pub memory_utilization: Option<f64>,
+    /// Whether NVML reports per-process utilization for it (false: not supported, MIG, or the
+    /// read failed; the per-process and per-workload values are then absent).
+    #[serde(default)]
+    pub process_utilization: bool,
+    /// Temperature, degrees C (read with `--compat dcgm`).
+    #[serde(default)]
+    pub temperature_celsius: Option<u32>,
+    /// Power draw, watts (read with `--compat dcgm`).
+    #[serde(default)]
+    pub power_watts: Option<f64>,
+    /// SM clock, MHz (read with `--compat dcgm`).
+    #[serde(default)]
+    pub sm_clock_mhz: Option<u32>,
 }
 
 /// One workload on one GPU (or on all GPUs, for an all-GPU quota).
@@ -127,6 +147,14 @@ pub struct WorkloadView {
     /// GPU memory of the workload held in host memory while it is suspended, bytes.
     #[serde(default)]
     pub suspended_bytes: u64,
+    /// Share of time the workload's processes kept the GPU's SMs busy, summed over them (capped
+    /// at 1), over the GPU's last per-process sample window; absent where unknown (not supported,
+    /// MIG, only processes that may not have held their pid for the window) and on `all` rows.
+    #[serde(default)]
+    pub utilization: Option<f64>,
+    /// The same for the memory controller.
+    #[serde(default)]
+    pub memory_utilization: Option<f64>,
     /// Processes of the workload on that GPU.
     pub pids: Vec<u32>,
     /// ioctls of the workload's GPU tasks.
@@ -146,6 +174,13 @@ pub struct ProcessView {
     pub gpu_uuid: String,
     /// Used bytes, when NVML knows.
     pub used_bytes: Option<u64>,
+    /// SM utilization over the GPU's last sample window, 0-1 (0: no sample, idle); absent where
+    /// unknown.
+    #[serde(default)]
+    pub utilization: Option<f64>,
+    /// Memory-controller utilization likewise.
+    #[serde(default)]
+    pub memory_utilization: Option<f64>,
 }
 
 /// One effective quota.
@@ -230,6 +265,38 @@ pub struct StepReport<'a> {
     pub backends: BTreeMap<u32, &'static str>,
 }
 
+/// NVML's percent as a 0-1 ratio (the Prometheus convention).
+fn ratio(percent: u32) -> f64 {
+    f64::from(percent.min(100)) / 100.0
+}
+
+/// A workload's utilization on one GPU, summed over its processes whose value is known.
+#[derive(Default)]
+struct Busy {
+    known: bool,
+    sm: u32,
+    memory: u32,
+}
+
+impl Busy {
+    fn add(&mut self, u: Option<crate::sample::Utilization>) {
+        if let Some(u) = u {
+            self.known = true;
+            self.sm += u.sm;
+            self.memory += u.memory;
+        }
+    }
+
+    /// (SM, memory) as ratios capped at 1 (samples of several processes can add up past the
+    /// whole period); absent when no process's value is known.
+    fn ratios(&self) -> (Option<f64>, Option<f64>) {
+        if !self.known {
+            return (None, None);
+        }
+        (Some(ratio(self.sm)), Some(ratio(self.memory)))
+    }
+}
+
 /// Builds snapshots; remembers what reports need across steps.
 #[derive(Default)]
 pub struct Publisher {
@@ -301,6 +368,7 @@ impl Publisher {
             .retain(|k, _| live_workloads.contains(k.as_str()));
 
         let mut usage: BTreeMap<(&str, &str), (u64, Vec<u32>)> = BTreeMap::new();
+        let mut busy: BTreeMap<(&str, &str), Busy> = BTreeMap::new();
         let mut unattributed: BTreeMap<String, u64> = BTreeMap::new();
         let mut processes = Vec::new();
         for p in &sample.processes {
@@ -310,6 +378,9 @@ impl Publisher {
                     let e = usage.entry((k, p.device_uuid.as_str())).or_default();
                     e.0 += p.used_bytes.unwrap_or(0);
                     e.1.push(p.pid);
+                    busy.entry((k, p.device_uuid.as_str()))
+                        .or_default()
+                        .add(p.utilization);
                 }
                 None => {
                     *unattributed.entry(p.device_uuid.clone()).or_default() +=
@@ -322,6 +393,8 @@ impl Publisher {
                 workload: key.unwrap_or_default().to_string(),
                 gpu_uuid: p.device_uuid.clone(),
                 used_bytes: p.used_bytes,
+                utilization: p.utilization.map(|u| ratio(u.sm)),
+                memory_utilization: p.utilization.map(|u| ratio(u.memory)),
             });
         }
         let metas: HashMap<&str, &crate::quota::WorkloadMeta> = keyed
@@ -356,6 +429,9 @@ impl Publisher {
             v.used_bytes = bytes;
             v.pids = pids;
             v.ioctls = *self.ioctl_totals.get(key).unwrap_or(&0);
+            if let Some(b) = busy.get(&(key, gpu)) {
+                (v.utilization, v.memory_utilization) = b.ratios();
+            }
             rows.insert((key.to_string(), gpu.to_string()), v);
         }
         for (key, ws) in &r.policy.workloads {
@@ -459,6 +535,13 @@ impl Publisher {
                         .copied()
                         .unwrap_or("soft")
                         .to_string(),
+                    utilization: d.utilization.map(|u| ratio(u.sm)),
+                    memory_utilization: d.utilization.map(|u| ratio(u.memory)),
+                    process_utilization: d.process_utilization
+                        != crate::sample::ProcessUtilization::Unknown,
+                    temperature_celsius: d.temperature_c,
+                    power_watts: d.power_mw.map(|mw| f64::from(mw) / 1000.0),
+                    sm_clock_mhz: d.sm_clock_mhz,
                 })
                 .collect(),
             workloads: rows.into_values().collect(),
@@ -499,6 +582,23 @@ mod tests {
             now: std::time::Duration::ZERO,
             backends: BTreeMap::new(),
         })
+    }
+
+    /// A workload's utilization sums its processes' known values, capped at 1; unknown only when
+    /// no process's value is known (an idle process is 0, not unknown).
+    #[test]
+    fn workload_utilization_sums_known_processes_capped_at_one() {
+        use crate::sample::Utilization;
+        let u = |sm, memory| Some(Utilization { sm, memory });
+        let mut b = Busy::default();
+        b.add(None);
+        assert_eq!(b.ratios(), (None, None));
+        b.add(u(0, 0));
+        assert_eq!(b.ratios(), (Some(0.0), Some(0.0)), "idle is 0");
+        b.add(u(60, 10));
+        b.add(None);
+        b.add(u(70, 5));
+        assert_eq!(b.ratios(), (Some(1.0), Some(0.15)));
     }
 
     #[test]

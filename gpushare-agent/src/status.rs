@@ -14,6 +14,11 @@ fn human_bytes(b: u64) -> String {
     ByteSize(b).approx()
 }
 
+/// A 0-1 ratio as `37%`; `-` where unknown (never 0).
+fn human_ratio(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".into(), |r| format!("{:.0}%", r * 100.0))
+}
+
 fn human_secs(s: f64) -> String {
     let s = s as u64;
     match s {
@@ -47,13 +52,13 @@ pub fn render_status(snap: &Snapshot) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{:<4} {:<42} {:<24} {:>22} {:>5}",
-        "GPU", "UUID", "NAME", "MEMORY USED / TOTAL", "OK"
+        "{:<4} {:<42} {:<24} {:>22} {:>8} {:>5}",
+        "GPU", "UUID", "NAME", "MEMORY USED / TOTAL", "GPU-UTIL", "OK"
     );
     for g in &snap.gpus {
         let _ = writeln!(
             out,
-            "{:<4} {:<42} {:<24} {:>22} {:>5}",
+            "{:<4} {:<42} {:<24} {:>22} {:>8} {:>5}",
             g.index,
             g.uuid,
             truncate(&shown(&g.name), 24),
@@ -62,6 +67,7 @@ pub fn render_status(snap: &Snapshot) -> String {
                 human_bytes(g.memory_used_bytes),
                 human_bytes(g.memory_total_bytes)
             ),
+            human_ratio(g.utilization),
             if g.healthy { "yes" } else { "NO" }
         );
     }
@@ -71,8 +77,8 @@ pub fn render_status(snap: &Snapshot) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{:<28} {:<6} {:>10} {:>10} {:>6} {:<11} {:>8}  TOP PROCESSES",
-        "WORKLOAD", "GPU", "USED", "QUOTA", "USE%", "STATE", "FOR"
+        "{:<28} {:<6} {:>10} {:>10} {:>6} {:>4} {:<11} {:>8}  TOP PROCESSES",
+        "WORKLOAD", "GPU", "USED", "QUOTA", "USE%", "SM%", "STATE", "FOR"
     );
     for w in &snap.workloads {
         let gpu = if w.gpu_uuid == "all" {
@@ -116,12 +122,13 @@ pub fn render_status(snap: &Snapshot) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<28} {:<6} {:>10} {:>10} {:>6} {:<11} {:>8}  {}",
+            "{:<28} {:<6} {:>10} {:>10} {:>6} {:>4} {:<11} {:>8}  {}",
             truncate(&shown(&w.workload), 28),
             gpu,
             human_bytes(w.used_bytes),
             quota,
             pct,
+            human_ratio(w.utilization),
             w.state,
             human_secs(w.state_for_secs),
             top.join(", ")

@@ -97,6 +97,8 @@ pub const NVML_FUNCTIONS: &[&str] = &[
     "nvmlDeviceGetBrand",
     "nvmlDeviceGetArchitecture",
     "nvmlDeviceGetProcessUtilization",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetProcessesUtilizationInfo",
     "nvmlDeviceSetMemoryLimits_v1",
     "nvmlDeviceGetMemoryLimits_v1",
 ];

@@ -120,6 +120,37 @@ pub struct Device {
     /// nvmlDeviceGetPowerUsage, milliwatts.
     #[serde(default = "default_power_usage")]
     pub power_usage: u32,
+    /// nvmlDeviceGetClockInfo(NVML_CLOCK_SM), MHz.
+    #[serde(default = "default_sm_clock")]
+    pub sm_clock: u32,
+    /// false: nvmlDeviceGetUtilizationRates and nvmlDeviceGetProcessUtilization return
+    /// NVML_ERROR_NOT_SUPPORTED (as on a MIG-enabled GPU or an old driver).
+    #[serde(default = "default_true")]
+    pub utilization_supported: bool,
+    /// nvmlDeviceGetProcessUtilization's samples (only those newer than the caller's
+    /// lastSeenTimeStamp are returned).
+    #[serde(default)]
+    pub process_utilization: Vec<ProcessUtilization>,
+}
+
+/// One per-process utilization sample (nvmlProcessUtilizationSample_t).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessUtilization {
+    pub pid: u32,
+    /// CPU timestamp, microseconds (NVML's are wall-clock microseconds since the epoch).
+    pub timestamp: u64,
+    /// SM (compute) utilization, percent.
+    pub sm_util: u32,
+    /// Frame buffer (memory controller) utilization, percent.
+    #[serde(default)]
+    pub mem_util: u32,
+    /// Encoder utilization, percent.
+    #[serde(default)]
+    pub enc_util: u32,
+    /// Decoder utilization, percent.
+    #[serde(default)]
+    pub dec_util: u32,
 }
 
 impl Device {
@@ -138,6 +169,9 @@ impl Device {
             process_list_growth: 0,
             temperature: default_temperature(),
             power_usage: default_power_usage(),
+            sm_clock: default_sm_clock(),
+            utilization_supported: true,
+            process_utilization: Vec::new(),
         }
     }
 }
@@ -179,6 +213,9 @@ fn default_temperature() -> u32 {
 }
 fn default_power_usage() -> u32 {
     70_000
+}
+fn default_sm_clock() -> u32 {
+    1980
 }
 
 /// A key of `fail`: the name of a function the mock exports (checked while parsing, so a typo
@@ -235,6 +272,20 @@ impl Scenario {
             ] {
                 if v > 100 {
                     return Err(format!("devices[{i}].{field}: {v} is not a percentage"));
+                }
+            }
+            for (k, u) in d.process_utilization.iter().enumerate() {
+                for (field, v) in [
+                    ("sm_util", u.sm_util),
+                    ("mem_util", u.mem_util),
+                    ("enc_util", u.enc_util),
+                    ("dec_util", u.dec_util),
+                ] {
+                    if v > 100 {
+                        return Err(format!(
+                            "devices[{i}].process_utilization[{k}].{field}: {v} is not a percentage"
+                        ));
+                    }
                 }
             }
             for (field, list) in [

@@ -43,6 +43,16 @@ _Static_assert(offsetof(nvmlMemory_v2_t, used) == 32, "v2 used");
 _Static_assert(nvmlMemory_v2 == 0x02000028, "nvmlMemory_v2 version macro");
 _Static_assert(sizeof(nvmlUtilization_t) == 8, "nvmlUtilization_t");
 _Static_assert(offsetof(nvmlUtilization_t, memory) == 4, "nvmlUtilization_t.memory");
+_Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "nvmlProcessUtilizationSample_t is 32 bytes");
+_Static_assert(offsetof(nvmlProcessUtilizationSample_t, timeStamp) == 8, "timeStamp");
+_Static_assert(offsetof(nvmlProcessUtilizationSample_t, smUtil) == 16, "smUtil");
+_Static_assert(offsetof(nvmlProcessUtilizationSample_t, decUtil) == 28, "decUtil");
+_Static_assert(sizeof(nvmlProcessUtilizationInfo_v1_t) == 40, "nvmlProcessUtilizationInfo_v1_t is 40 bytes");
+_Static_assert(offsetof(nvmlProcessUtilizationInfo_v1_t, pid) == 8, "nvmlProcessUtilizationInfo_v1_t.pid");
+_Static_assert(sizeof(nvmlProcessesUtilizationInfo_t) == 24, "nvmlProcessesUtilizationInfo_t is 24 bytes");
+_Static_assert(offsetof(nvmlProcessesUtilizationInfo_t, lastSeenTimeStamp) == 8, "lastSeenTimeStamp");
+_Static_assert(nvmlProcessesUtilizationInfo_v1 == 0x01000018, "nvmlProcessesUtilizationInfo_v1 version macro");
+_Static_assert(NVML_CLOCK_GRAPHICS == 0 && NVML_CLOCK_SM == 1 && NVML_CLOCK_VIDEO == 3, "nvmlClockType_t");
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t");
 _Static_assert(offsetof(nvmlPciInfo_t, domain) == 16, "nvmlPciInfo_t.domain");
 _Static_assert(offsetof(nvmlPciInfo_t, pciSubSystemId) == 32, "nvmlPciInfo_t.pciSubSystemId");
@@ -79,6 +89,11 @@ _Static_assert(offsetof(nvmlMemory_v2_t, used) == RUST_OFFSET_MEMORY_V2_USED, "R
 _Static_assert(nvmlMemory_v2 == RUST_MEMORY_V2_VERSION, "Rust MEMORY_V2_VERSION");
 _Static_assert(sizeof(nvmlUtilization_t) == RUST_SIZEOF_UTILIZATION, "Rust Utilization size");
 _Static_assert(sizeof(nvmlPciInfo_t) == RUST_SIZEOF_PCI_INFO, "Rust PciInfo size");
+_Static_assert(sizeof(nvmlProcessUtilizationSample_t) == RUST_SIZEOF_PROCESS_UTILIZATION, "Rust ProcessUtilizationSample size");
+_Static_assert(offsetof(nvmlProcessUtilizationSample_t, smUtil) == RUST_OFFSET_PROCESS_UTILIZATION_SM, "Rust ProcessUtilizationSample.sm_util");
+_Static_assert(sizeof(nvmlProcessUtilizationInfo_v1_t) == RUST_SIZEOF_PROCESS_UTILIZATION_INFO, "Rust ProcessUtilizationInfoV1 size");
+_Static_assert(sizeof(nvmlProcessesUtilizationInfo_t) == RUST_SIZEOF_PROCESSES_UTILIZATION_INFO, "Rust ProcessesUtilizationInfoV1 size");
+_Static_assert(nvmlProcessesUtilizationInfo_v1 == RUST_PROCESSES_UTILIZATION_INFO_VERSION, "Rust PROCESSES_UTILIZATION_INFO_V1_VERSION");
 _Static_assert(offsetof(nvmlPciInfo_t, busId) == RUST_OFFSET_PCI_INFO_BUS_ID, "Rust PciInfo.bus_id");
 _Static_assert(sizeof(nvmlSetMemoryLimits_v1_t) == RUST_SIZEOF_SET_MEMORY_LIMITS, "Rust SetMemoryLimitsV1 size");
 _Static_assert(offsetof(nvmlSetMemoryLimits_v1_t, hardLimit) == RUST_OFFSET_SET_MEMORY_LIMITS_HARD, "Rust SetMemoryLimitsV1.hard_limit");
@@ -209,6 +224,43 @@ int main(void) {
 
         list_processes("compute", nvmlDeviceGetComputeRunningProcesses, h, i);   /* _v3 */
         list_processes("graphics", nvmlDeviceGetGraphicsRunningProcesses, h, i); /* _v3 */
+
+        /* Per-process utilization: the size query, then the samples since timestamp 0. */
+        unsigned int cnt = 0;
+        rc = nvmlDeviceGetProcessUtilization(h, NULL, &cnt, 0);
+        if (rc == NVML_ERROR_INSUFFICIENT_SIZE) {
+            nvmlProcessUtilizationSample_t *samples = calloc(cnt, sizeof *samples);
+            rc = nvmlDeviceGetProcessUtilization(h, samples, &cnt, 0);
+            printf("procutil %u rc=%d\n", i, (int)rc);
+            for (unsigned int k = 0; rc == NVML_SUCCESS && k < cnt; k++)
+                printf("procutil %u pid=%u ts=%llu sm=%u mem=%u enc=%u dec=%u\n", i, samples[k].pid,
+                       samples[k].timeStamp, samples[k].smUtil, samples[k].memUtil, samples[k].encUtil,
+                       samples[k].decUtil);
+            free(samples);
+        } else {
+            printf("procutil %u rc=%d\n", i, (int)rc);
+        }
+        /* The same through the versioned struct: the size query, the samples, a wrong version. */
+        nvmlProcessesUtilizationInfo_t info = {nvmlProcessesUtilizationInfo_v1, 0, 0, NULL};
+        rc = nvmlDeviceGetProcessesUtilizationInfo(h, &info);
+        if (rc == NVML_ERROR_INSUFFICIENT_SIZE) {
+            info.procUtilArray = calloc(info.processSamplesCount, sizeof *info.procUtilArray);
+            rc = nvmlDeviceGetProcessesUtilizationInfo(h, &info);
+            printf("procutilinfo %u rc=%d\n", i, (int)rc);
+            for (unsigned int k = 0; rc == NVML_SUCCESS && k < info.processSamplesCount; k++)
+                printf("procutilinfo %u pid=%u ts=%llu sm=%u mem=%u enc=%u dec=%u\n", i,
+                       info.procUtilArray[k].pid, info.procUtilArray[k].timeStamp, info.procUtilArray[k].smUtil,
+                       info.procUtilArray[k].memUtil, info.procUtilArray[k].encUtil, info.procUtilArray[k].decUtil);
+            free(info.procUtilArray);
+        } else {
+            printf("procutilinfo %u rc=%d\n", i, (int)rc);
+        }
+        nvmlProcessesUtilizationInfo_t v2 = {(unsigned int)(sizeof(nvmlProcessesUtilizationInfo_t) | (2u << 24)), 0, 0, NULL};
+        rc = nvmlDeviceGetProcessesUtilizationInfo(h, &v2);
+        if (rc != NVML_ERROR_ARGUMENT_VERSION_MISMATCH) unexpected("processes utilization info with version 2", i, rc);
+        unsigned int sm = 0;
+        rc = nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM, &sm);
+        printf("smclock %u rc=%d mhz=%u\n", i, (int)rc, sm);
     }
 
     if (n > 0) {

@@ -56,6 +56,54 @@ pub struct Utilization {
     pub memory: u32,
 }
 
+/// nvmlProcessUtilizationSample_t: 32 bytes (4 bytes of padding after `pid`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessUtilizationSample {
+    pub pid: u32,
+    pub time_stamp: u64,
+    pub sm_util: u32,
+    pub mem_util: u32,
+    pub enc_util: u32,
+    pub dec_util: u32,
+}
+
+/// nvmlProcessUtilizationInfo_v1_t: one record of nvmlDeviceGetProcessesUtilizationInfo, 40 bytes
+/// (36 and 4 of tail padding).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessUtilizationInfoV1 {
+    pub time_stamp: u64,
+    pub pid: u32,
+    pub sm_util: u32,
+    pub mem_util: u32,
+    pub enc_util: u32,
+    pub dec_util: u32,
+    pub jpg_util: u32,
+    pub ofa_util: u32,
+}
+
+/// nvmlProcessesUtilizationInfo_v1_t (= nvmlProcessesUtilizationInfo_t), 24 bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessesUtilizationInfoV1 {
+    pub version: u32,
+    pub process_samples_count: u32,
+    pub last_seen_time_stamp: u64,
+    pub proc_util_array: *mut ProcessUtilizationInfoV1,
+}
+
+/// nvmlProcessesUtilizationInfo_v1: NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1).
+pub const PROCESSES_UTILIZATION_INFO_V1_VERSION: u32 =
+    size_of::<ProcessesUtilizationInfoV1>() as u32 | (1 << 24);
+
+/// nvmlClockType_t: NVML_CLOCK_GRAPHICS.
+pub const CLOCK_GRAPHICS: u32 = 0;
+/// nvmlClockType_t: NVML_CLOCK_SM.
+pub const CLOCK_SM: u32 = 1;
+/// nvmlClockType_t: NVML_CLOCK_VIDEO, the last clock type.
+pub const CLOCK_VIDEO: u32 = 3;
+
 /// nvmlPciInfo_t (the struct of nvmlDeviceGetPciInfo_v3).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +143,14 @@ const _: () = {
     assert!(offset_of!(ProcessInfoV2, gpu_instance_id) == 16);
     assert!(offset_of!(ProcessInfoV2, compute_instance_id) == 20);
     assert!(size_of::<Utilization>() == 8);
+    assert!(size_of::<ProcessUtilizationSample>() == 32);
+    assert!(offset_of!(ProcessUtilizationSample, time_stamp) == 8);
+    assert!(offset_of!(ProcessUtilizationSample, sm_util) == 16);
+    assert!(size_of::<ProcessUtilizationInfoV1>() == 40);
+    assert!(offset_of!(ProcessUtilizationInfoV1, pid) == 8);
+    assert!(size_of::<ProcessesUtilizationInfoV1>() == 24);
+    assert!(offset_of!(ProcessesUtilizationInfoV1, last_seen_time_stamp) == 8);
+    assert!(PROCESSES_UTILIZATION_INFO_V1_VERSION == 0x0100_0018);
     assert!(size_of::<PciInfo>() == 68);
     assert!(offset_of!(PciInfo, domain) == 16);
     assert!(offset_of!(PciInfo, bus_id) == 36);

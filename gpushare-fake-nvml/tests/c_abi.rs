@@ -58,6 +58,26 @@ fn rust_layout_defines() -> Vec<String> {
         ("RUST_SIZEOF_UTILIZATION", size_of::<abi::Utilization>()),
         ("RUST_SIZEOF_PCI_INFO", size_of::<abi::PciInfo>()),
         (
+            "RUST_SIZEOF_PROCESS_UTILIZATION",
+            size_of::<abi::ProcessUtilizationSample>(),
+        ),
+        (
+            "RUST_OFFSET_PROCESS_UTILIZATION_SM",
+            offset_of!(abi::ProcessUtilizationSample, sm_util),
+        ),
+        (
+            "RUST_SIZEOF_PROCESS_UTILIZATION_INFO",
+            size_of::<abi::ProcessUtilizationInfoV1>(),
+        ),
+        (
+            "RUST_SIZEOF_PROCESSES_UTILIZATION_INFO",
+            size_of::<abi::ProcessesUtilizationInfoV1>(),
+        ),
+        (
+            "RUST_PROCESSES_UTILIZATION_INFO_VERSION",
+            abi::PROCESSES_UTILIZATION_INFO_V1_VERSION as usize,
+        ),
+        (
             "RUST_OFFSET_PCI_INFO_BUS_ID",
             offset_of!(abi::PciInfo, bus_id),
         ),
@@ -141,6 +161,22 @@ fn expected_output(s: &Scenario) -> String {
                 .unwrap();
             }
         }
+        for call in ["procutil", "procutilinfo"] {
+            if d.process_utilization.is_empty() {
+                writeln!(out, "{call} {i} rc=6").unwrap();
+            } else {
+                writeln!(out, "{call} {i} rc=0").unwrap();
+                for u in &d.process_utilization {
+                    writeln!(
+                        out,
+                        "{call} {i} pid={} ts={} sm={} mem={} enc={} dec={}",
+                        u.pid, u.timestamp, u.sm_util, u.mem_util, u.enc_util, u.dec_util
+                    )
+                    .unwrap();
+                }
+            }
+        }
+        writeln!(out, "smclock {i} rc=0 mhz={}", d.sm_clock).unwrap();
     }
     if !s.devices.is_empty() {
         writeln!(out, "limits 0 0 0 soft=1048576 hard=2097152 used=0").unwrap();
@@ -167,6 +203,26 @@ fn c_program_built_against_nvidia_header_agrees_with_the_scenario() {
         Process::new(4_000_010, None),
         Process::new(4_000_011, Some(7)),
     ];
+    // Two utilization samples (32-byte records), and a clock of its own.
+    s.devices[0].process_utilization = vec![
+        gpushare_fake_nvml::scenario::ProcessUtilization {
+            pid: 4_000_001,
+            timestamp: 1_700_000_000_000_001,
+            sm_util: 40,
+            mem_util: 10,
+            enc_util: 1,
+            dec_util: 2,
+        },
+        gpushare_fake_nvml::scenario::ProcessUtilization {
+            pid: 4_000_003,
+            timestamp: 1_700_000_000_000_002,
+            sm_util: 55,
+            mem_util: 20,
+            enc_util: 3,
+            dec_util: 4,
+        },
+    ];
+    s.devices[1].sm_clock = 1410;
     write_scenario(&state, &s);
 
     let stdout = gpushare_testkit::c_abi::stdout_ok(&run(&good, &libdir, Some(&state)));

@@ -466,3 +466,71 @@ fn checkpointed_processes_disappear_until_restored() {
     assert_eq!(look(1).2, 2 * GIB);
     std::fs::remove_file(&states).unwrap();
 }
+
+/// Per-process utilization as nvml.h describes it: only samples newer than the caller's
+/// `lastSeenTimeStamp`; none newer is NOT_FOUND (nothing ran since); a GPU without support
+/// (`utilization_supported: false`, as on MIG) answers NOT_SUPPORTED to the per-GPU rates too.
+/// The SM clock comes from the scenario.
+#[test]
+fn process_utilization_returns_samples_newer_than_last_seen() {
+    use gpushare_fake_nvml::scenario::ProcessUtilization;
+    use nvml_wrapper::enum_wrappers::device::Clock;
+    let (_g, env) = lock();
+    let mut s = rich_scenario();
+    let sample = |pid, timestamp, sm_util, mem_util| ProcessUtilization {
+        pid,
+        timestamp,
+        sm_util,
+        mem_util,
+        enc_util: 0,
+        dec_util: 3,
+    };
+    s.devices[0].process_utilization = vec![
+        sample(4_000_001, 1_000, 40, 10),
+        sample(4_000_003, 2_000, 55, 20),
+    ];
+    s.devices[0].sm_clock = 1755;
+    s.devices[1].utilization_supported = false;
+    write_scenario(&env.state, &s);
+    let nvml = open().expect("init");
+    let dev0 = nvml.device_by_index(0).unwrap();
+    type Row = (u32, u64, u32, u32, u32);
+    let got = |since: Option<u64>| -> Result<Vec<Row>, NvmlError> {
+        Ok(dev0
+            .process_utilization_stats(since)?
+            .into_iter()
+            .map(|u| (u.pid, u.timestamp, u.sm_util, u.mem_util, u.dec_util))
+            .collect())
+    };
+    assert_eq!(
+        got(None).unwrap(),
+        vec![(4_000_001, 1_000, 40, 10, 3), (4_000_003, 2_000, 55, 20, 3)]
+    );
+    assert_eq!(
+        got(Some(1_000)).unwrap(),
+        vec![(4_000_003, 2_000, 55, 20, 3)]
+    );
+    assert!(matches!(got(Some(2_000)), Err(NvmlError::NotFound)));
+    assert_eq!(dev0.clock_info(Clock::SM).unwrap(), 1755);
+    assert_eq!(dev0.clock_info(Clock::Graphics).unwrap(), 1755);
+    assert!(matches!(
+        dev0.clock_info(Clock::Memory),
+        Err(NvmlError::NotSupported)
+    ));
+
+    let dev1 = nvml.device_by_index(1).unwrap();
+    assert!(matches!(
+        dev1.process_utilization_stats(None),
+        Err(NvmlError::NotSupported)
+    ));
+    assert!(matches!(
+        dev1.utilization_rates(),
+        Err(NvmlError::NotSupported)
+    ));
+    // A GPU with support but no samples at all: NOT_FOUND, idle.
+    let dev2 = nvml.device_by_index(2).unwrap();
+    assert!(matches!(
+        dev2.process_utilization_stats(None),
+        Err(NvmlError::NotFound)
+    ));
+}

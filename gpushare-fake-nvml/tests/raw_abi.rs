@@ -625,6 +625,10 @@ fn minimal_scenario_and_defaults() {
             r#"{"devices":[{"uuid":"GPU-1","name":"x","memory_total":1,"process_list_growth":100000}]}"#,
             "process_list_growth",
         ),
+        (
+            r#"{"devices":[{"uuid":"GPU-1","name":"x","memory_total":1,"process_utilization":[{"pid":1,"timestamp":1,"sm_util":101}]}]}"#,
+            "process_utilization[0].sm_util",
+        ),
     ] {
         let err =
             gpushare_fake_nvml::scenario::parse(bad, std::path::Path::new("s.json")).unwrap_err();

@@ -44,7 +44,7 @@ use crate::{
         self, Action, ActionKind, AttributedProcess, Decision, ObservedGroup, PolicyState, Report,
     },
     quota::{GpuInfo, Signal},
-    sample::GpuSample,
+    sample::{GpuSample, Utilization},
     snapshot::{self, Health, Publisher, QuotaView, StepReport},
 };
 
@@ -287,8 +287,22 @@ impl Agent {
                 .verify_sampled(p.pid, started_boot_ns)
             {
                 Verified::Charged => {}
-                Verified::Unverifiable => p.used_bytes = None,
+                Verified::Unverifiable => {
+                    p.used_bytes = None;
+                    p.utilization = None;
+                }
                 Verified::Gone => continue,
+            }
+            // A utilization sample covers a window that began before this sample (at the previous
+            // one): it is the process's only if it held the pid since then. No sample is idle,
+            // whoever held the pid.
+            if p.utilization.is_some_and(|u| u != Utilization::default())
+                && !self
+                    .tracker
+                    .table()
+                    .held_since(p.pid, sample.utilization_since(p.device_index))
+            {
+                p.utilization = None;
             }
             let table = self.tracker.table();
             if let Some(t) = table.get(p.pid)

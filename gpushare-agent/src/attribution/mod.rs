@@ -354,6 +354,15 @@ impl Attribution {
         self.started_before(pid, sample_started_boot_ns)
     }
 
+    /// Whether the entry for `pid` (verified alive by [`Self::verify_sampled`]) started before
+    /// `boot_ns`, and so held the pid for a whole window that began then: what a utilization
+    /// sample covering that window needs before it is charged to it. Counts nothing.
+    pub fn held_since(&self, pid: u32, boot_ns: u64) -> bool {
+        self.tasks
+            .get(&pid)
+            .is_some_and(|e| e.start_boot_ns.saturating_add(procinfo::tick_ns()) < boot_ns)
+    }
+
     fn started_before(&mut self, pid: u32, sample_started_boot_ns: u64) -> Verified {
         let Some(entry) = self.tasks.get(&pid) else {
             return Verified::Gone;

@@ -6,6 +6,7 @@
 
 pub mod limits;
 pub mod merge;
+pub mod utilization;
 
 use std::{
     collections::BTreeMap,
@@ -14,10 +15,18 @@ use std::{
 };
 
 use log::{info, warn};
-use nvml_wrapper::{Device, Nvml, enums::device::UsedGpuMemory, error::NvmlError};
+use nvml_wrapper::{
+    Device, Nvml,
+    enum_wrappers::device::{Clock, TemperatureSensor},
+    enums::device::UsedGpuMemory,
+    error::NvmlError,
+};
 
-use self::merge::{Distrust, RawProcess, merge_device_processes};
-use crate::sample::{DeviceHealth, DeviceSample, GpuSample, ProcessSample};
+use self::{
+    merge::{Distrust, RawProcess, merge_device_processes},
+    utilization::UtilizationReader,
+};
+use crate::sample::{DeviceHealth, DeviceSample, GpuSample, ProcessSample, ProcessUtilization};
 
 /// How often initialisation is retried while no driver is found.
 const INIT_RETRY: Duration = Duration::from_secs(30);
@@ -50,6 +59,8 @@ pub struct NvmlSampler {
     distrusted: BTreeMap<&'static str, u64>,
     list_retries: u64,
     last_problem: BTreeMap<String, String>,
+    utilization: UtilizationReader,
+    device_extras: bool,
 }
 
 impl NvmlSampler {
@@ -67,6 +78,8 @@ impl NvmlSampler {
             distrusted: BTreeMap::new(),
             list_retries: 0,
             last_problem: BTreeMap::new(),
+            utilization: UtilizationReader::default(),
+            device_extras: false,
         };
         s.try_init(true);
         s
@@ -124,6 +137,12 @@ impl NvmlSampler {
     /// Times a process list grew between NVML's two calls and was read again.
     pub fn list_retries(&self) -> u64 {
         self.list_retries
+    }
+
+    /// Also read each GPU's temperature, power draw and SM clock every sample (three NVML calls
+    /// a GPU; for `--compat dcgm`).
+    pub fn read_device_extras(&mut self, on: bool) {
+        self.device_extras = on;
     }
 
     /// The library path given at open (`None`: the system's libnvidia-ml.so.1).
@@ -186,6 +205,9 @@ impl NvmlSampler {
                 sample.problems.push(text);
             }
         }
+        let present: std::collections::BTreeSet<&str> =
+            sample.devices.iter().map(|d| d.uuid.as_str()).collect();
+        self.utilization.retain(&present);
         self.nvml = Some(nvml);
         crate::trace::sample_done();
         sample
@@ -209,6 +231,26 @@ impl NvmlSampler {
         let mem = dev
             .memory_info()
             .map_err(|e| self.fail("nvmlDeviceGetMemoryInfo_v2", e))?;
+        let utilization =
+            self.utilization
+                .device(&dev, index, &uuid)
+                .unwrap_or_else(|(call, e)| {
+                    self.count_error(call);
+                    log::debug!("GPU {index}: {call}: {e}");
+                    None
+                });
+        let (temperature_c, power_mw, sm_clock_mhz) = if self.device_extras {
+            (
+                self.optional(
+                    "nvmlDeviceGetTemperature",
+                    dev.temperature(TemperatureSensor::Gpu),
+                ),
+                self.optional("nvmlDeviceGetPowerUsage", dev.power_usage()),
+                self.optional("nvmlDeviceGetClockInfo", dev.clock_info(Clock::SM)),
+            )
+        } else {
+            (None, None, None)
+        };
         // Device data is recorded even when the process lists fail, so metrics still show it.
         sample.devices.push(DeviceSample {
             index,
@@ -218,6 +260,11 @@ impl NvmlSampler {
             memory_used: mem.used,
             memory_free: mem.free,
             memory_reserved: mem.reserved,
+            utilization,
+            process_utilization: ProcessUtilization::Unknown,
+            temperature_c,
+            power_mw,
+            sm_clock_mhz,
         });
         let compute = self.process_list(&dev, "nvmlDeviceGetComputeRunningProcesses_v3", |d| {
             d.running_compute_processes()
@@ -239,6 +286,18 @@ impl NvmlSampler {
                 );
             }
         }
+        // After the process lists: a process listed there and started since has no sample yet.
+        let busy = self
+            .utilization
+            .processes(&dev, index, &uuid)
+            .unwrap_or_else(|(call, e)| {
+                self.count_error(call);
+                log::debug!("GPU {index}: {call}: {e}");
+                utilization::ProcessRead::unknown()
+            });
+        if let Some(d) = sample.devices.last_mut() {
+            d.process_utilization = busy.state.clone();
+        }
         sample
             .processes
             .extend(merged.into_iter().map(|p| ProcessSample {
@@ -246,8 +305,22 @@ impl NvmlSampler {
                 device_index: index,
                 device_uuid: uuid.clone(),
                 used_bytes: p.used_bytes,
+                utilization: busy.of(p.pid),
             }));
         Ok(())
+    }
+
+    /// A value NVML may not have for this GPU: `None` when not supported (silently) or failed
+    /// (counted).
+    fn optional(&mut self, call: &'static str, r: Result<u32, NvmlError>) -> Option<u32> {
+        match r {
+            Ok(v) => Some(v),
+            Err(NvmlError::NotSupported) => None,
+            Err(_) => {
+                self.count_error(call);
+                None
+            }
+        }
     }
 
     fn process_list(

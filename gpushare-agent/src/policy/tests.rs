@@ -64,6 +64,7 @@ fn sample(gpus: &[(u32, u64, bool)], usage: &[(u32, u32, Option<u64>)]) -> GpuSa
                 memory_used: TOTAL - free.min(TOTAL),
                 memory_free: free,
                 memory_reserved: 0,
+                ..Default::default()
             })
             .collect(),
         health: gpus
@@ -86,6 +87,7 @@ fn sample(gpus: &[(u32, u64, bool)], usage: &[(u32, u32, Option<u64>)]) -> GpuSa
                 device_index: dev,
                 device_uuid: format!("GPU-0000000{dev}"),
                 used_bytes: used,
+                ..Default::default()
             })
             .collect(),
     }

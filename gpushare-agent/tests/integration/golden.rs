@@ -109,7 +109,15 @@ impl Fixture {
         let cuda = fake_cuda_lib().display().to_string();
         let mut args = vec!["--cuda-lib", cuda.as_str()];
         args.extend_from_slice(extra);
-        let agent = AgentProcess::start(&self.sc, &self.quotas(), &args);
+        // The node name HAMi's and dcgm-exporter's series carry: fixed, not this machine's.
+        let mut agent = AgentProcess::unstarted(
+            crate::util::agent_dir(&self.quotas()),
+            &self.sc,
+            &args,
+            "200ms",
+        )
+        .env("NODE_NAME", "golden-node");
+        agent.restart();
         assert!(
             self.over.0.wait_frozen(true),
             "`over` was never frozen\n{}",
@@ -250,9 +258,9 @@ impl Normalizer {
                 if !in_workloads || l.starts_with(' ') || l.starts_with('(') || l.is_empty() {
                     return l.to_string();
                 }
-                // Columns: WORKLOAD 28, GPU 6, USED 10, QUOTA 10, USE% 6, STATE 11, FOR 8.
+                // Columns: WORKLOAD 28, GPU 6, USED 10, QUOTA 10, USE% 6, SM% 4, STATE 11, FOR 8.
                 let chars: Vec<char> = l.chars().collect();
-                let at = 28 + 1 + 6 + 1 + 10 + 1 + 10 + 1 + 6 + 1 + 11 + 1;
+                let at = 28 + 1 + 6 + 1 + 10 + 1 + 10 + 1 + 6 + 1 + 4 + 1 + 11 + 1;
                 if chars.len() < at + 8 {
                     return l.to_string();
                 }

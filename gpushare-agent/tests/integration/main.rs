@@ -2,6 +2,7 @@
 //! One target (one link step), one module per area.
 
 mod attribution;
+mod dashboards;
 mod docker;
 mod enforce;
 mod enforce_loop;
@@ -15,3 +16,4 @@ mod prometheus;
 mod suspend;
 mod tenant;
 mod util;
+mod utilization;

@@ -20,21 +20,27 @@ use crate::util::{group, needs_root};
 
 const GIB: u64 = 1 << 30;
 
-struct Prometheus {
+pub(crate) struct Prometheus {
     child: Child,
     dir: std::path::PathBuf,
     addr: String,
 }
 
 impl Prometheus {
-    fn start(target: &str) -> Option<Self> {
+    pub(crate) fn start(target: &str) -> Option<Self> {
+        Self::start_labelled(target, "")
+    }
+
+    /// Scrapes `target` with `labels` (YAML flow map entries, e.g. `node_name: n1`) added to its
+    /// series, as a relabelling scrape configuration does.
+    pub(crate) fn start_labelled(target: &str, labels: &str) -> Option<Self> {
         let bin = which("prometheus")?;
         let dir = std::env::temp_dir().join(unique("gpushare-prom"));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
             dir.join("prometheus.yml"),
             format!(
-                "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n  - job_name: gpushare\n    static_configs:\n      - targets: [\"{target}\"]\n"
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n  - job_name: gpushare\n    static_configs:\n      - targets: [\"{target}\"]\n        labels: {{{labels}}}\n"
             ),
         )
         .unwrap();
@@ -56,7 +62,7 @@ impl Prometheus {
         Some(Self { child, dir, addr })
     }
 
-    fn query(&self, q: &str) -> Vec<Value> {
+    pub(crate) fn query(&self, q: &str) -> Vec<Value> {
         let path = format!("/api/v1/query?query={}", percent_encode(q));
         let Ok((200, body)) = request(&Endpoint::Tcp(&self.addr), "GET", &path, None) else {
             return Vec::new();
@@ -66,7 +72,12 @@ impl Prometheus {
     }
 
     /// Waits until `q` returns a vector satisfying `ok`.
-    fn wait(&self, q: &str, timeout: Duration, ok: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    pub(crate) fn wait(
+        &self,
+        q: &str,
+        timeout: Duration,
+        ok: impl Fn(&[Value]) -> bool,
+    ) -> Vec<Value> {
         let deadline = Instant::now() + timeout;
         loop {
             let r = self.query(q);
@@ -105,7 +116,7 @@ fn tail(s: &str) -> String {
         .join("\n")
 }
 
-fn which(bin: &str) -> Option<std::path::PathBuf> {
+pub(crate) fn which(bin: &str) -> Option<std::path::PathBuf> {
     let found = std::env::var_os("PATH").and_then(|p| {
         std::env::split_paths(&p)
             .map(|d| d.join(bin))
@@ -132,7 +143,7 @@ fn percent_encode(s: &str) -> String {
         .collect()
 }
 
-fn value(r: &Value) -> f64 {
+pub(crate) fn value(r: &Value) -> f64 {
     r["value"][1]
         .as_str()
         .and_then(|s| s.parse().ok())

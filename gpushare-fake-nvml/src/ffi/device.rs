@@ -2,7 +2,10 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use super::{NvmlDevice, call, device_call, fixed_str, put, put_str};
-use crate::abi::{self, Memory, MemoryV2, PciInfo, Utilization};
+use crate::abi::{
+    self, Memory, MemoryV2, PciInfo, ProcessUtilizationInfoV1, ProcessUtilizationSample,
+    ProcessesUtilizationInfoV1, Utilization,
+};
 use crate::codes;
 use crate::handles;
 use crate::state::Session;
@@ -167,6 +170,9 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
 ) -> c_uint {
     device_call("nvmlDeviceGetUtilizationRates", device, |s, i| {
         let d = &s.scenario.devices[i];
+        if !d.utilization_supported {
+            return Err(codes::ERROR_NOT_SUPPORTED);
+        }
         let value = Utilization {
             gpu: d.utilization_gpu,
             memory: d.utilization_memory,
@@ -216,16 +222,127 @@ pub unsafe extern "C" fn nvmlDeviceGetFanSpeed(device: NvmlDevice, _speed: *mut 
     })
 }
 
-/// No per-process samples are simulated: NOT_SUPPORTED (nvitop queries this while listing
-/// processes and tolerates the error, but logs a missing symbol loudly).
+/// The scenario's `process_utilization` samples of device `i` newer than `last_seen`; NOT_SUPPORTED
+/// with `utilization_supported: false`, NOT_FOUND when there is none.
+fn samples_since(
+    s: &Session<'_>,
+    i: usize,
+    last_seen: u64,
+) -> Result<Vec<gpushare_fake_driver::scenario::ProcessUtilization>, u32> {
+    let d = &s.scenario.devices[i];
+    if !d.utilization_supported {
+        return Err(codes::ERROR_NOT_SUPPORTED);
+    }
+    let newer: Vec<_> = d
+        .process_utilization
+        .iter()
+        .filter(|u| u.timestamp > last_seen)
+        .copied()
+        .collect();
+    if newer.is_empty() {
+        return Err(codes::ERROR_NOT_FOUND);
+    }
+    Ok(newer)
+}
+
+/// The scenario's `process_utilization` samples newer than `last_seen_time_stamp`, as nvml.h
+/// describes: `utilization` NULL is the size query (`*count` = the number of samples,
+/// INSUFFICIENT_SIZE, as the driver answers it); no sample newer -> NOT_FOUND; a buffer of
+/// `*count` entries too small -> INSUFFICIENT_SIZE with `*count` = the number needed;
+/// `utilization_supported: false` -> NOT_SUPPORTED.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     device: NvmlDevice,
-    _utilization: *mut std::ffi::c_void,
-    _process_samples_count: *mut c_uint,
-    _last_seen_time_stamp: u64,
+    utilization: *mut ProcessUtilizationSample,
+    process_samples_count: *mut c_uint,
+    last_seen_time_stamp: u64,
 ) -> c_uint {
-    device_call("nvmlDeviceGetProcessUtilization", device, |_, _| {
-        Err(codes::ERROR_NOT_SUPPORTED)
+    device_call("nvmlDeviceGetProcessUtilization", device, |s, i| {
+        if process_samples_count.is_null() {
+            return Err(codes::ERROR_INVALID_ARGUMENT);
+        }
+        let newer = samples_since(s, i, last_seen_time_stamp)?;
+        let n = c_uint::try_from(newer.len()).unwrap_or(c_uint::MAX);
+        // SAFETY: non-null; the caller's count.
+        let capacity = unsafe { process_samples_count.read_unaligned() };
+        if utilization.is_null() || capacity < n {
+            unsafe { put(process_samples_count, n)? };
+            return Err(codes::ERROR_INSUFFICIENT_SIZE);
+        }
+        for (k, u) in newer.into_iter().enumerate() {
+            let sample = ProcessUtilizationSample {
+                pid: u.pid,
+                time_stamp: u.timestamp,
+                sm_util: u.sm_util,
+                mem_util: u.mem_util,
+                enc_util: u.enc_util,
+                dec_util: u.dec_util,
+            };
+            // SAFETY: the caller's buffer holds `capacity >= n` samples.
+            unsafe { utilization.add(k).write_unaligned(sample) };
+        }
+        unsafe { put(process_samples_count, n) }
+    })
+}
+
+/// The same samples through the versioned struct (`nvmlProcessesUtilizationInfo_t`):
+/// `version` must be nvmlProcessesUtilizationInfo_v1 (0x01000018), else ARGUMENT_VERSION_MISMATCH;
+/// `procUtilArray` NULL or `processSamplesCount` smaller than the number of samples ->
+/// INSUFFICIENT_SIZE with `processSamplesCount` = that number; jpgUtil and ofaUtil are 0.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetProcessesUtilizationInfo(
+    device: NvmlDevice,
+    info: *mut ProcessesUtilizationInfoV1,
+) -> c_uint {
+    device_call("nvmlDeviceGetProcessesUtilizationInfo", device, |s, i| {
+        if info.is_null() {
+            return Err(codes::ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null; the caller provides an nvmlProcessesUtilizationInfo_t.
+        let mut value = unsafe { info.read_unaligned() };
+        if value.version != abi::PROCESSES_UTILIZATION_INFO_V1_VERSION {
+            return Err(codes::ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let newer = samples_since(s, i, value.last_seen_time_stamp)?;
+        let n = c_uint::try_from(newer.len()).unwrap_or(c_uint::MAX);
+        let capacity = value.process_samples_count;
+        value.process_samples_count = n;
+        if value.proc_util_array.is_null() || capacity < n {
+            unsafe { put(info, value)? };
+            return Err(codes::ERROR_INSUFFICIENT_SIZE);
+        }
+        for (k, u) in newer.into_iter().enumerate() {
+            let record = ProcessUtilizationInfoV1 {
+                time_stamp: u.timestamp,
+                pid: u.pid,
+                sm_util: u.sm_util,
+                mem_util: u.mem_util,
+                enc_util: u.enc_util,
+                dec_util: u.dec_util,
+                jpg_util: 0,
+                ofa_util: 0,
+            };
+            // SAFETY: the caller's array holds `capacity >= n` records.
+            unsafe { value.proc_util_array.add(k).write_unaligned(record) };
+        }
+        unsafe { put(info, value) }
+    })
+}
+
+/// NVML_CLOCK_SM and NVML_CLOCK_GRAPHICS (one domain on current GPUs): `sm_clock`; the memory and
+/// video clocks are not simulated (NOT_SUPPORTED, "cannot report the specified clock"); an
+/// unknown clock type -> INVALID_ARGUMENT.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+    device: NvmlDevice,
+    clock_type: c_uint,
+    clock: *mut c_uint,
+) -> c_uint {
+    device_call("nvmlDeviceGetClockInfo", device, |s, i| match clock_type {
+        abi::CLOCK_GRAPHICS | abi::CLOCK_SM => unsafe {
+            put(clock, s.scenario.devices[i].sm_clock)
+        },
+        t if t <= abi::CLOCK_VIDEO => Err(codes::ERROR_NOT_SUPPORTED),
+        _ => Err(codes::ERROR_INVALID_ARGUMENT),
     })
 }
