@@ -195,7 +195,7 @@ pub fn checkpoint(ctx: &Ctx) -> Result<(), u32> {
 
 /// `cuCheckpointProcessRestore`: needs `cuInit` in the caller (or `persistence_mode`), and room
 /// on every GPU the process used (CUDA_ERROR_OUT_OF_MEMORY otherwise, the process left
-/// CHECKPOINTED).
+/// CHECKPOINTED, or in `cuda.out_of_memory_state`).
 pub fn restore(ctx: &Ctx) -> Result<(), u32> {
     ctx.require(ProcessState::Checkpointed)?;
     if !INITIALIZED.load(Ordering::SeqCst) && !ctx.scenario.cuda.persistence_mode {
@@ -218,6 +218,9 @@ pub fn restore(ctx: &Ctx) -> Result<(), u32> {
     };
     for (index, bytes) in ctx.scenario.process_memory(ctx.pid) {
         if now.memory(index).free < bytes {
+            if let Some(to) = ctx.scenario.cuda.out_of_memory_state {
+                ctx.transition(ProcessState::Checkpointed, to)?;
+            }
             return Err(code::ERROR_OUT_OF_MEMORY);
         }
     }
