@@ -140,6 +140,7 @@ fn per_sample_cost() {
             AgentOptions {
                 dry_run: true,
                 keep_frozen_on_exit: false,
+                ..AgentOptions::default()
             },
         );
         agent.tick(None); // first step attributes every pid through /proc

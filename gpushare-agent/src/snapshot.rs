@@ -392,6 +392,9 @@ impl Publisher {
                 if let Some(why) = &ws.suspend_failed {
                     v.detail = format!("suspend fell through ({why})");
                 }
+                if let Some(why) = &ws.waiting_for_room {
+                    v.detail = format!("waiting for room to resume: {why}");
+                }
                 if v.cgroup_path.is_empty() {
                     v.cgroup_path = ws.cgroup_path.clone();
                 }

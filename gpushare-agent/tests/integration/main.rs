@@ -13,4 +13,5 @@ mod ledger;
 mod nvml;
 mod prometheus;
 mod suspend;
+mod suspend_room;
 mod util;

@@ -13,11 +13,11 @@ use crate::util::{
 };
 use crate::util::{group, needs_root, sleeping};
 
-const GIB: u64 = 1 << 30;
-const WAIT: Duration = Duration::from_secs(20);
+pub(crate) const GIB: u64 = 1 << 30;
+pub(crate) const WAIT: Duration = Duration::from_secs(20);
 
 /// One 80 GiB GPU with `procs` (pid, bytes), a driver with the checkpoint API, and `cuda`.
-fn scenario(procs: &[(u32, u64)], cuda: Value) -> Value {
+pub(crate) fn scenario(procs: &[(u32, u64)], cuda: Value) -> Value {
     scenario_on(procs, cuda, 12080)
 }
 
@@ -33,7 +33,7 @@ fn scenario_on(procs: &[(u32, u64)], cuda: Value, driver: u32) -> Value {
     })
 }
 
-fn cuda_args() -> Vec<String> {
+pub(crate) fn cuda_args() -> Vec<String> {
     vec!["--cuda-lib".into(), fake_cuda_lib().display().to_string()]
 }
 
@@ -44,7 +44,7 @@ fn start(sc: &Scenario, quotas: &str) -> AgentProcess {
 }
 
 /// The mock driver's state of `pid` (`running` when it keeps none).
-fn cuda_state(sc: &Scenario, pid: u32) -> String {
+pub(crate) fn cuda_state(sc: &Scenario, pid: u32) -> String {
     std::fs::read_to_string(sc.dir().join("cuda-state.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<Value>(&t).ok())
@@ -52,7 +52,7 @@ fn cuda_state(sc: &Scenario, pid: u32) -> String {
         .unwrap_or_else(|| "running".into())
 }
 
-fn used_on_gpu(agent: &AgentProcess) -> u64 {
+pub(crate) fn used_on_gpu(agent: &AgentProcess) -> u64 {
     agent
         .state()
         .and_then(|s| s.gpus.first().map(|g| g.memory_used_bytes))
@@ -65,7 +65,8 @@ fn lists(agent: &AgentProcess, pid: u32) -> bool {
         .is_some_and(|s| s.processes.iter().any(|p| p.pid == pid))
 }
 
-const SUSPEND: &str = "[defaults]\ngrace = \"0s\"\nladder = [ { action = \"suspend\" } ]\n";
+pub(crate) const SUSPEND: &str =
+    "[defaults]\ngrace = \"0s\"\nladder = [ { action = \"suspend\" } ]\n";
 
 #[test]
 fn a_workload_over_quota_is_suspended_its_gpu_memory_freed_and_a_release_brings_it_back() {
