@@ -135,6 +135,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 (Err(why), false) => Room::Unknown(why.clone()),
             };
             let report = gpushare_agent::enforce::thaw_everything(&state_dir, force, cuda, &room)?;
+            // The driver limits this boot's agents set (recorded in the state directory).
+            if let Ok(s) = &sample {
+                let v2_root = gpushare_agent::attribution::cgroupfs::find_cgroup2_mount()?;
+                let mut limits = gpushare_agent::agent::driver_limits::DriverLimiter::new(
+                    nvml_lib.as_deref(),
+                    v2_root,
+                    Some(&state_dir),
+                );
+                let n = limits.clear_recorded(&nvml, &s.devices);
+                if n > 0 {
+                    println!("cleared {n} driver limit(s) set by the agent");
+                }
+            }
             for (w, dir) in &report.thawed {
                 println!("thawed {w} ({})", dir.display());
             }

@@ -2,7 +2,8 @@
 //! 13.4) take per-cgroup soft and hard limits through `nvmlDeviceSetMemoryLimits_v1` (backed by
 //! the kernel's `dmem` cgroup controller). Where the loaded NVML exports it, every workload under
 //! a quota also gets its quota as a driver limit on its root cgroup, on each GPU the quota covers:
-//! soft at the quota, hard at the quota plus its tolerance (capped at the GPU's memory). An
+//! a hard limit at the quota plus its tolerance (capped at the GPU's memory), and no soft limit (a
+//! soft limit is a reservation that outlives a deleted group, see [`crate::policy`]'s `limits`). An
 //! allocation past the hard limit then fails in the driver, before any sample could see it; the
 //! soft isolation (the ladder) still runs, for everything the driver does not cover (an all-GPU
 //! total, elastic borrowing, nodes without the function).
@@ -57,6 +58,9 @@ struct Record {
     cgroup: String,
     soft: u64,
     hard: u64,
+    /// The inode of the group it was set on (absent in records of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    inode: Option<u64>,
 }
 
 /// Sets and clears the driver's limits.
@@ -64,6 +68,9 @@ pub struct DriverLimiter {
     api: Option<DriverLimits>,
     v2_root: PathBuf,
     applied: Wanted,
+    /// The inode of the group each applied limit was set on: a group recreated at the same path
+    /// (another inode) has none of the old one's limit.
+    inodes: BTreeMap<(u32, String), u64>,
     in_force: BTreeSet<u32>,
     refused: BTreeMap<u32, String>,
     /// Where the limits are recorded (`None`: nowhere, e.g. in unit tests).
@@ -104,6 +111,7 @@ impl DriverLimiter {
             api,
             v2_root,
             applied: Wanted::new(),
+            inodes: BTreeMap::new(),
             in_force: BTreeSet::new(),
             refused: BTreeMap::new(),
             record,
@@ -140,6 +148,7 @@ impl DriverLimiter {
         // An earlier run's limits, on the GPUs this sample shows, are taken as set by this one.
         let uuids = &self.uuids;
         let applied = &mut self.applied;
+        let inodes = &mut self.inodes;
         self.inherited.retain(|r| {
             let Some((&index, _)) = uuids.iter().find(|(_, u)| **u == r.gpu_uuid) else {
                 return true;
@@ -147,7 +156,21 @@ impl DriverLimiter {
             applied
                 .entry((index, r.cgroup.clone()))
                 .or_insert((r.soft, r.hard));
+            if let Some(inode) = r.inode {
+                inodes.entry((index, r.cgroup.clone())).or_insert(inode);
+            }
             false
+        });
+        // A limit belongs to the group it was set on: a group recreated at its path (`docker
+        // restart`, a restart policy, `launch` reusing a name), or one whose inode is not known,
+        // gets it set again.
+        let v2_root = &self.v2_root;
+        let inodes = &self.inodes;
+        self.applied.retain(|k, _| {
+            !wanted.contains_key(k)
+                || inodes.get(k).is_some_and(|i| {
+                    inode_of(&v2_root.join(k.1.trim_start_matches('/'))) == Some(*i)
+                })
         });
         let changes = self.applied.iter().any(|(k, v)| wanted.get(k) != Some(v))
             || wanted.iter().any(|(k, v)| self.applied.get(k) != Some(v));
@@ -192,6 +215,7 @@ impl DriverLimiter {
                 }
             }
             self.applied.remove(&key);
+            self.inodes.remove(&key);
         }
         for (key, &(soft, hard)) in wanted {
             if self.applied.get(key) == Some(&(soft, hard)) {
@@ -205,6 +229,10 @@ impl DriverLimiter {
                     self.in_force.insert(key.0);
                     self.refused.remove(&key.0);
                     self.applied.insert(key.clone(), (soft, hard));
+                    match inode_of(&dir) {
+                        Some(i) => self.inodes.insert(key.clone(), i),
+                        None => self.inodes.remove(key),
+                    };
                 }
                 Some(Err(rc)) => {
                     let why = format!(
@@ -229,6 +257,14 @@ impl DriverLimiter {
         }
     }
 
+    /// Clears every limit the records of this boot list (`thaw --all`, no agent running), on the
+    /// GPUs `devices` shows; returns how many.
+    pub fn clear_recorded(&mut self, sampler: &NvmlSampler, devices: &[DeviceSample]) -> usize {
+        let before = self.inherited.len();
+        self.apply(sampler, devices, &Wanted::new());
+        before - self.inherited.len()
+    }
+
     /// Clears every limit this agent set (SIGTERM), on the GPUs the samples showed.
     pub fn clear_all(&mut self, sampler: &NvmlSampler) {
         self.apply(sampler, &[], &Wanted::new());
@@ -248,6 +284,7 @@ impl DriverLimiter {
                     cgroup: cgroup.clone(),
                     soft,
                     hard,
+                    inode: self.inodes.get(&(*index, cgroup.clone())).copied(),
                 })
             })
             .collect();
@@ -276,6 +313,12 @@ impl DriverLimiter {
             }
         }
     }
+}
+
+/// The inode of the directory at `dir`, if it exists.
+fn inode_of(dir: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(dir).ok().map(|m| m.ino())
 }
 
 /// This boot's id (empty where it cannot be read).
@@ -325,6 +368,7 @@ mod tests {
                 cgroup: "/kubepods/pod1".into(),
                 soft: 1,
                 hard: 2,
+                inode: None,
             }],
         };
         std::fs::write(&path, serde_json::to_vec(&file).unwrap()).unwrap();

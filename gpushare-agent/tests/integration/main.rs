@@ -3,6 +3,7 @@
 
 mod attribution;
 mod docker;
+mod driver_limits;
 mod enforce;
 mod enforce_loop;
 mod faults;

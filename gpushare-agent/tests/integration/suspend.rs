@@ -446,15 +446,20 @@ fn a_workload_an_earlier_step_froze_is_thawed_locked_checkpointed_and_frozen_aga
 }
 
 /// The mock NVML's record of the driver limits: (soft, hard) of the cgroup `dir` on GPU `uuid`.
-fn driver_limit(sc: &Scenario, uuid: &str, dir: &Path) -> Option<(u64, u64)> {
+pub(crate) fn driver_limit(sc: &Scenario, uuid: &str, dir: &Path) -> Option<(u64, u64)> {
     let text = std::fs::read_to_string(sc.dir().join("memory-limits.json")).ok()?;
     let v: Value = serde_json::from_str(&text).ok()?;
     let e = &v["devices"][uuid][dir.to_str()?];
     Some((e["soft"].as_u64()?, e["hard"].as_u64()?))
 }
 
-/// Waits until the soft driver limit of `cg` on GPU-susp is `want` (`None`: no limit).
-fn wait_driver_limit(sc: &Scenario, cg: &TestCgroup, want: Option<u64>, agent: &AgentProcess) {
+/// Waits until the hard driver limit of `cg` on GPU-susp is `want` (`None`: no limit).
+pub(crate) fn wait_driver_limit(
+    sc: &Scenario,
+    cg: &TestCgroup,
+    want: Option<u64>,
+    agent: &AgentProcess,
+) {
     wait_until(
         WAIT,
         || {
@@ -465,7 +470,7 @@ fn wait_driver_limit(sc: &Scenario, cg: &TestCgroup, want: Option<u64>, agent: &
                 agent.log()
             )
         },
-        || driver_limit(sc, "GPU-susp", cg.dir()).map(|(soft, _)| soft) == want,
+        || driver_limit(sc, "GPU-susp", cg.dir()).map(|(_, hard)| hard) == want,
     );
 }
 
@@ -495,12 +500,12 @@ fn where_the_driver_takes_per_cgroup_limits_each_quota_is_also_a_driver_limit_on
     });
     assert_eq!(
         driver_limit(&sc, "GPU-susp", cg.dir()),
-        Some((2 * GIB, 2 * GIB + (512 << 20))),
-        "soft at the quota, hard at quota + tolerance, on the workload's root (not its leaf)"
+        Some((0, 2 * GIB + (512 << 20))),
+        "no soft limit (a reservation), hard at quota + tolerance, on the workload's root (not its leaf)"
     );
-    let (soft, _) = driver_limit(&sc, "GPU-susp", all.dir())
+    let (soft, hard) = driver_limit(&sc, "GPU-susp", all.dir())
         .expect("a quota on all GPUs is a driver limit on each GPU the workload uses");
-    assert_eq!(soft, 3 * GIB);
+    assert_eq!((soft, hard), (0, 3 * GIB));
     let metrics = agent.get("/metrics").1;
     assert!(
         metrics.contains("backend=\"driver_limits\"} 1"),
@@ -542,7 +547,7 @@ fn driver_limits_a_sigkilled_agent_left_are_cleared_at_the_next_start_when_no_lo
     // A crash: nothing is cleared. While the agent is down, one quota goes and one is raised.
     agent.sigkill();
     assert_eq!(
-        driver_limit(&sc, "GPU-susp", gone.dir()).map(|l| l.0),
+        driver_limit(&sc, "GPU-susp", gone.dir()).map(|l| l.1),
         Some(2 * GIB)
     );
     agent.write_quotas(&quotas(4, false));

@@ -1,0 +1,132 @@
+//! Driver limits that leave nothing behind (issue 21): the real agent over the mock NVML, which
+//! records the limits set through `nvmlDeviceSetMemoryLimits_v1` and models soft limits as the
+//! reservations NVIDIA documents (added into every ancestor group, left there when a group is
+//! deleted before its soft limit is zeroed), and the inode of the group each limit was set on.
+
+use std::{path::Path, process::Command, time::Duration};
+
+use gpushare_testkit::{
+    TestCgroup,
+    nvml::{SCENARIO_ENV, Scenario, fake_nvml_lib},
+    workspace_bin,
+};
+use serde_json::{Value, json};
+
+use crate::suspend::{GIB, WAIT, driver_limit, scenario, wait_driver_limit};
+use crate::util::{
+    AgentProcess, agent_dir, cgroup_quota, group, needs_root, sleeping, sleeping_group, wait_until,
+};
+
+/// `memory-limits.json` of the mock NVML.
+fn recorded(sc: &Scenario) -> Value {
+    std::fs::read_to_string(sc.dir().join("memory-limits.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null)
+}
+
+fn inode(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(dir).unwrap().ino()
+}
+
+/// The inode of the group whose limit the mock saw set last at `dir`.
+fn limited_inode(sc: &Scenario, dir: &Path) -> Option<u64> {
+    recorded(sc)["inodes"][dir.to_str()?].as_u64()
+}
+
+#[test]
+fn a_group_recreated_at_the_same_path_is_limited_again() {
+    needs_root!("a_group_recreated_at_the_same_path_is_limited_again");
+    let (cg, p) = sleeping_group("dlim-recreate");
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB)], json!({}))).unwrap();
+    let quotas = format!("[defaults]\nladder = []\n{}", cgroup_quota(&cg, "2GiB"));
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    wait_driver_limit(&sc, &cg, Some(2 * GIB), &agent);
+    let first = inode(cg.dir());
+    assert_eq!(limited_inode(&sc, cg.dir()), Some(first));
+    // `docker restart`: the group is deleted and made again at the same path, the workload
+    // (its key, its quota, its limit) the same.
+    let aside = group("dlim-recreate-aside");
+    std::fs::write(aside.procs_file(), p.pid().to_string()).unwrap();
+    std::fs::remove_dir(cg.dir()).unwrap();
+    std::fs::create_dir(cg.dir()).unwrap();
+    std::fs::write(cg.procs_file(), p.pid().to_string()).unwrap();
+    let second = inode(cg.dir());
+    assert_ne!(first, second);
+    wait_until(
+        WAIT,
+        || {
+            format!(
+                "the new group at {} was not limited: {}\n{}",
+                cg.rel_path(),
+                recorded(&sc),
+                agent.log()
+            )
+        },
+        || limited_inode(&sc, cg.dir()) == Some(second),
+    );
+    assert_eq!(driver_limit(&sc, "GPU-susp", cg.dir()), Some((0, 2 * GIB)));
+}
+
+#[test]
+fn a_limited_group_removed_as_its_last_process_exits_leaves_no_reservation_behind() {
+    needs_root!("a_limited_group_removed_leaves_no_reservation");
+    // A pod's group and its container's group below it, as a runtime lays them out.
+    let pod = group("dlim-leak");
+    let ctr = TestCgroup::create(&format!(
+        "{}/ctr",
+        pod.rel_path().trim_start_matches("/gpushare-test/")
+    ))
+    .unwrap();
+    let p = sleeping(&ctr);
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB)], json!({}))).unwrap();
+    let quotas = format!("[defaults]\nladder = []\n{}", cgroup_quota(&ctr, "2GiB"));
+    // The agent at its default interval, 1 s: the group goes when it goes, not when the test
+    // has seen the agent step.
+    let agent = AgentProcess::start_in(agent_dir(&quotas), &sc, &[], "1s");
+    wait_driver_limit(&sc, &ctr, Some(2 * GIB), &agent);
+    // The container ends: its last process exits and the runtime deletes its group at once.
+    drop(p);
+    drop(ctr);
+    agent.steps_over(Duration::from_secs(3), |_| {});
+    let r = recorded(&sc);
+    let reserved = r["reserved"].as_object().map(|m| m.len()).unwrap_or(0);
+    assert_eq!(
+        reserved,
+        0,
+        "a reservation outlives the group in its ancestors: {r}\n{}",
+        agent.log()
+    );
+}
+
+#[test]
+fn thaw_all_clears_the_driver_limits_a_lost_agent_left() {
+    needs_root!("thaw_all_clears_the_driver_limits");
+    let (cg, p) = sleeping_group("dlim-thaw");
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB)], json!({}))).unwrap();
+    let quotas = format!("[defaults]\nladder = []\n{}", cgroup_quota(&cg, "2GiB"));
+    let mut agent = AgentProcess::start(&sc, &quotas, &[]);
+    wait_driver_limit(&sc, &cg, Some(2 * GIB), &agent);
+    agent.sigkill();
+    let out = Command::new(workspace_bin("gpushare-agent"))
+        .args(["thaw", "--all", "--state-dir"])
+        .arg(agent.dir.join("state"))
+        .arg("--nvml-lib")
+        .arg(fake_nvml_lib())
+        .env(SCENARIO_ENV, sc.path())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert_eq!(
+        driver_limit(&sc, "GPU-susp", cg.dir()),
+        None,
+        "a limit outlives the agent: {text}"
+    );
+    assert!(text.contains("cleared 1 driver limit"), "{text}");
+}
