@@ -83,7 +83,7 @@ pub fn checkpoint_ctx(fn_name: &str, pid: i32) -> Result<Ctx, u32> {
         .ok()
         .filter(|p| *p != 0)
         .ok_or(code::ERROR_INVALID_VALUE)?;
-    if !scenario.gpu_pids().contains(&pid) {
+    if !scenario.gpu_pids().contains(&pid) && !kept(&path, pid) {
         return Err(code::ERROR_INVALID_VALUE);
     }
     let knobs = scenario.cuda.process(pid);
@@ -107,13 +107,15 @@ impl Ctx {
     }
 
     /// Moves the pid from `from` to `to` atomically (ILLEGAL_STATE when it is not in `from`);
-    /// entries of pids the scenario no longer lists are dropped on the way.
+    /// entries of pids the scenario no longer lists and that no longer run are dropped on the
+    /// way.
     pub fn transition(&self, from: ProcessState, to: ProcessState) -> Result<(), u32> {
         let known = self.scenario.gpu_pids();
         statefile::update(
             &checkpoint::path_for(&self.path),
             |s: &mut CheckpointState| {
-                s.processes.retain(|pid, _| known.contains(pid));
+                s.processes
+                    .retain(|pid, _| known.contains(pid) || live(*pid));
                 if s.state(self.pid) != from {
                     return Err(code::ERROR_ILLEGAL_STATE);
                 }
@@ -135,6 +137,17 @@ impl Ctx {
             Err(code::ERROR_ILLEGAL_STATE)
         }
     }
+}
+
+/// Whether the driver keeps a state (not running) for `pid`, a live process the scenario no
+/// longer lists: a real driver keeps a process's checkpoint while the process lives.
+fn kept(path: &std::path::Path, pid: u32) -> bool {
+    live(pid) && checkpoint::read(path).is_ok_and(|s| s.state(pid) != ProcessState::Running)
+}
+
+/// Whether `/proc/<pid>` exists.
+fn live(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// `cuCheckpointProcessLock`: waits while the process cannot answer (its cgroup is frozen, it is
