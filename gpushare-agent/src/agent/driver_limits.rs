@@ -71,6 +71,9 @@ pub struct DriverLimiter {
     /// The inode of the group each applied limit was set on: a group recreated at the same path
     /// (another inode) has none of the old one's limit.
     inodes: BTreeMap<(u32, String), u64>,
+    /// Limits someone else set (NVIDIA's container hook, an operator) on a group a quota wants
+    /// limited: (soft, hard) as the driver reports them; left as they are.
+    foreign: BTreeMap<(u32, String), (u64, u64)>,
     in_force: BTreeSet<u32>,
     refused: BTreeMap<u32, String>,
     /// Where the limits are recorded (`None`: nowhere, e.g. in unit tests).
@@ -112,6 +115,7 @@ impl DriverLimiter {
             v2_root,
             applied: Wanted::new(),
             inodes: BTreeMap::new(),
+            foreign: BTreeMap::new(),
             in_force: BTreeSet::new(),
             refused: BTreeMap::new(),
             record,
@@ -172,6 +176,15 @@ impl DriverLimiter {
                     inode_of(&v2_root.join(k.1.trim_start_matches('/'))) == Some(*i)
                 })
         });
+        // Never change a limit the agent did not set: where a group already has one, the quota's
+        // is not set (and nothing is cleared there).
+        self.observe_foreign(sampler, wanted);
+        let wanted: Wanted = wanted
+            .iter()
+            .filter(|(k, _)| !self.foreign.contains_key(*k))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        let wanted = &wanted;
         let changes = self.applied.iter().any(|(k, v)| wanted.get(k) != Some(v))
             || wanted.iter().any(|(k, v)| self.applied.get(k) != Some(v));
         if !changes {
@@ -186,6 +199,38 @@ impl DriverLimiter {
         // start would be harmless): unchanged while a refusal lasts, so not written every step.
         intent.retain(|k, _| wanted.contains_key(k) || self.applied.contains_key(k));
         self.persist(&intent);
+    }
+
+    /// Limits set by others: the driver's limits of each wanted group the agent has not set
+    /// itself (read again at every step, so one that goes is replaced by the quota's).
+    fn observe_foreign(&mut self, sampler: &NvmlSampler, wanted: &Wanted) {
+        let Some(api) = &self.api else {
+            return;
+        };
+        self.foreign.retain(|k, _| wanted.contains_key(k));
+        for key in wanted.keys().filter(|k| !self.applied.contains_key(*k)) {
+            let dir = self.v2_root.join(key.1.trim_start_matches('/'));
+            // SAFETY: the handle comes from the sampler's live session.
+            match sampler.with_device_handle(key.0, |dev| unsafe { api.get(dev, &dir) }) {
+                Some(Ok(Some(theirs))) => {
+                    if self.foreign.insert(key.clone(), theirs) != Some(theirs) {
+                        warn!(
+                            "{} has a driver limit on GPU {} the agent did not set (soft {}, hard \
+                             {}): left as it is, the quota's is not set there",
+                            key.1, key.0, theirs.0, theirs.1
+                        );
+                    }
+                }
+                _ => {
+                    self.foreign.remove(key);
+                }
+            }
+        }
+    }
+
+    /// Limits set by others on groups a quota wants limited: (GPU index, cgroup) -> (soft, hard).
+    pub fn foreign(&self) -> &BTreeMap<(u32, String), (u64, u64)> {
+        &self.foreign
     }
 
     fn set_all(&mut self, sampler: &NvmlSampler, wanted: &Wanted) {

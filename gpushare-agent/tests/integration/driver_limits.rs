@@ -130,3 +130,46 @@ fn thaw_all_clears_the_driver_limits_a_lost_agent_left() {
     );
     assert!(text.contains("cleared 1 driver limit"), "{text}");
 }
+
+#[test]
+fn a_limit_the_agent_did_not_set_is_never_changed_or_cleared() {
+    needs_root!("a_limit_the_agent_did_not_set");
+    let (theirs, p) = sleeping_group("dlim-theirs");
+    let (ours, q) = sleeping_group("dlim-ours");
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB), (q.pid(), GIB)], json!({}))).unwrap();
+    // NVIDIA's container hook (`apply-cuda-memory-limits`): soft = request, hard = limit, on
+    // the container's own cgroup, before the agent sees it.
+    let hook = (GIB, 3 * GIB);
+    let dir = theirs.dir().to_str().unwrap().to_string();
+    std::fs::write(
+        sc.dir().join("memory-limits.json"),
+        json!({ "devices": { "GPU-susp": { dir: { "soft": hook.0, "hard": hook.1 } } } })
+            .to_string(),
+    )
+    .unwrap();
+    let quotas = format!(
+        "[defaults]\nladder = []\n{}{}",
+        cgroup_quota(&theirs, "2GiB"),
+        cgroup_quota(&ours, "2GiB")
+    );
+    let mut agent = AgentProcess::start_in(agent_dir(&quotas), &sc, &[], "200ms");
+    wait_driver_limit(&sc, &ours, Some(2 * GIB), &agent);
+    agent.steps_over(Duration::from_secs(1), |_| {
+        assert_eq!(driver_limit(&sc, "GPU-susp", theirs.dir()), Some(hook));
+    });
+    let record =
+        std::fs::read_to_string(agent.dir.join("state/driver-limits.json")).unwrap_or_default();
+    assert!(
+        !record.contains(theirs.rel_path()),
+        "not recorded as ours: {record}"
+    );
+    assert!(
+        agent.log().contains("the agent did not set"),
+        "the log says so\n{}",
+        agent.log()
+    );
+    // SIGTERM clears the agent's limits, and only those.
+    assert_eq!(agent.stop(), Some(0));
+    assert_eq!(driver_limit(&sc, "GPU-susp", ours.dir()), None);
+    assert_eq!(driver_limit(&sc, "GPU-susp", theirs.dir()), Some(hook));
+}

@@ -145,6 +145,14 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryLimits_v1(
         let path = unsafe { cgroup_path(l.name_space) }?;
         let d = &s.scenario.devices[index];
         let all: MemoryLimits = statefile::read(&limits_file(s)).map_err(unknown)?;
+        // A group recreated at the path (another inode) has none of the deleted one's limit.
+        let inode = {
+            use std::os::unix::fs::MetadataExt as _;
+            std::fs::metadata(&path).map(|m| m.ino()).unwrap_or(0)
+        };
+        if all.inodes.get(&path).is_some_and(|i| *i != inode) {
+            return Err(codes::ERROR_NOT_FOUND);
+        }
         let limit = all
             .devices
             .get(&d.uuid)
