@@ -74,6 +74,9 @@ pub struct DriverLimiter {
     /// Limits someone else set (NVIDIA's container hook, an operator) on a group a quota wants
     /// limited: (soft, hard) as the driver reports them; left as they are.
     foreign: BTreeMap<(u32, String), (u64, u64)>,
+    /// Limits of ours set again at the next apply: their group's inode is not known (a record
+    /// written before the driver was asked, or by an older version).
+    reset: BTreeSet<(u32, String)>,
     in_force: BTreeSet<u32>,
     refused: BTreeMap<u32, String>,
     /// Where the limits are recorded (`None`: nowhere, e.g. in unit tests).
@@ -116,6 +119,7 @@ impl DriverLimiter {
             applied: Wanted::new(),
             inodes: BTreeMap::new(),
             foreign: BTreeMap::new(),
+            reset: BTreeSet::new(),
             in_force: BTreeSet::new(),
             refused: BTreeMap::new(),
             record,
@@ -166,15 +170,27 @@ impl DriverLimiter {
             false
         });
         // A limit belongs to the group it was set on: a group recreated at its path (`docker
-        // restart`, a restart policy, `launch` reusing a name), or one whose inode is not known,
-        // gets it set again.
+        // restart`, a restart policy, `launch` reusing a name) is a new group, limited afresh
+        // (unless someone else limited it); one of ours whose group's inode is not known is set
+        // again.
         let v2_root = &self.v2_root;
-        let inodes = &self.inodes;
+        let (inodes, reset) = (&mut self.inodes, &mut self.reset);
         self.applied.retain(|k, _| {
-            !wanted.contains_key(k)
-                || inodes.get(k).is_some_and(|i| {
-                    inode_of(&v2_root.join(k.1.trim_start_matches('/'))) == Some(*i)
-                })
+            if !wanted.contains_key(k) {
+                return true;
+            }
+            let now = inode_of(&v2_root.join(k.1.trim_start_matches('/')));
+            match inodes.get(k) {
+                Some(i) if now == Some(*i) => true,
+                Some(_) => {
+                    inodes.remove(k);
+                    false
+                }
+                None => {
+                    reset.insert(k.clone());
+                    true
+                }
+            }
         });
         // Never change a limit the agent did not set: where a group already has one, the quota's
         // is not set (and nothing is cleared there).
@@ -185,7 +201,8 @@ impl DriverLimiter {
             .map(|(k, v)| (k.clone(), *v))
             .collect();
         let wanted = &wanted;
-        let changes = self.applied.iter().any(|(k, v)| wanted.get(k) != Some(v))
+        let changes = !self.reset.is_empty()
+            || self.applied.iter().any(|(k, v)| wanted.get(k) != Some(v))
             || wanted.iter().any(|(k, v)| self.applied.get(k) != Some(v));
         if !changes {
             return;
@@ -194,7 +211,9 @@ impl DriverLimiter {
         let mut intent = self.applied.clone();
         intent.extend(wanted.iter().map(|(k, v)| (k.clone(), *v)));
         self.persist(&intent);
+        crate::crash::point("limit-recorded");
         self.set_all(sampler, wanted);
+        crate::crash::point("limit-set");
         // What is set, and what is wanted but was refused (tried again; clearing it at the next
         // start would be harmless): unchanged while a refusal lasts, so not written every step.
         intent.retain(|k, _| wanted.contains_key(k) || self.applied.contains_key(k));
@@ -262,8 +281,9 @@ impl DriverLimiter {
             self.applied.remove(&key);
             self.inodes.remove(&key);
         }
+        self.reset.retain(|k| wanted.contains_key(k));
         for (key, &(soft, hard)) in wanted {
-            if self.applied.get(key) == Some(&(soft, hard)) {
+            if self.applied.get(key) == Some(&(soft, hard)) && !self.reset.contains(key) {
                 continue;
             }
             let dir = self.v2_root.join(key.1.trim_start_matches('/'));
@@ -274,6 +294,7 @@ impl DriverLimiter {
                     self.in_force.insert(key.0);
                     self.refused.remove(&key.0);
                     self.applied.insert(key.clone(), (soft, hard));
+                    self.reset.remove(key);
                     match inode_of(&dir) {
                         Some(i) => self.inodes.insert(key.clone(), i),
                         None => self.inodes.remove(key),

@@ -97,6 +97,7 @@ impl Enforcer {
                 warn!("not freezing {workload}: the freeze could not be recorded first ({e:#})");
                 return Outcome::Refused;
             }
+            crate::crash::point("freeze-recorded");
             if let Err(e) = marks::set(&dir, &Mark::of(&rec, &self.state_dir))
                 && self.marks_ok
             {
@@ -106,6 +107,7 @@ impl Enforcer {
                     dir.display()
                 );
             }
+            crate::crash::point("freeze-marked");
             #[cfg(debug_assertions)]
             test_pause("GPUSHARE_TEST_PAUSE_BEFORE_FREEZE");
         }
@@ -116,6 +118,7 @@ impl Enforcer {
             }
             return Outcome::Failed;
         }
+        crate::crash::point("freeze-applied");
         match freeze::state(&dir, freezer) {
             Ok(GroupState::Frozen) => {
                 self.pending.remove(&dir);
@@ -208,6 +211,7 @@ impl Enforcer {
             warn!("thawing {} failed: {e:#}", rec.workload);
             return Outcome::Failed;
         }
+        crate::crash::point("thaw-applied");
         match freeze::state(dir, rec.freezer) {
             Ok(GroupState::Thawed) => {
                 info!("thawed {} ({})", rec.workload, dir.display());

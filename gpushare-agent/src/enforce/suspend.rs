@@ -370,10 +370,12 @@ fn suspend(
         }
         checkpointed.push(p);
     }
+    crate::crash::point("suspend-checkpointed");
     if let Err(e) = settle(dir, freezer, true) {
         // The GPU memory is released already; the step observes the group and retries the freeze.
         warn!("suspended, but the freeze did not settle: {e}");
     }
+    crate::crash::point("suspend-frozen");
     JobResult::Suspended { took: t0.elapsed() }
 }
 
@@ -435,6 +437,7 @@ fn resume(cuda: &Checkpointer, dir: &Path, freezer: Freezer, targets: &[Target])
             reason: format!("cannot thaw it: {e}"),
         };
     }
+    crate::crash::point("resume-thawed");
     let mut errors = Vec::new();
     for p in &pinned {
         let pid = p.pid;
@@ -447,6 +450,7 @@ fn resume(cuda: &Checkpointer, dir: &Path, freezer: Freezer, targets: &[Target])
                     errors.push(format!("restore of pid {pid}: {e}"));
                     continue;
                 }
+                crate::crash::point("resume-restored");
                 if p.alive()
                     && let Err(e) = cuda.unlock(pid)
                 {

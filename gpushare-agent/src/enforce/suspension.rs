@@ -146,7 +146,9 @@ impl Enforcer {
                 format!("the suspension could not be recorded first ({e:#})"),
             );
         }
+        crate::crash::point("suspend-recorded");
         let _ = marks::set(&dir, &Mark::of(&rec, &self.state_dir));
+        crate::crash::point("suspend-marked");
         info!(
             "suspending {workload} ({}): {} of GPU memory to host memory: {reason}",
             dir.display(),
@@ -256,6 +258,7 @@ impl Enforcer {
                     ended.push(SuspendEnded::Failed { workload });
                 }
                 JobResult::Resumed { took } => {
+                    crate::crash::point("resume-done");
                     if let Some(dir) = dir {
                         self.forget(&dir);
                     }

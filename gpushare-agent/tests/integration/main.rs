@@ -2,6 +2,7 @@
 //! One target (one link step), one module per area.
 
 mod attribution;
+mod crash_points;
 mod docker;
 mod driver_limits;
 mod enforce;
