@@ -186,3 +186,108 @@ fn a_crash_at_each_step_of_a_driver_limit_leaks_no_limit() {
         }
     }
 }
+
+/// Every checkpoint call the mock libcuda has, forced to fail: a call shows in the agent's log.
+fn no_checkpoint_calls() -> serde_json::Value {
+    json!({ "fail": {
+        "cuCheckpointProcessLock": 999,
+        "cuCheckpointProcessCheckpoint": 999,
+        "cuCheckpointProcessRestore": 999,
+        "cuCheckpointProcessUnlock": 999,
+    } })
+}
+
+#[test]
+fn a_dry_run_over_an_earlier_runs_suspension_and_limits_clears_nothing_and_calls_no_checkpoint() {
+    needs_root!("a_dry_run_over_an_earlier_runs_state");
+    let (cg, p) = sleeping_group("crash-dry");
+    let (lim, q) = sleeping_group("crash-dry-lim");
+    let at = |a: u64, cuda: serde_json::Value| scenario(&[(p.pid(), a), (q.pid(), GIB)], cuda);
+    let sc = Scenario::create(&at(GIB, json!({}))).unwrap();
+    let quotas = |a: &str, with_lim: bool| {
+        let mut text = format!("{SUSPEND}{}", cgroup_quota(&cg, a));
+        if with_lim {
+            text += &cgroup_quota(&lim, "2GiB");
+        }
+        text
+    };
+    let args = cuda_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = AgentProcess::start_in(agent_dir(&quotas("2GiB", true)), &sc, &args, "200ms");
+    wait_until(
+        WAIT,
+        || format!("no limit\n{}", agent.log()),
+        || driver_limit(&sc, "GPU-susp", lim.dir()) == Some((0, 2 * GIB)),
+    );
+    sc.write(&at(3 * GIB, json!({}))).unwrap();
+    agent.wait_state(&key(&cg), "suspended");
+    agent.sigkill();
+    let ledger = std::fs::read_to_string(agent.ledger()).unwrap();
+    // The dry run would resume `cg` (its quota now covers it) and clear `lim`'s limit (its
+    // quota is gone): it does neither, and calls no checkpoint function.
+    agent.write_quotas(&quotas("8GiB", false));
+    sc.write(&at(3 * GIB, no_checkpoint_calls())).unwrap();
+    let mut dry = AgentProcess::unstarted(
+        agent.dir.clone(),
+        &sc,
+        &[args.as_slice(), &["--dry-run"]].concat(),
+        "200ms",
+    );
+    dry.restart();
+    dry.steps_over(std::time::Duration::from_secs(2), |_| {});
+    assert_eq!(dry.stop(), Some(0));
+    let log = dry.log();
+    assert!(log.contains("dry run: would resume"), "{log}");
+    for call in [
+        "lock of pid",
+        "checkpoint of pid",
+        "restore of pid",
+        "unlock of pid",
+    ] {
+        assert!(
+            !log.contains(call),
+            "a dry run called the driver ({call}):\n{log}"
+        );
+    }
+    assert_eq!(cuda_state(&sc, p.pid()), "checkpointed");
+    assert!(cg.is_frozen());
+    assert_eq!(std::fs::read_to_string(agent.ledger()).unwrap(), ledger);
+    assert_eq!(
+        driver_limit(&sc, "GPU-susp", lim.dir()),
+        Some((0, 2 * GIB)),
+        "{log}"
+    );
+    std::mem::forget(dry); // shares the agent's directory, removed when `agent` drops
+    // The real agent again: resumed, and the limit no quota wants cleared.
+    sc.write(&at(3 * GIB, json!({}))).unwrap();
+    agent.restart();
+    back(&agent, &cg, "after the dry run");
+    wait_until(
+        WAIT,
+        || format!("limit left\n{}", agent.log()),
+        || driver_limit(&sc, "GPU-susp", lim.dir()).is_none(),
+    );
+}
+
+#[test]
+fn an_invalid_quota_file_at_start_keeps_an_earlier_runs_driver_limits_as_they_are() {
+    needs_root!("an_invalid_quota_file_at_start_keeps_driver_limits");
+    let (cg, p) = sleeping_group("crash-observe");
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB)], json!({}))).unwrap();
+    let quotas = format!("[defaults]\nladder = []\n{}", cgroup_quota(&cg, "2GiB"));
+    let mut agent = AgentProcess::start_in(agent_dir(&quotas), &sc, &[], "200ms");
+    wait_until(
+        WAIT,
+        || format!("no limit\n{}", agent.log()),
+        || driver_limit(&sc, "GPU-susp", cg.dir()) == Some((0, 2 * GIB)),
+    );
+    agent.sigkill();
+    // Broken, and no last good copy kept: the next start observes only. Its policy wants no
+    // limit for anything, and it must not take that as "clear them".
+    agent.write_quotas("[[quota]]\ncgroup = \n");
+    let _ = std::fs::remove_dir_all(agent.dir.join("state/last-good-quotas"));
+    agent.restart();
+    let s = agent.steps_over(std::time::Duration::from_secs(1), |_| {});
+    assert!(s.health.observe_only, "{:?}", s.health);
+    assert_eq!(driver_limit(&sc, "GPU-susp", cg.dir()), Some((0, 2 * GIB)));
+}
