@@ -220,6 +220,27 @@ impl Collector for SnapshotCollector {
         )?;
         gauge(
             &mut e,
+            "gpushare_driver_limit_bytes",
+            "Driver-enforced GPU memory limits (nvmlDeviceSetMemoryLimits_v1) on the cgroups of \
+             workloads under a quota, bytes, by kind (soft, hard) and source (agent: set by gpushare; \
+             other: set by someone else, e.g. NVIDIA's container hook, and left as it is)",
+            snap.driver_limits.iter().flat_map(|l| {
+                let labels = |kind: &'static str| {
+                    vec![
+                        ("gpu_uuid", l.gpu_uuid.clone()),
+                        ("cgroup", l.cgroup_path.clone()),
+                        ("kind", kind.to_string()),
+                        ("source", l.source.clone()),
+                    ]
+                };
+                let soft = (l.soft_bytes > 0).then(|| (labels("soft"), l.soft_bytes as f64));
+                let hard =
+                    (l.hard_bytes != u64::MAX).then(|| (labels("hard"), l.hard_bytes as f64));
+                soft.into_iter().chain(hard)
+            }),
+        )?;
+        gauge(
+            &mut e,
             "gpushare_workload_gpu_memory_used_bytes",
             "GPU memory used by a workload, bytes",
             snap.workloads

@@ -690,6 +690,11 @@ impl Agent {
                     )
                 })
                 .collect(),
+            driver_limits: self
+                .limiter
+                .as_ref()
+                .map(DriverLimiter::in_force)
+                .unwrap_or_default(),
         });
         if let Ok(mut w) = self.snapshot.write() {
             *w = Arc::new(snap);

@@ -168,6 +168,28 @@ fn a_limit_the_agent_did_not_set_is_never_changed_or_cleared() {
         "the log says so\n{}",
         agent.log()
     );
+    // Exported, with where it came from.
+    let metrics = agent.get("/metrics").1;
+    let series = |cg: &TestCgroup, kind: &str, source: &str| {
+        format!(
+            "gpushare_driver_limit_bytes{{gpu_uuid=\"GPU-susp\",cgroup=\"{}\",kind=\"{kind}\",source=\"{source}\"}}",
+            cg.rel_path()
+        )
+    };
+    for (line, value) in [
+        (series(&theirs, "soft", "other"), hook.0),
+        (series(&theirs, "hard", "other"), hook.1),
+        (series(&ours, "hard", "agent"), 2 * GIB),
+    ] {
+        assert!(
+            metrics.contains(&format!("{line} {value}")),
+            "{line} {value} not in\n{metrics}"
+        );
+    }
+    assert!(
+        !metrics.contains(&series(&ours, "soft", "agent")),
+        "no soft limit of the agent's: {metrics}"
+    );
     // SIGTERM clears the agent's limits, and only those.
     assert_eq!(agent.stop(), Some(0));
     assert_eq!(driver_limit(&sc, "GPU-susp", ours.dir()), None);
