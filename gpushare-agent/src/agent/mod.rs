@@ -517,6 +517,22 @@ impl Agent {
             return;
         }
         let sample = self.sampler.sample();
+        // An elastic borrower the policy holds suspended comes back only with the reserve to
+        // spare, as the policy's own resume would.
+        let reserve = self.quotas.current().defaults().elastic_reserve;
+        let keep: BTreeMap<String, u64> = self
+            .policy
+            .workloads
+            .iter()
+            .filter(|(_, ws)| {
+                ws.suspended.is_some()
+                    && ws
+                        .scopes
+                        .values()
+                        .any(|s| s.mode == crate::quota::Mode::Elastic)
+            })
+            .map(|(k, _)| (k.clone(), reserve))
+            .collect();
         let budget = self.opts.shutdown_restore_budget;
         let rate = self.slowest_rate.unwrap_or(ASSUMED_RESTORE_RATE);
         let done = self.enforcer.thaw_all(&mut |rec| {
@@ -524,9 +540,13 @@ impl Agent {
                 return Ok(());
             };
             let pids = sr.live_pids();
-            policy::resume_room(&sr.per_gpu, &sample, |gpu| {
-                policy::listed_for(&sample, &pids, gpu)
-            })
+            let reserve = keep.get(&rec.workload).copied().unwrap_or(0);
+            policy::resume_room_keeping(
+                &sr.per_gpu,
+                &sample,
+                |gpu| policy::listed_for(&sample, &pids, gpu),
+                reserve,
+            )
             .map_err(|why| format!("no room to restore it: {why}"))?;
             let bytes: u64 = sr.per_gpu.values().sum();
             let estimate = Duration::from_secs_f64(bytes as f64 / rate);

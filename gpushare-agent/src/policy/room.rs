@@ -21,6 +21,18 @@ pub fn resume_room(
     sample: &GpuSample,
     listed: impl Fn(u32) -> u64,
 ) -> Result<(), String> {
+    resume_room_keeping(per_gpu, sample, listed, 0)
+}
+
+/// [`resume_room`], leaving `reserve` bytes free on each GPU besides: an elastic borrower the
+/// policy holds suspended comes back only with `elastic_reserve` to spare, as the policy's own
+/// resume would ([`super::pressure`]), also at shutdown.
+pub fn resume_room_keeping(
+    per_gpu: &BTreeMap<u32, u64>,
+    sample: &GpuSample,
+    listed: impl Fn(u32) -> u64,
+    reserve: u64,
+) -> Result<(), String> {
     for (&gpu, &bytes) in per_gpu {
         let Some(d) = sample.devices.iter().find(|d| d.index == gpu) else {
             return Err(format!(
@@ -31,14 +43,19 @@ pub fn resume_room(
             return Err(format!("GPU {gpu} is degraded: its free memory is unknown"));
         }
         let back = listed(gpu);
-        if d.memory_free.saturating_add(back) < bytes {
+        if d.memory_free.saturating_add(back) < bytes.saturating_add(reserve) {
             let back = if back > 0 {
                 format!(" (and {} of it back already)", ByteSize(back).approx())
             } else {
                 String::new()
             };
+            let reserve = if reserve > 0 {
+                format!(" and the elastic reserve {}", ByteSize(reserve).approx())
+            } else {
+                String::new()
+            };
             return Err(format!(
-                "GPU {gpu} has {} free{back}, its restore needs {}",
+                "GPU {gpu} has {} free{back}, its restore needs {}{reserve}",
                 ByteSize(d.memory_free).approx(),
                 ByteSize(bytes).approx()
             ));
@@ -116,6 +133,15 @@ mod tests {
         );
         let e = resume_room(&fp, &sample(&[(0, 4 * GIB), (1, 2 * GIB)], &[]), none).unwrap_err();
         assert_eq!(e, "GPU 0 has 4.0 GiB free, its restore needs 6.0 GiB");
+    }
+
+    #[test]
+    fn an_elastic_reserve_is_kept_free_besides() {
+        let fp = BTreeMap::from([(0, 6 * GIB)]);
+        let s = sample(&[(0, 8 * GIB)], &[]);
+        assert_eq!(resume_room_keeping(&fp, &s, |_| 0, 2 * GIB), Ok(()));
+        let e = resume_room_keeping(&fp, &s, |_| 0, 2 * GIB + 1).unwrap_err();
+        assert!(e.ends_with("and the elastic reserve 2.0 GiB"), "{e}");
     }
 
     #[test]

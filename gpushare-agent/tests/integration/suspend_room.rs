@@ -259,3 +259,48 @@ fn a_workload_with_an_nvml_only_helper_is_suspended_the_helper_frozen_not_locked
         agent.log()
     );
 }
+
+#[test]
+fn sigterm_keeps_an_elastic_borrower_suspended_while_its_restore_would_eat_the_reserve() {
+    needs_root!("sigterm_keeps_an_elastic_borrower_suspended");
+    let (big, pb) = sleeping_group("room-el-big");
+    let (small, ps) = sleeping_group("room-el-small");
+    let (_other, po) = sleeping_group("room-el-other");
+    let quotas = format!(
+        "[defaults]\nmode = \"elastic\"\nelastic_reserve = \"8GiB\"\ngrace = \"0s\"\nladder = [ {{ action = \"suspend\" }} ]\n{}{}",
+        cgroup_quota(&big, "2GiB"),
+        cgroup_quota(&small, "2GiB")
+    );
+    let at = |other: u64| {
+        scenario(
+            &[(pb.pid(), 20 * GIB), (ps.pid(), 4 * GIB), (po.pid(), other)],
+            json!({}),
+        )
+    };
+    let sc = Scenario::create(&at(GIB)).unwrap();
+    let args = cuda_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = AgentProcess::start(&sc, &quotas, &args);
+    agent.wait_used(&key(&big), 20 * GIB);
+    // Pressure: 3 GiB free, below the 8 GiB reserve: the largest borrower is suspended.
+    sc.write(&at(53 * GIB)).unwrap();
+    agent.wait_state(&key(&big), "suspended");
+    // Its 20 GiB off the GPU, 23 GiB are free: enough for its restore, not with the 8 GiB
+    // reserve besides. The agent keeps it suspended, and so does its SIGTERM.
+    agent.steps_over(Duration::from_secs(1), |s| {
+        assert_eq!(workload(s, &key(&big), "all").unwrap().state, "suspended");
+    });
+    assert_eq!(agent.stop(), Some(0));
+    assert_eq!(
+        cuda_state(&sc, pb.pid()),
+        "checkpointed",
+        "restored at shutdown into the reserve\n{}",
+        agent.log()
+    );
+    assert!(agent.log().contains("elastic reserve"), "{}", agent.log());
+    // Enough room with the reserve: the next agent (or this one's SIGTERM) brings it back.
+    sc.write(&at(GIB)).unwrap();
+    agent.restart();
+    agent.wait_state(&key(&big), "ok");
+    assert_eq!(cuda_state(&sc, pb.pid()), "running");
+}
