@@ -304,3 +304,36 @@ fn sigterm_keeps_an_elastic_borrower_suspended_while_its_restore_would_eat_the_r
     agent.wait_state(&key(&big), "ok");
     assert_eq!(cuda_state(&sc, pb.pid()), "running");
 }
+
+#[test]
+fn sigterm_leaves_suspended_what_its_restore_budget_cannot_cover() {
+    needs_root!("sigterm_leaves_suspended_what_its_restore_budget_cannot_cover");
+    let (cg, p) = sleeping_group("room-budget");
+    // Checkpoints take 2 s here: the agent measures that speed and expects restores to match.
+    let slow = json!({ "checkpoint_delay_ms": 2000 });
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB)], slow.clone())).unwrap();
+    let mut args = cuda_args();
+    args.extend(["--shutdown-restore-budget".to_string(), "1s".to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = AgentProcess::start(
+        &sc,
+        &format!("{SUSPEND}{}", cgroup_quota(&cg, "2GiB")),
+        &args,
+    );
+    agent.wait_used(&key(&cg), GIB);
+    sc.write(&scenario(&[(p.pid(), 6 * GIB)], slow)).unwrap();
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "suspended")
+            && s.counters.suspended_bytes_total > 0
+    });
+    // Room on the GPU, but a restore of about 2 s does not fit a 1 s budget.
+    assert_eq!(agent.stop(), Some(0));
+    assert_eq!(cuda_state(&sc, p.pid()), "checkpointed", "{}", agent.log());
+    assert!(cg.is_frozen());
+    assert!(
+        agent.log().contains("shutdown restore budget"),
+        "{}",
+        agent.log()
+    );
+    tried_no_restore(&agent.log());
+}
