@@ -207,6 +207,13 @@ impl Enforcer {
             );
             return Outcome::Refused;
         }
+        self.thaw_group(rec, trigger)
+    }
+
+    /// Thaws the group of one record of ours, whatever it holds (a kill: its processes die
+    /// once thawed, checkpointed or not), and forgets it once the kernel shows it thawed.
+    pub(super) fn thaw_group(&mut self, rec: &FreezeRecord, trigger: Instant) -> Outcome {
+        let dir = &rec.cgroup_dir;
         if let Err(e) = freeze::request(dir, rec.freezer, false) {
             warn!("thawing {} failed: {e:#}", rec.workload);
             return Outcome::Failed;
