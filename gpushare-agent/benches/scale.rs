@@ -299,6 +299,7 @@ fn bench_agent(
         AgentOptions {
             dry_run: true,
             keep_frozen_on_exit: false,
+            ..AgentOptions::default()
         },
     );
     (agent, snapshot)

@@ -4,7 +4,7 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::quota::parse_nonzero_duration;
+use crate::quota::{parse_duration, parse_nonzero_duration};
 
 /// The commit the agent was built from: 12 hex digits of `git rev-parse`, `-dirty` when the
 /// checkout had changes, `unknown` when built outside a git checkout (build.rs).
@@ -64,8 +64,10 @@ pub enum Command {
     ///
     /// Thaws each group listed in the state directory's freeze ledger or marked on the cgroups
     /// with that state directory (so it works with a lost or corrupt ledger), and nothing else: a
-    /// `docker pause` or an operator's freeze is left alone. Refuses while an agent holds the state
-    /// directory (use `release` then).
+    /// `docker pause` or an operator's freeze is left alone. A suspended workload is restored only
+    /// where its GPUs have room for it now (judged through NVML); each one left suspended is
+    /// named with the reason, and the exit status is then 1. Refuses while an agent holds the
+    /// state directory (use `release` then).
     Thaw {
         /// Thaw everything the agent froze (required: there is no partial form yet).
         #[arg(long, required = true)]
@@ -79,6 +81,14 @@ pub enum Command {
         /// libcuda to restore suspended workloads with (default: the system's libcuda.so.1).
         #[arg(long, value_name = "PATH")]
         cuda_lib: Option<PathBuf>,
+        /// libnvidia-ml to judge the room on the GPUs with (default: the system's
+        /// libnvidia-ml.so.1).
+        #[arg(long, value_name = "PATH")]
+        nvml_lib: Option<PathBuf>,
+        /// Restore suspended workloads even where the GPU has no room for them (or NVML cannot
+        /// tell): a restore that runs out of GPU memory can leave a process unrestorable.
+        #[arg(long)]
+        restore_without_room: bool,
     },
     /// Run a command as a service with a GPU-memory reservation (root).
     ///
@@ -141,6 +151,12 @@ pub struct RunArgs {
     /// On SIGTERM, leave workloads the agent froze frozen (the next start reconciles them).
     #[arg(long)]
     pub keep_frozen_on_exit: bool,
+    /// On SIGTERM, restore suspended workloads (where their GPU has room) only while this budget
+    /// lasts; the rest stay suspended and recorded for the next agent. Keep it well below the
+    /// stop grace (`TimeoutStopSec=` of the unit, `terminationGracePeriodSeconds` of the pod): a
+    /// SIGKILL in the middle of a restore can strand the workload.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_restore_budget: Duration,
     /// Also export other systems' metric names: `hami` (HAMi v2.9+), `volcano` (Volcano's vGPU
     /// monitor), `dcgm` (dcgm-exporter); repeat or separate with commas.
     #[arg(long, value_name = "SYSTEM", value_delimiter = ',', value_parser = ["hami", "volcano", "dcgm"])]

@@ -43,6 +43,7 @@ pub mod api;
 pub mod attribution;
 pub mod cli;
 pub mod client;
+pub mod crash;
 pub mod cuda;
 pub mod ebpf;
 pub mod enforce;

@@ -127,32 +127,70 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             state_dir,
             force,
             cuda_lib,
+            nvml_lib,
+            restore_without_room,
         }) => {
+            use gpushare_agent::enforce::Room;
             let cuda = gpushare_agent::cuda::Checkpointer::open(cuda_lib.as_deref())
                 .map(std::sync::Arc::new)
                 .map_err(|e| e.to_string());
-            let report = gpushare_agent::enforce::thaw_everything(&state_dir, force, cuda)?;
+            let mut nvml = gpushare_agent::nvml::NvmlSampler::open(nvml_lib.as_deref());
+            let sample = match nvml.status() {
+                gpushare_agent::nvml::DriverStatus::Ready { .. } => Ok(nvml.sample()),
+                gpushare_agent::nvml::DriverStatus::NoDriver { reason } => {
+                    Err(format!("no NVML: {reason}"))
+                }
+            };
+            let room = match (&sample, restore_without_room) {
+                (_, true) => Room::Ignore,
+                (Ok(s), false) => Room::Sample(s.clone()),
+                (Err(why), false) => Room::Unknown(why.clone()),
+            };
+            let report = gpushare_agent::enforce::thaw_everything(&state_dir, force, cuda, &room)?;
+            // The driver limits this boot's agents set (recorded in the state directory).
+            if let Ok(s) = &sample {
+                let v2_root = gpushare_agent::attribution::cgroupfs::find_cgroup2_mount()?;
+                let mut limits = gpushare_agent::agent::driver_limits::DriverLimiter::new(
+                    nvml_lib.as_deref(),
+                    v2_root,
+                    Some(&state_dir),
+                );
+                let n = limits.clear_recorded(&nvml, &s.devices);
+                if n > 0 {
+                    println!("cleared {n} driver limit(s) set by the agent");
+                }
+            }
             for (w, dir) in &report.thawed {
                 println!("thawed {w} ({})", dir.display());
             }
+            for (w, dir) in &report.resumed {
+                println!("resumed {w} ({})", dir.display());
+            }
             for (w, dir) in &report.gone {
                 println!("forgot {w}: {} no longer exists", dir.display());
+            }
+            for (w, dir, why) in &report.left_suspended {
+                eprintln!("left suspended {w} ({}): {why}", dir.display());
             }
             for (w, dir, why) in &report.failed {
                 eprintln!("NOT thawed {w} ({}): {why}", dir.display());
             }
             println!(
-                "{} thawed, {} gone, {} failed (state directory {})",
+                "{} thawed, {} resumed, {} gone, {} left suspended, {} failed (state directory {})",
                 report.thawed.len(),
+                report.resumed.len(),
                 report.gone.len(),
+                report.left_suspended.len(),
                 report.failed.len(),
                 state_dir.display()
             );
-            Ok(if report.failed.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+            Ok(
+                if report.failed.is_empty() && report.left_suspended.is_empty() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                },
+            )
         }
         Some(Command::Launch(args)) => Ok(gpushare_agent::launch::main(*args)),
     }

@@ -263,6 +263,27 @@ impl Collector for SnapshotCollector {
         )?;
         gauge(
             &mut e,
+            "gpushare_driver_limit_bytes",
+            "Driver-enforced GPU memory limits (nvmlDeviceSetMemoryLimits_v1) on the cgroups of \
+             workloads under a quota, bytes, by kind (soft, hard) and source (agent: set by gpushare; \
+             other: set by someone else, e.g. NVIDIA's container hook, and left as it is)",
+            snap.driver_limits.iter().flat_map(|l| {
+                let labels = |kind: &'static str| {
+                    vec![
+                        ("gpu_uuid", l.gpu_uuid.clone()),
+                        ("cgroup", l.cgroup_path.clone()),
+                        ("kind", kind.to_string()),
+                        ("source", l.source.clone()),
+                    ]
+                };
+                let soft = (l.soft_bytes > 0).then(|| (labels("soft"), l.soft_bytes as f64));
+                let hard =
+                    (l.hard_bytes != u64::MAX).then(|| (labels("hard"), l.hard_bytes as f64));
+                soft.into_iter().chain(hard)
+            }),
+        )?;
+        gauge(
+            &mut e,
             "gpushare_workload_gpu_memory_used_bytes",
             "GPU memory used by a workload, bytes",
             snap.workloads
@@ -323,17 +344,20 @@ impl Collector for SnapshotCollector {
             "gpushare_process_gpu_utilization_ratio",
             "SM utilization of a process over its GPU's last sample window, 0-1 (0: no sample, \
              idle; absent where unknown; with --process-metrics only)",
-            snap.processes.iter().filter(|_| self.process_series).filter_map(|p| {
-                Some((
-                    vec![
-                        ("gpu_uuid", p.gpu_uuid.clone()),
-                        ("pid", p.pid.to_string()),
-                        ("comm", p.comm.clone()),
-                        ("workload", p.workload.clone()),
-                    ],
-                    p.utilization?,
-                ))
-            }),
+            snap.processes
+                .iter()
+                .filter(|_| self.process_series)
+                .filter_map(|p| {
+                    Some((
+                        vec![
+                            ("gpu_uuid", p.gpu_uuid.clone()),
+                            ("pid", p.pid.to_string()),
+                            ("comm", p.comm.clone()),
+                            ("workload", p.workload.clone()),
+                        ],
+                        p.utilization?,
+                    ))
+                }),
         )?;
         gauge(
             &mut e,

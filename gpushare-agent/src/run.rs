@@ -87,6 +87,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let opts = AgentOptions {
         dry_run: args.dry_run,
         keep_frozen_on_exit: args.keep_frozen_on_exit,
+        shutdown_restore_budget: args.shutdown_restore_budget,
     };
     if args.dry_run {
         info!("DRY RUN: decisions are logged and exported, nothing is frozen, signalled or killed");

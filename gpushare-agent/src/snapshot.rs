@@ -39,6 +39,26 @@ pub struct Snapshot {
     pub counters: Counters,
     /// The effective quotas, for `check`-like listings.
     pub quotas: Vec<QuotaView>,
+    /// Driver-enforced limits on the groups of workloads under a quota: the agent's, and those
+    /// someone else set (left as they are).
+    #[serde(default)]
+    pub driver_limits: Vec<DriverLimitView>,
+}
+
+/// One driver-enforced GPU memory limit on one cgroup and GPU.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DriverLimitView {
+    /// GPU UUID.
+    pub gpu_uuid: String,
+    /// The cgroup (path relative to the v2 root).
+    pub cgroup_path: String,
+    /// Soft limit, bytes (0: none).
+    pub soft_bytes: u64,
+    /// Hard limit, bytes (`u64::MAX`: none).
+    pub hard_bytes: u64,
+    /// `agent` (set by this agent) or `other` (set by someone else: NVIDIA's container hook, an
+    /// operator; never changed by the agent).
+    pub source: String,
 }
 
 /// Readiness and degraded modes.
@@ -263,6 +283,8 @@ pub struct StepReport<'a> {
     pub now: std::time::Duration,
     /// The isolation back end per GPU index (`soft` when absent).
     pub backends: BTreeMap<u32, &'static str>,
+    /// Driver limits in force: (GPU index, cgroup, soft, hard, source).
+    pub driver_limits: Vec<(u32, String, u64, u64, &'static str)>,
 }
 
 /// NVML's percent as a 0-1 ratio (the Prometheus convention).
@@ -472,6 +494,9 @@ impl Publisher {
                 if let Some(why) = &ws.suspend_failed {
                     v.detail = format!("suspend fell through ({why})");
                 }
+                if let Some(why) = &ws.waiting_for_room {
+                    v.detail = format!("waiting for room to resume: {why}");
+                }
                 if v.cgroup_path.is_empty() {
                     v.cgroup_path = ws.cgroup_path.clone();
                 }
@@ -549,6 +574,17 @@ impl Publisher {
             unattributed_bytes: unattributed,
             counters,
             quotas: r.quotas,
+            driver_limits: r
+                .driver_limits
+                .into_iter()
+                .map(|(gpu, cgroup_path, soft, hard, source)| DriverLimitView {
+                    gpu_uuid: uuid_of(gpu),
+                    cgroup_path,
+                    soft_bytes: soft,
+                    hard_bytes: hard,
+                    source: source.to_string(),
+                })
+                .collect(),
         }
     }
 }
@@ -581,6 +617,7 @@ mod tests {
             quotas: Vec::new(),
             now: std::time::Duration::ZERO,
             backends: BTreeMap::new(),
+            driver_limits: Vec::new(),
         })
     }
 

@@ -252,6 +252,57 @@ fn nvml_sees_the_checkpointed_process_gone_and_its_memory_free_until_restore() {
 }
 
 #[test]
+fn a_restore_without_room_can_leave_the_process_failed_for_good_as_driver_580_does() {
+    let (_g, s) = setup();
+    let breaks = json!({ "out_of_memory_state": "failed" });
+    s.write(&scenario(&[(4011, 6 * GIB)], breaks.clone()))
+        .unwrap();
+    let cuda = open();
+    cuda.lock(4011, 0).unwrap();
+    cuda.checkpoint(4011).unwrap();
+    s.write(&scenario(
+        &[(4011, 6 * GIB), (4012, 6 * GIB)],
+        breaks.clone(),
+    ))
+    .unwrap();
+    assert_eq!(
+        cuda.restore(4011).unwrap_err().kind(),
+        ErrorKind::OutOfMemory
+    );
+    assert_eq!(cuda.state(4011), Ok(ProcessState::Failed));
+    s.write(&scenario(&[(4011, 6 * GIB)], breaks)).unwrap();
+    assert!(cuda.restore(4011).is_err(), "unrestorable, room or not");
+}
+
+#[test]
+fn a_live_process_keeps_its_checkpoint_when_the_scenario_stops_listing_it() {
+    let (_g, s) = setup();
+    let p = Sleeper::spawn();
+    let gone = 4_194_000; // a pid without a /proc entry (above the usual pid_max)
+    s.write(&scenario(&[(p.pid(), GIB), (gone, GIB)], json!({})))
+        .unwrap();
+    let cuda = open();
+    for pid in [p.pid(), gone] {
+        cuda.lock(pid, 0).unwrap();
+        cuda.checkpoint(pid).unwrap();
+    }
+    // The scenario lists neither any more, and another write of the state happens.
+    s.write(&scenario(&[(4013, GIB)], json!({}))).unwrap();
+    cuda.lock(4013, 0).unwrap();
+    assert_eq!(
+        cuda.state(p.pid()),
+        Ok(ProcessState::Checkpointed),
+        "kept while it lives"
+    );
+    assert_eq!(
+        kind(cuda.state(gone).map(|_| ())),
+        ErrorKind::NotACudaProcess
+    );
+    cuda.restore(p.pid()).unwrap();
+    cuda.unlock(p.pid()).unwrap();
+}
+
+#[test]
 fn a_restore_without_room_fails_and_keeps_the_checkpoint() {
     let (_g, s) = setup();
     s.write(&scenario(&[(4001, 6 * GIB)], json!({}))).unwrap();

@@ -83,7 +83,7 @@ pub fn checkpoint_ctx(fn_name: &str, pid: i32) -> Result<Ctx, u32> {
         .ok()
         .filter(|p| *p != 0)
         .ok_or(code::ERROR_INVALID_VALUE)?;
-    if !scenario.gpu_pids().contains(&pid) {
+    if !scenario.gpu_pids().contains(&pid) && !kept(&path, pid) {
         return Err(code::ERROR_INVALID_VALUE);
     }
     let knobs = scenario.cuda.process(pid);
@@ -107,13 +107,15 @@ impl Ctx {
     }
 
     /// Moves the pid from `from` to `to` atomically (ILLEGAL_STATE when it is not in `from`);
-    /// entries of pids the scenario no longer lists are dropped on the way.
+    /// entries of pids the scenario no longer lists and that no longer run are dropped on the
+    /// way.
     pub fn transition(&self, from: ProcessState, to: ProcessState) -> Result<(), u32> {
         let known = self.scenario.gpu_pids();
         statefile::update(
             &checkpoint::path_for(&self.path),
             |s: &mut CheckpointState| {
-                s.processes.retain(|pid, _| known.contains(pid));
+                s.processes
+                    .retain(|pid, _| known.contains(pid) || live(*pid));
                 if s.state(self.pid) != from {
                     return Err(code::ERROR_ILLEGAL_STATE);
                 }
@@ -135,6 +137,17 @@ impl Ctx {
             Err(code::ERROR_ILLEGAL_STATE)
         }
     }
+}
+
+/// Whether the driver keeps a state (not running) for `pid`, a live process the scenario no
+/// longer lists: a real driver keeps a process's checkpoint while the process lives.
+fn kept(path: &std::path::Path, pid: u32) -> bool {
+    live(pid) && checkpoint::read(path).is_ok_and(|s| s.state(pid) != ProcessState::Running)
+}
+
+/// Whether `/proc/<pid>` exists.
+fn live(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// `cuCheckpointProcessLock`: waits while the process cannot answer (its cgroup is frozen, it is
@@ -195,7 +208,7 @@ pub fn checkpoint(ctx: &Ctx) -> Result<(), u32> {
 
 /// `cuCheckpointProcessRestore`: needs `cuInit` in the caller (or `persistence_mode`), and room
 /// on every GPU the process used (CUDA_ERROR_OUT_OF_MEMORY otherwise, the process left
-/// CHECKPOINTED).
+/// CHECKPOINTED, or in `cuda.out_of_memory_state`).
 pub fn restore(ctx: &Ctx) -> Result<(), u32> {
     ctx.require(ProcessState::Checkpointed)?;
     if !INITIALIZED.load(Ordering::SeqCst) && !ctx.scenario.cuda.persistence_mode {
@@ -218,6 +231,9 @@ pub fn restore(ctx: &Ctx) -> Result<(), u32> {
     };
     for (index, bytes) in ctx.scenario.process_memory(ctx.pid) {
         if now.memory(index).free < bytes {
+            if let Some(to) = ctx.scenario.cuda.out_of_memory_state {
+                ctx.transition(ProcessState::Checkpointed, to)?;
+            }
             return Err(code::ERROR_OUT_OF_MEMORY);
         }
     }

@@ -164,6 +164,11 @@ pub struct CudaScenario {
     /// true: restore works without a `cuInit` in the calling process (persistence mode on).
     #[serde(default, skip_serializing_if = "is_false")]
     pub persistence_mode: bool,
+    /// The state a restore that runs out of GPU memory leaves the process in: `checkpointed`
+    /// (default, restorable later) or `failed` (driver 580.95, cuda-checkpoint#44: such a process
+    /// cannot be restored any more).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_of_memory_state: Option<ProcessState>,
     /// Exported function -> CUresult forced on every call of it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub fail: BTreeMap<CudaFunctionName, CuResult>,
@@ -281,6 +286,11 @@ impl CudaScenario {
         ] {
             check_delay(field, v)?;
         }
+        check_after(
+            "cuda.out_of_memory_state",
+            self.out_of_memory_state,
+            &[ProcessState::Checkpointed, ProcessState::Failed],
+        )?;
         for (pid, p) in &self.processes {
             if *pid == 0 || *pid > i32::MAX as u32 {
                 return Err(format!("cuda.processes.{pid}: not a valid pid"));

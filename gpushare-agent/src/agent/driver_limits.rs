@@ -2,7 +2,8 @@
 //! 13.4) take per-cgroup soft and hard limits through `nvmlDeviceSetMemoryLimits_v1` (backed by
 //! the kernel's `dmem` cgroup controller). Where the loaded NVML exports it, every workload under
 //! a quota also gets its quota as a driver limit on its root cgroup, on each GPU the quota covers:
-//! soft at the quota, hard at the quota plus its tolerance (capped at the GPU's memory). An
+//! a hard limit at the quota plus its tolerance (capped at the GPU's memory), and no soft limit (a
+//! soft limit is a reservation that outlives a deleted group, see [`crate::policy`]'s `limits`). An
 //! allocation past the hard limit then fails in the driver, before any sample could see it; the
 //! soft isolation (the ladder) still runs, for everything the driver does not cover (an all-GPU
 //! total, elastic borrowing, nodes without the function).
@@ -57,6 +58,9 @@ struct Record {
     cgroup: String,
     soft: u64,
     hard: u64,
+    /// The inode of the group it was set on (absent in records of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    inode: Option<u64>,
 }
 
 /// Sets and clears the driver's limits.
@@ -64,6 +68,15 @@ pub struct DriverLimiter {
     api: Option<DriverLimits>,
     v2_root: PathBuf,
     applied: Wanted,
+    /// The inode of the group each applied limit was set on: a group recreated at the same path
+    /// (another inode) has none of the old one's limit.
+    inodes: BTreeMap<(u32, String), u64>,
+    /// Limits someone else set (NVIDIA's container hook, an operator) on a group a quota wants
+    /// limited: (soft, hard) as the driver reports them; left as they are.
+    foreign: BTreeMap<(u32, String), (u64, u64)>,
+    /// Limits of ours set again at the next apply: their group's inode is not known (a record
+    /// written before the driver was asked, or by an older version).
+    reset: BTreeSet<(u32, String)>,
     in_force: BTreeSet<u32>,
     refused: BTreeMap<u32, String>,
     /// Where the limits are recorded (`None`: nowhere, e.g. in unit tests).
@@ -104,6 +117,9 @@ impl DriverLimiter {
             api,
             v2_root,
             applied: Wanted::new(),
+            inodes: BTreeMap::new(),
+            foreign: BTreeMap::new(),
+            reset: BTreeSet::new(),
             in_force: BTreeSet::new(),
             refused: BTreeMap::new(),
             record,
@@ -140,6 +156,7 @@ impl DriverLimiter {
         // An earlier run's limits, on the GPUs this sample shows, are taken as set by this one.
         let uuids = &self.uuids;
         let applied = &mut self.applied;
+        let inodes = &mut self.inodes;
         self.inherited.retain(|r| {
             let Some((&index, _)) = uuids.iter().find(|(_, u)| **u == r.gpu_uuid) else {
                 return true;
@@ -147,9 +164,45 @@ impl DriverLimiter {
             applied
                 .entry((index, r.cgroup.clone()))
                 .or_insert((r.soft, r.hard));
+            if let Some(inode) = r.inode {
+                inodes.entry((index, r.cgroup.clone())).or_insert(inode);
+            }
             false
         });
-        let changes = self.applied.iter().any(|(k, v)| wanted.get(k) != Some(v))
+        // A limit belongs to the group it was set on: a group recreated at its path (`docker
+        // restart`, a restart policy, `launch` reusing a name) is a new group, limited afresh
+        // (unless someone else limited it); one of ours whose group's inode is not known is set
+        // again.
+        let v2_root = &self.v2_root;
+        let (inodes, reset) = (&mut self.inodes, &mut self.reset);
+        self.applied.retain(|k, _| {
+            if !wanted.contains_key(k) {
+                return true;
+            }
+            let now = inode_of(&v2_root.join(k.1.trim_start_matches('/')));
+            match inodes.get(k) {
+                Some(i) if now == Some(*i) => true,
+                Some(_) => {
+                    inodes.remove(k);
+                    false
+                }
+                None => {
+                    reset.insert(k.clone());
+                    true
+                }
+            }
+        });
+        // Never change a limit the agent did not set: where a group already has one, the quota's
+        // is not set (and nothing is cleared there).
+        self.observe_foreign(sampler, wanted);
+        let wanted: Wanted = wanted
+            .iter()
+            .filter(|(k, _)| !self.foreign.contains_key(*k))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        let wanted = &wanted;
+        let changes = !self.reset.is_empty()
+            || self.applied.iter().any(|(k, v)| wanted.get(k) != Some(v))
             || wanted.iter().any(|(k, v)| self.applied.get(k) != Some(v));
         if !changes {
             return;
@@ -158,11 +211,57 @@ impl DriverLimiter {
         let mut intent = self.applied.clone();
         intent.extend(wanted.iter().map(|(k, v)| (k.clone(), *v)));
         self.persist(&intent);
+        crate::crash::point("limit-recorded");
         self.set_all(sampler, wanted);
+        crate::crash::point("limit-set");
         // What is set, and what is wanted but was refused (tried again; clearing it at the next
         // start would be harmless): unchanged while a refusal lasts, so not written every step.
         intent.retain(|k, _| wanted.contains_key(k) || self.applied.contains_key(k));
         self.persist(&intent);
+    }
+
+    /// Limits set by others: the driver's limits of each wanted group the agent has not set
+    /// itself (read again at every step, so one that goes is replaced by the quota's).
+    fn observe_foreign(&mut self, sampler: &NvmlSampler, wanted: &Wanted) {
+        let Some(api) = &self.api else {
+            return;
+        };
+        self.foreign.retain(|k, _| wanted.contains_key(k));
+        for key in wanted.keys().filter(|k| !self.applied.contains_key(*k)) {
+            let dir = self.v2_root.join(key.1.trim_start_matches('/'));
+            // SAFETY: the handle comes from the sampler's live session.
+            match sampler.with_device_handle(key.0, |dev| unsafe { api.get(dev, &dir) }) {
+                Some(Ok(Some(theirs))) => {
+                    if self.foreign.insert(key.clone(), theirs) != Some(theirs) {
+                        warn!(
+                            "{} has a driver limit on GPU {} the agent did not set (soft {}, hard \
+                             {}): left as it is, the quota's is not set there",
+                            key.1, key.0, theirs.0, theirs.1
+                        );
+                    }
+                }
+                _ => {
+                    self.foreign.remove(key);
+                }
+            }
+        }
+    }
+
+    /// The limits in force on groups of workloads under a quota: (GPU index, cgroup, soft,
+    /// hard, `agent` or `other`), the agent's first.
+    pub fn in_force(&self) -> Vec<(u32, String, u64, u64, &'static str)> {
+        let ours = self.applied.iter().map(|(k, v)| (k, v, "agent"));
+        let theirs = self.foreign.iter().map(|(k, v)| (k, v, "other"));
+        ours.chain(theirs)
+            .map(|((gpu, cgroup), &(soft, hard), source)| {
+                (*gpu, cgroup.clone(), soft, hard, source)
+            })
+            .collect()
+    }
+
+    /// Limits set by others on groups a quota wants limited: (GPU index, cgroup) -> (soft, hard).
+    pub fn foreign(&self) -> &BTreeMap<(u32, String), (u64, u64)> {
+        &self.foreign
     }
 
     fn set_all(&mut self, sampler: &NvmlSampler, wanted: &Wanted) {
@@ -192,9 +291,11 @@ impl DriverLimiter {
                 }
             }
             self.applied.remove(&key);
+            self.inodes.remove(&key);
         }
+        self.reset.retain(|k| wanted.contains_key(k));
         for (key, &(soft, hard)) in wanted {
-            if self.applied.get(key) == Some(&(soft, hard)) {
+            if self.applied.get(key) == Some(&(soft, hard)) && !self.reset.contains(key) {
                 continue;
             }
             let dir = self.v2_root.join(key.1.trim_start_matches('/'));
@@ -205,6 +306,11 @@ impl DriverLimiter {
                     self.in_force.insert(key.0);
                     self.refused.remove(&key.0);
                     self.applied.insert(key.clone(), (soft, hard));
+                    self.reset.remove(key);
+                    match inode_of(&dir) {
+                        Some(i) => self.inodes.insert(key.clone(), i),
+                        None => self.inodes.remove(key),
+                    };
                 }
                 Some(Err(rc)) => {
                     let why = format!(
@@ -229,6 +335,14 @@ impl DriverLimiter {
         }
     }
 
+    /// Clears every limit the records of this boot list (`thaw --all`, no agent running), on the
+    /// GPUs `devices` shows; returns how many.
+    pub fn clear_recorded(&mut self, sampler: &NvmlSampler, devices: &[DeviceSample]) -> usize {
+        let before = self.inherited.len();
+        self.apply(sampler, devices, &Wanted::new());
+        before - self.inherited.len()
+    }
+
     /// Clears every limit this agent set (SIGTERM), on the GPUs the samples showed.
     pub fn clear_all(&mut self, sampler: &NvmlSampler) {
         self.apply(sampler, &[], &Wanted::new());
@@ -248,6 +362,7 @@ impl DriverLimiter {
                     cgroup: cgroup.clone(),
                     soft,
                     hard,
+                    inode: self.inodes.get(&(*index, cgroup.clone())).copied(),
                 })
             })
             .collect();
@@ -276,6 +391,12 @@ impl DriverLimiter {
             }
         }
     }
+}
+
+/// The inode of the directory at `dir`, if it exists.
+fn inode_of(dir: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(dir).ok().map(|m| m.ino())
 }
 
 /// This boot's id (empty where it cannot be read).
@@ -325,6 +446,7 @@ mod tests {
                 cgroup: "/kubepods/pod1".into(),
                 soft: 1,
                 hard: 2,
+                inode: None,
             }],
         };
         std::fs::write(&path, serde_json::to_vec(&file).unwrap()).unwrap();

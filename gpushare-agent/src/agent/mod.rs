@@ -55,7 +55,13 @@ pub struct AgentOptions {
     pub dry_run: bool,
     /// On SIGTERM, leave frozen workloads frozen (the ledger keeps them for the next start).
     pub keep_frozen_on_exit: bool,
+    /// On SIGTERM, how long restores of suspended workloads may take in all.
+    pub shutdown_restore_budget: Duration,
 }
+
+/// The checkpoint speed assumed before this run has measured one, bytes per second: restores
+/// take "seconds per GPU" for large models (criu#2547); 1 GiB/s is a cautious figure.
+pub const ASSUMED_RESTORE_RATE: f64 = (1u64 << 30) as f64;
 
 /// The agent's state between steps.
 pub struct Agent {
@@ -75,6 +81,8 @@ pub struct Agent {
     pending_releases: Vec<String>,
     ready: bool,
     limiter: Option<DriverLimiter>,
+    /// The slowest suspend or resume of this run, bytes per second.
+    slowest_rate: Option<f64>,
 }
 
 /// What one step saw, for the decision and the report.
@@ -118,6 +126,7 @@ impl Agent {
             pending_releases: Vec::new(),
             ready: false,
             limiter: None,
+            slowest_rate: None,
         }
     }
 
@@ -221,10 +230,12 @@ impl Agent {
                 SuspendEnded::Suspended { bytes, took, .. } => {
                     self.metrics.suspend_duration.observe(took.as_secs_f64());
                     self.counters.suspended_bytes += bytes;
+                    self.measured(*bytes, *took);
                     (ActionKind::Suspend, ExecOutcome::Ok)
                 }
-                SuspendEnded::Resumed { took, .. } => {
+                SuspendEnded::Resumed { bytes, took, .. } => {
                     self.metrics.resume_duration.observe(took.as_secs_f64());
+                    self.measured(*bytes, *took);
                     (ActionKind::Resume, ExecOutcome::Ok)
                 }
                 SuspendEnded::Failed { .. } => (ActionKind::Suspend, ExecOutcome::Failed),
@@ -495,9 +506,20 @@ impl Agent {
         self.enforcer.set_checkpointer(cuda);
     }
 
-    /// On SIGTERM: thaws (and resumes) what the agent froze (and suspended), unless told to keep
-    /// it.
+    /// Keeps the slowest checkpoint speed seen (for the shutdown restore budget).
+    fn measured(&mut self, bytes: u64, took: Duration) {
+        if bytes > 0 && !took.is_zero() {
+            let rate = bytes as f64 / took.as_secs_f64();
+            self.slowest_rate = Some(self.slowest_rate.map_or(rate, |r| r.min(rate)));
+        }
+    }
+
+    /// On SIGTERM: thaws what the agent froze, unless told to keep it; a suspended workload is
+    /// restored only where its GPUs have room for it now and its restore fits in what is left of
+    /// the shutdown restore budget (estimated at the slowest checkpoint speed of this run), else
+    /// left suspended and recorded for the next agent.
     pub fn shutdown(&mut self) {
+        let t0 = Instant::now();
         self.enforcer.wait_jobs();
         if self.opts.keep_frozen_on_exit {
             let n = self.enforcer.records().len();
@@ -508,9 +530,58 @@ impl Agent {
             }
             return;
         }
-        let n = self.enforcer.thaw_all();
-        if n > 0 {
-            info!("thawed {n} workload(s) on shutdown");
+        let sample = self.sampler.sample();
+        // An elastic borrower the policy holds suspended comes back only with the reserve to
+        // spare, as the policy's own resume would.
+        let reserve = self.quotas.current().defaults().elastic_reserve;
+        let keep: BTreeMap<String, u64> = self
+            .policy
+            .workloads
+            .iter()
+            .filter(|(_, ws)| {
+                ws.suspended.is_some()
+                    && ws
+                        .scopes
+                        .values()
+                        .any(|s| s.mode == crate::quota::Mode::Elastic)
+            })
+            .map(|(k, _)| (k.clone(), reserve))
+            .collect();
+        let budget = self.opts.shutdown_restore_budget;
+        let rate = self.slowest_rate.unwrap_or(ASSUMED_RESTORE_RATE);
+        let done = self.enforcer.thaw_all(&mut |rec| {
+            let Some(sr) = rec.suspended.as_ref() else {
+                return Ok(());
+            };
+            let pids = sr.live_pids();
+            let reserve = keep.get(&rec.workload).copied().unwrap_or(0);
+            policy::resume_room_keeping(
+                &sr.per_gpu,
+                &sample,
+                |gpu| policy::listed_for(&sample, &pids, gpu),
+                reserve,
+            )
+            .map_err(|why| format!("no room to restore it: {why}"))?;
+            let bytes: u64 = sr.per_gpu.values().sum();
+            let estimate = Duration::from_secs_f64(bytes as f64 / rate);
+            let left = budget.saturating_sub(t0.elapsed());
+            if estimate > left {
+                return Err(format!(
+                    "its restore (about {estimate:.1?}) does not fit in the {left:.1?} left of the \
+                     shutdown restore budget (--shutdown-restore-budget {budget:?})"
+                ));
+            }
+            Ok(())
+        });
+        info!(
+            "on shutdown: {} thawed, {} resumed, {} left suspended, {} failed",
+            done.thawed.len(),
+            done.resumed.len(),
+            done.left_suspended.len(),
+            done.failed.len()
+        );
+        for (w, dir, why) in &done.failed {
+            warn!("on shutdown: {w} ({}): {why}", dir.display());
         }
         if let Some(l) = self.limiter.as_mut().filter(|_| !self.opts.dry_run) {
             l.clear_all(&self.sampler);
@@ -660,6 +731,11 @@ impl Agent {
                     )
                 })
                 .collect(),
+            driver_limits: self
+                .limiter
+                .as_ref()
+                .map(DriverLimiter::in_force)
+                .unwrap_or_default(),
         });
         if let Ok(mut w) = self.snapshot.write() {
             *w = Arc::new(snap);

@@ -1,7 +1,9 @@
 //! The freeze and thaw executors, over the cgroup files of [`super::freeze`]. A freeze is recorded
 //! in the ledger and marked on the group before it is requested; a group frozen by someone else
 //! (`docker pause`, an operator, a v1 freezer) is left to them; a thaw undoes only a freeze of
-//! ours, and resumes a suspended workload first. Neither waits: what the kernel has not applied
+//! ours, and never that of a suspended workload (a suspension is undone by a resume, which the
+//! policy issues once the GPU has room, on a worker thread; or, with no agent to come, by
+//! [`Enforcer::thaw_all`]'s restore where its judge allows). Neither waits: what the kernel has not applied
 //! yet is pending, read again by [`Enforcer::settle`]. The root group and any group containing
 //! the agent are never touched (`check_target`, also used by suspend and kill).
 
@@ -95,6 +97,7 @@ impl Enforcer {
                 warn!("not freezing {workload}: the freeze could not be recorded first ({e:#})");
                 return Outcome::Refused;
             }
+            crate::crash::point("freeze-recorded");
             if let Err(e) = marks::set(&dir, &Mark::of(&rec, &self.state_dir))
                 && self.marks_ok
             {
@@ -104,6 +107,7 @@ impl Enforcer {
                     dir.display()
                 );
             }
+            crate::crash::point("freeze-marked");
             #[cfg(debug_assertions)]
             test_pause("GPUSHARE_TEST_PAUSE_BEFORE_FREEZE");
         }
@@ -114,6 +118,7 @@ impl Enforcer {
             }
             return Outcome::Failed;
         }
+        crate::crash::point("freeze-applied");
         match freeze::state(&dir, freezer) {
             Ok(GroupState::Frozen) => {
                 self.pending.remove(&dir);
@@ -177,8 +182,16 @@ impl Enforcer {
         outcome
     }
 
-    /// Thaws the group of one record, if it is still ours (else forgets the record); a suspended
-    /// workload is resumed first, on this thread.
+    /// Whether the record is of a suspension whose processes still live: undone only by a
+    /// restore (a thaw alone would leave them blocked in CUDA calls, and forget them).
+    pub(super) fn holds_suspension(rec: &FreezeRecord) -> bool {
+        rec.suspended
+            .as_ref()
+            .is_some_and(|sr| !sr.live_pids().is_empty())
+    }
+
+    /// Thaws the group of one record, if it is still ours (else forgets the record). A suspended
+    /// workload is not thawed here (`refused`): it is resumed, once there is room.
     pub(super) fn thaw_record(&mut self, rec: &FreezeRecord, trigger: Instant) -> Outcome {
         let dir = &rec.cgroup_dir;
         if !self.ours(dir) {
@@ -186,32 +199,26 @@ impl Enforcer {
             self.forget(dir);
             return Outcome::Ok;
         }
-        if let Some(sr) = &rec.suspended {
-            // A suspended workload thawed without a restore would stay blocked in CUDA calls:
-            // resume it here (this thread waits; used on shutdown, `thaw --all`, and for a
-            // workload whose processes are gone).
-            let pids = sr.live_pids();
-            match &self.cuda {
-                Ok(cuda) if !pids.is_empty() => {
-                    if let suspend::JobResult::ResumeFailed { reason } =
-                        suspend::resume_now(cuda, dir, rec.freezer, &pids)
-                    {
-                        warn!("resuming {} failed: {reason}", rec.workload);
-                        return Outcome::Failed;
-                    }
-                }
-                Err(why) if !pids.is_empty() => warn!(
-                    "{}: its checkpointed processes cannot be restored ({why}); thawing only: \
-                     they stay blocked in CUDA calls until restored",
-                    rec.workload
-                ),
-                _ => {}
-            }
+        if Self::holds_suspension(rec) {
+            warn!(
+                "not thawing {}: it is suspended, and is resumed (restored, then thawed) once its \
+                 GPU has room for it",
+                rec.workload
+            );
+            return Outcome::Refused;
         }
+        self.thaw_group(rec, trigger)
+    }
+
+    /// Thaws the group of one record of ours, whatever it holds (a kill: its processes die
+    /// once thawed, checkpointed or not), and forgets it once the kernel shows it thawed.
+    pub(super) fn thaw_group(&mut self, rec: &FreezeRecord, trigger: Instant) -> Outcome {
+        let dir = &rec.cgroup_dir;
         if let Err(e) = freeze::request(dir, rec.freezer, false) {
             warn!("thawing {} failed: {e:#}", rec.workload);
             return Outcome::Failed;
         }
+        crate::crash::point("thaw-applied");
         match freeze::state(dir, rec.freezer) {
             Ok(GroupState::Thawed) => {
                 info!("thawed {} ({})", rec.workload, dir.display());
@@ -243,23 +250,92 @@ impl Enforcer {
         }
     }
 
-    /// Thaws everything the ledger lists (on SIGTERM). Returns how many were thawed.
-    pub fn thaw_all(&mut self) -> usize {
+    /// Undoes everything the ledger lists, for good (SIGTERM, `thaw --all`): freezes are thawed;
+    /// a suspension is restored on this thread (thaw, restore, unlock) only where `may_restore`
+    /// says so (room on its GPUs, a budget), and otherwise left suspended, frozen and recorded,
+    /// for the next agent or `thaw --all` to resume once there is room. A dry run undoes nothing.
+    pub fn thaw_all(
+        &mut self,
+        may_restore: &mut dyn FnMut(&FreezeRecord) -> Result<(), String>,
+    ) -> Unwound {
+        let mut done = Unwound::default();
         if self.dry_run {
-            return 0;
+            return done;
         }
-        let mut n = 0;
         for rec in self.records() {
-            match self.thaw_record(&rec, Instant::now()) {
-                Outcome::Ok => {
-                    n += 1;
-                    info!("thawed {} on shutdown", rec.workload);
+            let entry = (rec.workload.clone(), rec.cgroup_dir.clone());
+            if !self.ours(&rec.cgroup_dir) {
+                self.forget(&rec.cgroup_dir);
+                done.gone.push(entry);
+                continue;
+            }
+            if !Self::holds_suspension(&rec) {
+                match self.thaw_record(&rec, Instant::now()) {
+                    Outcome::Ok => done.thawed.push(entry),
+                    o => done.failed.push((
+                        entry.0,
+                        entry.1,
+                        format!(
+                            "{}: the kernel still reports it {:?}",
+                            o.as_str(),
+                            freeze::state(&rec.cgroup_dir, rec.freezer).ok()
+                        ),
+                    )),
                 }
-                o => warn!("thawing {} on shutdown: {}", rec.workload, o.as_str()),
+                continue;
+            }
+            let cuda = match &self.cuda {
+                Ok(c) => c.clone(),
+                Err(why) => {
+                    let why = format!("its processes cannot be restored without the driver: {why}");
+                    done.left_suspended.push((entry.0, entry.1, why));
+                    continue;
+                }
+            };
+            if let Err(why) = may_restore(&rec) {
+                done.left_suspended.push((entry.0, entry.1, why));
+                continue;
+            }
+            let targets: Vec<super::Target> = rec
+                .suspended
+                .iter()
+                .flat_map(|s| s.processes.iter().copied().map(super::Target::from))
+                .collect();
+            match suspend::resume_now(&cuda, &rec.cgroup_dir, rec.freezer, &targets) {
+                suspend::JobResult::ResumeFailed { reason } => {
+                    done.failed
+                        .push((entry.0, entry.1, format!("resume failed: {reason}")));
+                }
+                _ => {
+                    self.forget(&rec.cgroup_dir);
+                    done.resumed.push(entry);
+                }
             }
         }
-        n
+        for (w, dir, why) in &done.left_suspended {
+            warn!(
+                "left suspended {w} ({}): {why}; it stays frozen and recorded: the next agent \
+                 resumes it once there is room, or `gpushare-agent thaw --all` does",
+                dir.display()
+            );
+        }
+        done
     }
+}
+
+/// What [`Enforcer::thaw_all`] did: (workload, root group) of each, with why where not undone.
+#[derive(Debug, Default)]
+pub struct Unwound {
+    /// Groups thawed.
+    pub thawed: Vec<(String, std::path::PathBuf)>,
+    /// Suspended workloads restored and thawed.
+    pub resumed: Vec<(String, std::path::PathBuf)>,
+    /// Records of groups that no longer exist (or were recreated), forgotten.
+    pub gone: Vec<(String, std::path::PathBuf)>,
+    /// Suspended workloads left suspended (frozen, recorded), with why.
+    pub left_suspended: Vec<(String, std::path::PathBuf, String)>,
+    /// Groups that could not be thawed or resumed, with why.
+    pub failed: Vec<(String, std::path::PathBuf, String)>,
 }
 
 /// A test-only pause point (debug builds): sleeps while the file named by `var` exists, so a test

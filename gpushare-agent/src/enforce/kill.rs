@@ -105,10 +105,15 @@ impl Enforcer {
             };
         }
         let results = self.signal(workload, targets, libc::SIGKILL, To::Every);
-        // v1-frozen tasks only die once thawed.
+        // v1-frozen tasks only die once thawed (suspended or not: they are being killed).
         for rec in self.records_of(workload) {
-            if rec.freezer == Freezer::V1 {
-                self.thaw_record(&rec, Instant::now());
+            if rec.freezer != Freezer::V1 {
+                continue;
+            }
+            if self.ours(&rec.cgroup_dir) {
+                self.thaw_group(&rec, Instant::now());
+            } else {
+                self.forget(&rec.cgroup_dir);
             }
         }
         if results.iter().any(|(_, o)| *o == Outcome::Ok) {

@@ -59,9 +59,10 @@ use self::{
     lock::{LockError, StateLock},
 };
 pub use self::{
+    freezing::Unwound,
     kill::To,
     observe::Settled,
-    offline::{ThawAllReport, thaw_everything},
+    offline::{Room, ThawAllReport, thaw_everything},
     suspension::SuspendEnded,
 };
 use crate::{

@@ -1,31 +1,64 @@
 //! `gpushare-agent thaw --all`: undoes every freeze of a state directory without a running agent,
-//! through an [`Enforcer`] built by the same constructor as the agent's, and its thaw.
+//! through an [`Enforcer`] built by the same constructor as the agent's, and its
+//! [`Enforcer::thaw_all`]. A suspended workload is restored only where the GPU has room for it
+//! ([`crate::policy::resume_room`], judged on an NVML sample), or where the operator says
+//! [`Room::Ignore`] (`--restore-without-room`); every other one is named with its reason and
+//! stays suspended, frozen and recorded.
 
-use std::{
-    path::{Path, PathBuf},
-    sync::Arc,
-    time::Instant,
-};
+use std::{path::Path, sync::Arc};
 
 use anyhow::{Result, bail};
 use log::warn;
 
 use super::{
-    Enforcer, Outcome, freeze,
+    Enforcer,
+    freezing::Unwound,
     lock::{LockError, StateLock},
     open_ledger,
 };
-use crate::{attribution::cgroupfs, cuda::Checkpointer};
+use crate::{attribution::cgroupfs, cuda::Checkpointer, policy, sample::GpuSample};
 
 /// What `gpushare-agent thaw --all` did.
-#[derive(Debug, Default)]
-pub struct ThawAllReport {
-    /// Groups thawed (workload, directory).
-    pub thawed: Vec<(String, PathBuf)>,
-    /// Records of groups that no longer exist (forgotten).
-    pub gone: Vec<(String, PathBuf)>,
-    /// Groups that could not be thawed, with why.
-    pub failed: Vec<(String, PathBuf, String)>,
+pub type ThawAllReport = Unwound;
+
+/// How `thaw --all` judges whether a suspended workload may be restored.
+#[derive(Debug)]
+pub enum Room {
+    /// By the room on its GPUs in this NVML sample.
+    Sample(GpuSample),
+    /// It cannot be judged (no NVML), in words: nothing is restored.
+    Unknown(String),
+    /// Restore without looking (`--restore-without-room`): a restore that runs out of GPU memory
+    /// can leave the process unrestorable on some drivers (docs/suspend.md).
+    Ignore,
+}
+
+impl Room {
+    /// `Ok` when `rec`'s suspension may be restored now; else why not.
+    fn judge(&self, rec: &super::ledger::FreezeRecord) -> Result<(), String> {
+        let Some(sr) = rec.suspended.as_ref() else {
+            return Ok(());
+        };
+        match self {
+            Self::Ignore => Ok(()),
+            Self::Unknown(why) => Err(format!(
+                "the room on its GPUs cannot be judged ({why}); restore it without room only \
+                 with --restore-without-room"
+            )),
+            Self::Sample(sample) => {
+                let pids = sr.live_pids();
+                policy::resume_room(&sr.per_gpu, sample, |gpu| {
+                    policy::listed_for(sample, &pids, gpu)
+                })
+                .map_err(|why| {
+                    format!(
+                        "no room to restore it: {why}; run this again once there is room, or \
+                         restore it anyway with --restore-without-room"
+                    )
+                })
+            }
+        }
+    }
 }
 
 /// Undoes every freeze recorded in `state_dir`'s ledger or marked with it on the cgroups, without
@@ -36,31 +69,11 @@ pub fn thaw_everything(
     state_dir: &Path,
     force: bool,
     cuda: Result<Arc<Checkpointer>, String>,
+    room: &Room,
 ) -> Result<ThawAllReport> {
     let mut enforcer = Enforcer::offline(state_dir, force)?;
     enforcer.set_checkpointer(cuda);
-    let mut report = ThawAllReport::default();
-    for rec in enforcer.records() {
-        let entry = (rec.workload.clone(), rec.cgroup_dir.clone());
-        if !enforcer.ours(&rec.cgroup_dir) {
-            enforcer.forget(&rec.cgroup_dir);
-            report.gone.push(entry);
-            continue;
-        }
-        match enforcer.thaw_record(&rec, Instant::now()) {
-            Outcome::Ok => report.thawed.push(entry),
-            o => report.failed.push((
-                entry.0,
-                entry.1,
-                format!(
-                    "{}: the kernel still reports it {:?}",
-                    o.as_str(),
-                    freeze::state(&rec.cgroup_dir, rec.freezer).ok()
-                ),
-            )),
-        }
-    }
-    Ok(report)
+    Ok(enforcer.thaw_all(&mut |rec| room.judge(rec)))
 }
 
 impl Enforcer {

@@ -123,6 +123,7 @@ impl Enforcer {
             return;
         }
         let _ = marks::clear(dir);
+        crate::crash::point("forgotten");
         if let Some(l) = self.ledger.as_mut()
             && let Err(e) = l.remove(dir)
         {

@@ -4,7 +4,14 @@
 //! **Suspend**, in the only order a real driver tolerates: thaw the root group if an earlier step
 //! froze it (a frozen process cannot answer the lock), lock every GPU process of the workload
 //! (each with a timeout) while it runs, checkpoint each (its GPU memory moves to host memory and
-//! the GPU is released), then freeze the root group. Any failure is undone before the job ends:
+//! the GPU is released), then freeze the root group. A process the driver says has no CUDA state
+//! (an NVML client such as `nvidia-smi` or a metrics sidecar, a process still in its `cuInit`)
+//! holds no GPU memory to move: it is not locked, and the freeze of the root stops it; the
+//! workload is suspended when each of its CUDA processes is. Before each lock, checkpoint,
+//! restore and unlock the process's pidfd is checked (the one attribution holds since it verified
+//! the process, or one opened at the start of the job whose process had the recorded start
+//! time): a process that exited is skipped, and a pid is never acted on once it may name another
+//! process. Any failure is undone before the job ends:
 //! what was checkpointed is restored, what was locked is unlocked, and a group an earlier step had
 //! frozen is frozen again; the step then falls through with its cause. **Resume**: thaw, restore
 //! each checkpointed process, unlock each locked one; a failed restore (no room on the GPU) leaves
@@ -26,9 +33,38 @@ use log::{info, warn};
 
 use super::{Target, freeze, freeze::Freezer};
 use crate::{
+    attribution::{Pidfd, procinfo},
     cuda::{Checkpointer, CudaError, ErrorKind, ProcessState},
     policy::GroupState,
 };
+
+/// A process a job acts on, pinned by a pidfd: its pid names it while the pidfd has not exited.
+struct Pinned {
+    pid: u32,
+    fd: Pidfd,
+}
+
+impl Pinned {
+    /// The target pinned: by the pidfd attribution holds, or by one opened now whose process has
+    /// the recorded start time. `None`: gone, or the pid names another process now.
+    fn of(t: &Target) -> Option<Self> {
+        let pid = t.identity.pid;
+        let fd = match &t.pidfd {
+            Some(fd) => fd.clone(),
+            None => {
+                let fd = Pidfd::open(pid).ok()?;
+                // Checked after the open: the pidfd pins whatever had the pid then.
+                procinfo::is_same_process(t.identity).then_some(fd)?
+            }
+        };
+        (!fd.has_exited()).then_some(Self { pid, fd })
+    }
+
+    /// The check before each driver call: the process has not exited, so its pid is its own.
+    fn alive(&self) -> bool {
+        !self.fd.has_exited()
+    }
+}
 
 /// How long each process's lock may wait.
 pub const LOCK_TIMEOUT_MS: u32 = 5_000;
@@ -290,76 +326,110 @@ fn suspend(
             format!("cannot thaw it to lock its processes: {e}"),
         );
     }
-    let alive: Vec<&Target> = targets
-        .iter()
-        .filter(|t| t.pidfd.as_ref().is_none_or(|fd| !fd.has_exited()))
-        .collect();
-    let mut locked: Vec<u32> = Vec::new();
-    for t in &alive {
-        let pid = t.identity.pid;
-        if let Err(e) = cuda.lock(pid, LOCK_TIMEOUT_MS) {
-            undo(cuda, &[], &locked);
-            return fail(Cause::of(&e), format!("lock of pid {pid}: {e}"));
+    let pinned: Vec<Pinned> = targets.iter().filter_map(Pinned::of).collect();
+    let mut locked: Vec<&Pinned> = Vec::new();
+    let mut without_cuda: Vec<u32> = Vec::new();
+    for p in &pinned {
+        if !p.alive() {
+            continue;
         }
-        locked.push(pid);
-    }
-    let mut checkpointed: Vec<u32> = Vec::new();
-    for pid in locked.clone() {
-        if let Err(e) = cuda.checkpoint(pid) {
-            let still_locked: Vec<u32> = locked
-                .iter()
-                .copied()
-                .filter(|p| !checkpointed.contains(p))
-                .collect();
-            undo(cuda, &checkpointed, &still_locked);
-            return fail(Cause::of(&e), format!("checkpoint of pid {pid}: {e}"));
+        match cuda.lock(p.pid, LOCK_TIMEOUT_MS) {
+            Ok(()) => locked.push(p),
+            // Nothing of it on the GPU to move: the freeze of the root stops it.
+            Err(e) if e.kind() == ErrorKind::NotACudaProcess => without_cuda.push(p.pid),
+            Err(e) => {
+                undo(cuda, &[], &locked);
+                return fail(Cause::of(&e), format!("lock of pid {}: {e}", p.pid));
+            }
         }
-        checkpointed.push(pid);
     }
+    if locked.is_empty() {
+        return fail(
+            Cause::Error,
+            format!(
+                "none of its processes has CUDA state to checkpoint (pids {without_cuda:?}: \
+                 the driver says they have none)"
+            ),
+        );
+    }
+    if !without_cuda.is_empty() {
+        info!(
+            "pid(s) {without_cuda:?} of {} have no CUDA state: not locked; the freeze of the \
+             group stops them",
+            dir.display()
+        );
+    }
+    let mut checkpointed: Vec<&Pinned> = Vec::new();
+    for (i, &p) in locked.iter().enumerate() {
+        if !p.alive() {
+            continue; // exited while locked: its GPU memory is gone with it
+        }
+        if let Err(e) = cuda.checkpoint(p.pid) {
+            undo(cuda, &checkpointed, &locked[i..]);
+            return fail(Cause::of(&e), format!("checkpoint of pid {}: {e}", p.pid));
+        }
+        checkpointed.push(p);
+    }
+    crate::crash::point("suspend-checkpointed");
     if let Err(e) = settle(dir, freezer, true) {
         // The GPU memory is released already; the step observes the group and retries the freeze.
         warn!("suspended, but the freeze did not settle: {e}");
     }
+    crate::crash::point("suspend-frozen");
     JobResult::Suspended { took: t0.elapsed() }
 }
 
 /// Puts processes back as they were: restores and unlocks the checkpointed ones, unlocks the
 /// locked ones. Errors are logged: there is nothing else to fall back to.
-fn undo(cuda: &Checkpointer, checkpointed: &[u32], locked: &[u32]) {
-    for &pid in checkpointed {
-        if let Err(e) = cuda.restore(pid) {
-            warn!("undoing a failed suspend: restore of pid {pid}: {e}");
+fn undo(cuda: &Checkpointer, checkpointed: &[&Pinned], locked: &[&Pinned]) {
+    for p in checkpointed {
+        if p.alive()
+            && let Err(e) = cuda.restore(p.pid)
+        {
+            warn!("undoing a failed suspend: restore of pid {}: {e}", p.pid);
         }
-        if let Err(e) = cuda.unlock(pid) {
-            warn!("undoing a failed suspend: unlock of pid {pid}: {e}");
+        if p.alive()
+            && let Err(e) = cuda.unlock(p.pid)
+        {
+            warn!("undoing a failed suspend: unlock of pid {}: {e}", p.pid);
         }
     }
-    for &pid in locked {
-        if let Err(e) = cuda.unlock(pid) {
-            warn!("undoing a failed suspend: unlock of pid {pid}: {e}");
+    for p in locked {
+        if p.alive()
+            && let Err(e) = cuda.unlock(p.pid)
+        {
+            warn!("undoing a failed suspend: unlock of pid {}: {e}", p.pid);
         }
     }
 }
 
 /// Starts a resume of the workload whose root group is `dir` and whose suspended processes are
-/// `pids`.
+/// `targets`.
 pub fn start_resume(
     cuda: Arc<Checkpointer>,
     dir: PathBuf,
     freezer: Freezer,
-    pids: Vec<u32>,
+    targets: Vec<Target>,
     per_gpu: BTreeMap<u32, u64>,
 ) -> Job {
-    Job::start(true, per_gpu, move || resume(&cuda, &dir, freezer, &pids))
+    Job::start(true, per_gpu, move || {
+        resume(&cuda, &dir, freezer, &targets)
+    })
 }
 
-/// Resumes on the calling thread (shutdown, `thaw --all`).
-pub fn resume_now(cuda: &Checkpointer, dir: &Path, freezer: Freezer, pids: &[u32]) -> JobResult {
-    resume(cuda, dir, freezer, pids)
+/// Resumes on the calling thread (shutdown, `thaw --all`: no event loop waits on it).
+pub fn resume_now(
+    cuda: &Checkpointer,
+    dir: &Path,
+    freezer: Freezer,
+    targets: &[Target],
+) -> JobResult {
+    resume(cuda, dir, freezer, targets)
 }
 
-fn resume(cuda: &Checkpointer, dir: &Path, freezer: Freezer, pids: &[u32]) -> JobResult {
+fn resume(cuda: &Checkpointer, dir: &Path, freezer: Freezer, targets: &[Target]) -> JobResult {
     let t0 = Instant::now();
+    let pinned: Vec<Pinned> = targets.iter().filter_map(Pinned::of).collect();
     if dir.exists()
         && let Err(e) = settle(dir, freezer, false)
     {
@@ -367,15 +437,23 @@ fn resume(cuda: &Checkpointer, dir: &Path, freezer: Freezer, pids: &[u32]) -> Jo
             reason: format!("cannot thaw it: {e}"),
         };
     }
+    crate::crash::point("resume-thawed");
     let mut errors = Vec::new();
-    for &pid in pids {
+    for p in &pinned {
+        let pid = p.pid;
+        if !p.alive() {
+            continue; // exited: nothing to bring back
+        }
         match cuda.state(pid) {
             Ok(ProcessState::Checkpointed) => {
                 if let Err(e) = cuda.restore(pid) {
                     errors.push(format!("restore of pid {pid}: {e}"));
                     continue;
                 }
-                if let Err(e) = cuda.unlock(pid) {
+                crate::crash::point("resume-restored");
+                if p.alive()
+                    && let Err(e) = cuda.unlock(pid)
+                {
                     errors.push(format!("unlock of pid {pid}: {e}"));
                 }
             }
@@ -394,7 +472,7 @@ fn resume(cuda: &Checkpointer, dir: &Path, freezer: Freezer, pids: &[u32]) -> Jo
         info!(
             "resumed {} ({} process(es)) in {:?}",
             dir.display(),
-            pids.len(),
+            pinned.len(),
             t0.elapsed()
         );
         return JobResult::Resumed { took: t0.elapsed() };

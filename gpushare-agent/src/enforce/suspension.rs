@@ -36,6 +36,8 @@ pub enum SuspendEnded {
     Resumed {
         /// Workload key.
         workload: String,
+        /// GPU memory restored, bytes.
+        bytes: u64,
         /// How long it took.
         took: Duration,
     },
@@ -144,7 +146,9 @@ impl Enforcer {
                 format!("the suspension could not be recorded first ({e:#})"),
             );
         }
+        crate::crash::point("suspend-recorded");
         let _ = marks::set(&dir, &Mark::of(&rec, &self.state_dir));
+        crate::crash::point("suspend-marked");
         info!(
             "suspending {workload} ({}): {} of GPU memory to host memory: {reason}",
             dir.display(),
@@ -190,10 +194,15 @@ impl Enforcer {
             per_gpu: BTreeMap::new(),
             since_unix: 0,
         });
-        let pids = sr.live_pids();
+        let targets = sr.processes.iter().copied().map(Target::from).collect();
         info!("resuming {workload} ({})", rec.cgroup_dir.display());
-        let job =
-            suspend::start_resume(cuda, rec.cgroup_dir.clone(), rec.freezer, pids, sr.per_gpu);
+        let job = suspend::start_resume(
+            cuda,
+            rec.cgroup_dir.clone(),
+            rec.freezer,
+            targets,
+            sr.per_gpu,
+        );
         self.jobs.insert(workload.to_string(), job);
         Outcome::Pending
     }
@@ -249,10 +258,16 @@ impl Enforcer {
                     ended.push(SuspendEnded::Failed { workload });
                 }
                 JobResult::Resumed { took } => {
+                    crate::crash::point("resume-done");
                     if let Some(dir) = dir {
                         self.forget(&dir);
                     }
-                    ended.push(SuspendEnded::Resumed { workload, took });
+                    let bytes = job.per_gpu.values().sum();
+                    ended.push(SuspendEnded::Resumed {
+                        workload,
+                        bytes,
+                        took,
+                    });
                 }
                 JobResult::ResumeFailed { reason } => {
                     warn!("resume of {workload} failed: {reason}; it stays suspended");

@@ -103,11 +103,14 @@ pub fn probe_memory_limits(lib: Option<&Path>) -> Result<MemoryLimitsSupport, St
 }
 
 type SetFn = unsafe extern "C" fn(*mut std::ffi::c_void, *mut SetMemoryLimitsV1) -> i32;
+type GetFn = unsafe extern "C" fn(*mut std::ffi::c_void, *mut GetMemoryLimitsV1) -> i32;
 
-/// `nvmlDeviceSetMemoryLimits_v1`, loaded from the same library the sampler uses.
+/// `nvmlDeviceSetMemoryLimits_v1` (and `nvmlDeviceGetMemoryLimits_v1` where the library has it),
+/// loaded from the same library the sampler uses.
 pub struct DriverLimits {
     _lib: Library,
     set: SetFn,
+    get: Option<GetFn>,
 }
 
 impl DriverLimits {
@@ -118,7 +121,47 @@ impl DriverLimits {
         let handle = unsafe { Library::open(Some(&library), RTLD_LAZY | RTLD_LOCAL) }.ok()?;
         // SAFETY: the symbol has nvml.h's declaration (mirrored by `SetFn`).
         let set: SetFn = unsafe { *handle.get::<SetFn>(SET_SYMBOL.as_bytes()).ok()? };
-        Some(Self { _lib: handle, set })
+        // SAFETY: the symbol has nvml.h's declaration (mirrored by `GetFn`).
+        let get = unsafe { handle.get::<GetFn>(GET_SYMBOL.as_bytes()) }
+            .ok()
+            .map(|f| *f);
+        Some(Self {
+            _lib: handle,
+            set,
+            get,
+        })
+    }
+
+    /// The driver's limits of the cgroup at `dir` on `device`: (soft, hard), `None` when it has
+    /// none (NOT_FOUND, or the cleared values soft 0 and hard [`MEMORY_LIMIT_MAX`]), or the NVML
+    /// return code. A library without the getter answers NOT_SUPPORTED (3).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Self::set`].
+    pub unsafe fn get(
+        &self,
+        device: *mut std::ffi::c_void,
+        dir: &Path,
+    ) -> Result<Option<(u64, u64)>, i32> {
+        let Some(get) = self.get else {
+            return Err(3);
+        };
+        let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|_| 2)?;
+        let mut limits = GetMemoryLimitsV1 {
+            name_space: path.as_ptr(),
+            soft_limit: 0,
+            hard_limit: MEMORY_LIMIT_MAX,
+            current_used: 0,
+        };
+        // SAFETY: a device handle of this library's session, a valid struct whose string
+        // outlives the call.
+        match unsafe { get(device, &mut limits) } {
+            0 if limits.soft_limit == 0 && limits.hard_limit == MEMORY_LIMIT_MAX => Ok(None),
+            0 => Ok(Some((limits.soft_limit, limits.hard_limit))),
+            6 => Ok(None),
+            rc => Err(rc),
+        }
     }
 
     /// Sets the driver's limits of the cgroup at `dir` on `device`. Soft 0 and hard

@@ -31,6 +31,7 @@ pub(super) fn thaw_only(cx: &Cx, prev: Option<&WorkloadState>, o: &ObservedGroup
         suspended: None,
         suspend_failed: None,
         suspension: o.suspension.clone(),
+        waiting_for_room: None,
     }
 }
 
@@ -93,5 +94,6 @@ pub(super) fn adopt(
         suspended: suspend_scope,
         suspend_failed: None,
         suspension: o.suspension.clone(),
+        waiting_for_room: None,
     }
 }

@@ -1,9 +1,16 @@
 //! Driver limits as a policy output: every workload under a quota that the policy carries gets
 //! its quota as a driver limit on its root cgroup, on each GPU the quota covers (a GPU by index
-//! or UUID; for an all-GPU or per-GPU quota, the GPUs its processes are sampled on): soft at the
-//! quota, hard at the quota plus its tolerance, both capped at the GPU's memory, the lowest where
-//! two of its limits meet. The agent hands them to the driver (see
-//! [`crate::agent::driver_limits`]).
+//! or UUID; for an all-GPU or per-GPU quota, the GPUs its processes are sampled on): a hard limit
+//! at the quota plus its tolerance, capped at the GPU's memory, the lowest where two of its limits
+//! meet. The agent hands them to the driver (see [`crate::agent::driver_limits`]).
+//!
+//! **Hard limits only** (the soft limit is always 0). NVIDIA documents soft limits as
+//! reservations (the `dmem.min` of the group) that add up into every ancestor, and a leaf deleted
+//! without its soft limit zeroed first leaves the ancestors' reservation in place; container
+//! runtimes delete a container's cgroup before the agent can notice the container is gone, so a
+//! soft limit would leak a reservation until reboot. The ladder gives the soft behaviour (grace,
+//! alert, freeze, suspend) above the quota; the hard limit stops an allocation past the
+//! tolerance.
 
 use std::collections::BTreeSet;
 
@@ -43,10 +50,9 @@ pub(super) fn of_workload(
         };
         for d in devices {
             let Some(total) = total(d) else { continue };
-            let soft = l.bytes.min(total);
             let hard = threshold(l).min(total);
-            let e = limits.entry(d).or_insert((soft, hard));
-            *e = (e.0.min(soft), e.1.min(hard));
+            let e = limits.entry(d).or_insert((0, hard));
+            e.1 = e.1.min(hard);
         }
     }
     limits

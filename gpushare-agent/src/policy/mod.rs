@@ -34,6 +34,7 @@ mod plan;
 mod pressure;
 mod reconcile;
 mod report;
+mod room;
 mod state;
 mod usage;
 mod workload;
@@ -50,6 +51,7 @@ pub use self::{
     outcome::{Action, ActionKind, Decision, DriverLimits, Stats, WantedLimits, wanted_limits},
     reconcile::{RETRY_BASE, RETRY_MAX},
     report::{Report, fold_reports},
+    room::{listed_for, resume_room, resume_room_keeping},
     state::{Killing, PolicyState, Retry, ScopeState, Status, WorkloadState},
 };
 use crate::{attribution::ProcessIdentity, quota::ResolvedQuota};

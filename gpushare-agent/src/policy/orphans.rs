@@ -12,7 +12,7 @@ use super::{
     Cx, Out, Step,
     adopt::thaw_only,
     input::{GpuScope, GroupState},
-    reconcile::reconcile,
+    workload::unwind,
 };
 
 /// Thaws (or, on bad data, keeps frozen) what the agent froze of workloads without processes.
@@ -58,7 +58,7 @@ pub(super) fn decide(step: &Step, out: &mut Out) {
         } else {
             "it has no GPU processes left; thawing its cgroup so nothing stays frozen".to_string()
         };
-        if let Some(ws) = reconcile(&cx, ws, Some(o), None, &why, &mut out.actions) {
+        if let Some(ws) = unwind(&cx, ws, o, &why, &mut out.actions) {
             out.next.workloads.insert(key.to_string(), ws);
         }
     }

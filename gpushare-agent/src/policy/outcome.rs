@@ -122,8 +122,8 @@ pub struct Decision {
     /// Counts.
     pub stats: Stats,
     /// The driver limits each workload under a quota should have, by workload key (its quota
-    /// on each GPU the quota covers: soft at the quota, hard at the quota plus its tolerance,
-    /// both capped at the GPU's memory); `None` in a dry run or observe only (set and clear
+    /// on each GPU the quota covers: hard at the quota plus its tolerance, capped at the GPU's
+    /// memory; soft 0, hard limits only); `None` in a dry run or observe only (set and clear
     /// nothing).
     pub driver_limits: Option<BTreeMap<String, DriverLimits>>,
 }

@@ -82,6 +82,7 @@ pub(super) fn reconcile_suspension(
     ws.suspension = observed
         .and_then(|o| o.suspension.clone())
         .filter(|s| !matches!(s, Suspension::Failed { .. }));
+    ws.waiting_for_room = None;
     let due = |ws: &WorkloadState, kind: ActionKind| {
         ws.retry
             .filter(|r| r.transition == kind)
@@ -99,20 +100,14 @@ pub(super) fn reconcile_suspension(
             true
         }
         (Some(Suspension::Suspended { per_gpu }), None) => {
-            // A restore without room on the GPU fails and can leave the process unrestorable on
-            // real drivers (cuda-checkpoint#44): wait until every GPU has room for its share. What
-            // NVML already lists for it is its own memory back (a resume that restored but could
-            // not unlock): that much needs no room again.
-            let room = per_gpu.iter().all(|(dev, bytes)| {
-                let back = cx.dev_usage.get(dev).map_or(0, |u| u.listed);
-                cx.input
-                    .sample
-                    .devices
-                    .iter()
-                    .find(|d| d.index == *dev)
-                    .is_some_and(|d| d.memory_free.saturating_add(back) >= *bytes)
+            // The one resume rule (`room`): not before every GPU has room for its share.
+            let room = super::room::resume_room(per_gpu, cx.input.sample, |dev| {
+                cx.dev_usage.get(&dev).map_or(0, |u| u.listed)
             });
-            if room && due(ws, ActionKind::Resume) {
+            if let Err(why) = &room {
+                ws.waiting_for_room = Some(why.clone());
+            }
+            if room.is_ok() && due(ws, ActionKind::Resume) {
                 let scope = observed
                     .and_then(|o| o.frozen_by)
                     .unwrap_or(super::GpuScope::All);

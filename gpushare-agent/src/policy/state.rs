@@ -149,6 +149,8 @@ pub struct WorkloadState {
     pub suspend_failed: Option<String>,
     /// Its suspension as observed at this step.
     pub suspension: Option<Suspension>,
+    /// Suspended and no longer held so, but not resumed: why the GPU cannot hold it yet.
+    pub waiting_for_room: Option<String>,
 }
 
 impl WorkloadState {

@@ -1279,6 +1279,48 @@ fn a_suspended_workload_is_never_resumed_onto_a_gpu_without_room_for_it() {
 }
 
 #[test]
+fn a_suspended_workload_no_longer_liable_waits_for_room_and_is_resumed_not_thawed() {
+    // Quota removed, or no GPU process left to attribute: either way it is no longer held, and
+    // comes back by the one resume rule.
+    for gone in ["quota", "processes"] {
+        let mut sim = suspended_at_10s();
+        sim.gpus[0].1 = GIB;
+        if gone == "quota" {
+            sim.quotas = QuotaSet::parse("", "q.toml").unwrap();
+        } else {
+            sim.procs.clear();
+        }
+        for t in 11..15 {
+            let r = sim.at(t * 1000, &[]);
+            assert!(
+                r.is_empty(),
+                "{gone}: no thaw, no restore without room: {r:?}"
+            );
+        }
+        let ws = &sim.state.workloads[&key('a')];
+        assert_eq!(ws.reported(false), Status::Suspended, "{gone}");
+        assert_eq!(
+            ws.waiting_for_room.as_deref(),
+            Some("GPU 0 has 1.0 GiB free, its restore needs 3.0 GiB"),
+            "{gone}"
+        );
+        sim.gpus[0].1 = 3 * GIB;
+        let r = sim.at(15_000, &[]);
+        assert_eq!(kinds(&r), vec![ActionKind::Resume], "{gone}");
+        let why = if gone == "quota" {
+            "resumed because no quota covers it"
+        } else {
+            "no GPU processes left"
+        };
+        assert_reason(&r[0], why);
+        assert!(
+            sim.state.workloads[&key('a')].waiting_for_room.is_none(),
+            "{gone}"
+        );
+    }
+}
+
+#[test]
 fn a_resume_that_restored_but_failed_to_unlock_is_retried_though_its_memory_is_back_on_the_gpu() {
     let mut sim = suspended_at_10s();
     // Released; 3 GiB free for its 3 GiB: resumed. The worker restores the process (its memory

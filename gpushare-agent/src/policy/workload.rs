@@ -40,7 +40,7 @@ pub(super) fn decide(step: &Step, key: &str, plan: &Plan, out: &mut Out) {
                     format!("thawed because {why}")
                 };
                 let ws = thaw_only(&cx, prev_ws.as_ref(), o);
-                if let Some(ws) = reconcile(&cx, ws, Some(o), None, &why, &mut out.actions) {
+                if let Some(ws) = unwind(&cx, ws, o, &why, &mut out.actions) {
                     let quota = out
                         .driver_limits
                         .is_some()
@@ -99,6 +99,24 @@ pub(super) fn decide(step: &Step, key: &str, plan: &Plan, out: &mut Out) {
     }
 }
 
+/// Undoes what the agent did to a workload it no longer holds (excluded, or without processes):
+/// a suspension is resumed by the one resume rule (once there is room, off the event loop, see
+/// [`reconcile_suspension`]); a freeze is thawed. Returns the state to carry.
+pub(super) fn unwind(
+    cx: &Cx,
+    mut ws: WorkloadState,
+    o: &ObservedGroup,
+    why: &str,
+    actions: &mut Vec<super::Action>,
+) -> Option<WorkloadState> {
+    if reconcile_suspension(cx, &mut ws, Some(o), None, why, actions) {
+        ws.observed = Some(o.state);
+        ws.ours = o.ours;
+        return Some(ws);
+    }
+    reconcile(cx, ws, Some(o), None, why, actions)
+}
+
 /// The previous state to go on from: none when the group it is about is gone or was replaced,
 /// or the workload was released.
 fn afresh(
@@ -144,6 +162,7 @@ fn carried(
         suspended: prev.and_then(|p| p.suspended),
         suspend_failed: prev.and_then(|p| p.suspend_failed.clone()),
         suspension: None,
+        waiting_for_room: None,
     }
 }
 

@@ -2,8 +2,10 @@
 //! One target (one link step), one module per area.
 
 mod attribution;
+mod crash_points;
 mod dashboards;
 mod docker;
+mod driver_limits;
 mod enforce;
 mod enforce_loop;
 mod faults;
@@ -14,6 +16,7 @@ mod ledger;
 mod nvml;
 mod prometheus;
 mod suspend;
+mod suspend_room;
 mod tenant;
 mod util;
 mod utilization;

@@ -13,11 +13,11 @@ use crate::util::{
 };
 use crate::util::{group, needs_root, sleeping};
 
-const GIB: u64 = 1 << 30;
-const WAIT: Duration = Duration::from_secs(20);
+pub(crate) const GIB: u64 = 1 << 30;
+pub(crate) const WAIT: Duration = Duration::from_secs(20);
 
 /// One 80 GiB GPU with `procs` (pid, bytes), a driver with the checkpoint API, and `cuda`.
-fn scenario(procs: &[(u32, u64)], cuda: Value) -> Value {
+pub(crate) fn scenario(procs: &[(u32, u64)], cuda: Value) -> Value {
     scenario_on(procs, cuda, 12080)
 }
 
@@ -33,7 +33,7 @@ fn scenario_on(procs: &[(u32, u64)], cuda: Value, driver: u32) -> Value {
     })
 }
 
-fn cuda_args() -> Vec<String> {
+pub(crate) fn cuda_args() -> Vec<String> {
     vec!["--cuda-lib".into(), fake_cuda_lib().display().to_string()]
 }
 
@@ -44,7 +44,7 @@ fn start(sc: &Scenario, quotas: &str) -> AgentProcess {
 }
 
 /// The mock driver's state of `pid` (`running` when it keeps none).
-fn cuda_state(sc: &Scenario, pid: u32) -> String {
+pub(crate) fn cuda_state(sc: &Scenario, pid: u32) -> String {
     std::fs::read_to_string(sc.dir().join("cuda-state.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<Value>(&t).ok())
@@ -52,7 +52,7 @@ fn cuda_state(sc: &Scenario, pid: u32) -> String {
         .unwrap_or_else(|| "running".into())
 }
 
-fn used_on_gpu(agent: &AgentProcess) -> u64 {
+pub(crate) fn used_on_gpu(agent: &AgentProcess) -> u64 {
     agent
         .state()
         .and_then(|s| s.gpus.first().map(|g| g.memory_used_bytes))
@@ -65,7 +65,8 @@ fn lists(agent: &AgentProcess, pid: u32) -> bool {
         .is_some_and(|s| s.processes.iter().any(|p| p.pid == pid))
 }
 
-const SUSPEND: &str = "[defaults]\ngrace = \"0s\"\nladder = [ { action = \"suspend\" } ]\n";
+pub(crate) const SUSPEND: &str =
+    "[defaults]\ngrace = \"0s\"\nladder = [ { action = \"suspend\" } ]\n";
 
 #[test]
 fn a_workload_over_quota_is_suspended_its_gpu_memory_freed_and_a_release_brings_it_back() {
@@ -445,15 +446,20 @@ fn a_workload_an_earlier_step_froze_is_thawed_locked_checkpointed_and_frozen_aga
 }
 
 /// The mock NVML's record of the driver limits: (soft, hard) of the cgroup `dir` on GPU `uuid`.
-fn driver_limit(sc: &Scenario, uuid: &str, dir: &Path) -> Option<(u64, u64)> {
+pub(crate) fn driver_limit(sc: &Scenario, uuid: &str, dir: &Path) -> Option<(u64, u64)> {
     let text = std::fs::read_to_string(sc.dir().join("memory-limits.json")).ok()?;
     let v: Value = serde_json::from_str(&text).ok()?;
     let e = &v["devices"][uuid][dir.to_str()?];
     Some((e["soft"].as_u64()?, e["hard"].as_u64()?))
 }
 
-/// Waits until the soft driver limit of `cg` on GPU-susp is `want` (`None`: no limit).
-fn wait_driver_limit(sc: &Scenario, cg: &TestCgroup, want: Option<u64>, agent: &AgentProcess) {
+/// Waits until the hard driver limit of `cg` on GPU-susp is `want` (`None`: no limit).
+pub(crate) fn wait_driver_limit(
+    sc: &Scenario,
+    cg: &TestCgroup,
+    want: Option<u64>,
+    agent: &AgentProcess,
+) {
     wait_until(
         WAIT,
         || {
@@ -464,7 +470,7 @@ fn wait_driver_limit(sc: &Scenario, cg: &TestCgroup, want: Option<u64>, agent: &
                 agent.log()
             )
         },
-        || driver_limit(sc, "GPU-susp", cg.dir()).map(|(soft, _)| soft) == want,
+        || driver_limit(sc, "GPU-susp", cg.dir()).map(|(_, hard)| hard) == want,
     );
 }
 
@@ -494,12 +500,12 @@ fn where_the_driver_takes_per_cgroup_limits_each_quota_is_also_a_driver_limit_on
     });
     assert_eq!(
         driver_limit(&sc, "GPU-susp", cg.dir()),
-        Some((2 * GIB, 2 * GIB + (512 << 20))),
-        "soft at the quota, hard at quota + tolerance, on the workload's root (not its leaf)"
+        Some((0, 2 * GIB + (512 << 20))),
+        "no soft limit (a reservation), hard at quota + tolerance, on the workload's root (not its leaf)"
     );
-    let (soft, _) = driver_limit(&sc, "GPU-susp", all.dir())
+    let (soft, hard) = driver_limit(&sc, "GPU-susp", all.dir())
         .expect("a quota on all GPUs is a driver limit on each GPU the workload uses");
-    assert_eq!(soft, 3 * GIB);
+    assert_eq!((soft, hard), (0, 3 * GIB));
     let metrics = agent.get("/metrics").1;
     assert!(
         metrics.contains("backend=\"driver_limits\"} 1"),
@@ -541,7 +547,7 @@ fn driver_limits_a_sigkilled_agent_left_are_cleared_at_the_next_start_when_no_lo
     // A crash: nothing is cleared. While the agent is down, one quota goes and one is raised.
     agent.sigkill();
     assert_eq!(
-        driver_limit(&sc, "GPU-susp", gone.dir()).map(|l| l.0),
+        driver_limit(&sc, "GPU-susp", gone.dir()).map(|l| l.1),
         Some(2 * GIB)
     );
     agent.write_quotas(&quotas(4, false));

@@ -110,6 +110,27 @@ impl AgentProcess {
         self
     }
 
+    /// Sets the agent's environment variables (from its next start) to `envs`.
+    pub fn set_envs(&mut self, envs: &[(&str, &str)]) {
+        self.envs = envs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    }
+
+    /// Waits until the agent's process has ended on its own (a crash point), up to `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if !self.is_running() {
+                self.child = None;
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
     /// Starts it and waits until it is ready. Where the tests run as root the agent must be in
     /// eBPF mode, unless the test asked for `--no-ebpf`: a silent fallback to `/proc` would let
     /// tests of attribution, ioctls and allocation events pass without the kernel programs.

@@ -139,7 +139,12 @@ fn a_gpu_without_utilization_support_shows_no_series_not_zeros() {
     let agent = AgentProcess::start_in(
         agent_dir(&quotas),
         &sc,
-        &["--no-ebpf", "--process-metrics", "--compat", "hami,volcano,dcgm"],
+        &[
+            "--no-ebpf",
+            "--process-metrics",
+            "--compat",
+            "hami,volcano,dcgm",
+        ],
         "200ms",
     );
     let s = agent.wait_for(WAIT, |s| {

@@ -78,7 +78,41 @@ pub unsafe extern "C" fn nvmlDeviceSetMemoryLimits_v1(
         }
         let uuid = d.uuid.clone();
         let clear = l.soft_limit == 0 && l.hard_limit == DEVICE_MEMORY_LIMIT_MAX;
+        let inode = {
+            use std::os::unix::fs::MetadataExt as _;
+            std::fs::metadata(&path).map(|m| m.ino()).unwrap_or(0)
+        };
+        let ancestors: Vec<String> = match v2_mount() {
+            Some(mount) => Path::new(&path)
+                .ancestors()
+                .skip(1)
+                .filter(|a| a.starts_with(&mount))
+                .map(|a| a.display().to_string())
+                .collect(),
+            None => Vec::new(),
+        };
         statefile::update(&limits_file(s), |m: &mut MemoryLimits| {
+            // The soft limit this very group reserved so far (none if the group at the path is
+            // a new one: the deleted group's reservation stays where it was).
+            let same_group = m.inodes.get(&path) == Some(&inode);
+            let before = m
+                .devices
+                .get(&uuid)
+                .and_then(|d| d.get(&path))
+                .filter(|_| same_group)
+                .map_or(0, |l| l.soft);
+            let reserved = m.reserved.entry(uuid.clone()).or_default();
+            for a in &ancestors {
+                let r = reserved.entry(a.clone()).or_default();
+                *r = r.saturating_sub(before).saturating_add(l.soft_limit);
+                if *r == 0 {
+                    reserved.remove(a);
+                }
+            }
+            if reserved.is_empty() {
+                m.reserved.remove(&uuid);
+            }
+            m.inodes.insert(path.clone(), inode);
             let per_device = m.devices.entry(uuid.clone()).or_default();
             if clear {
                 per_device.remove(&path);
@@ -111,6 +145,14 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryLimits_v1(
         let path = unsafe { cgroup_path(l.name_space) }?;
         let d = &s.scenario.devices[index];
         let all: MemoryLimits = statefile::read(&limits_file(s)).map_err(unknown)?;
+        // A group recreated at the path (another inode) has none of the deleted one's limit.
+        let inode = {
+            use std::os::unix::fs::MetadataExt as _;
+            std::fs::metadata(&path).map(|m| m.ino()).unwrap_or(0)
+        };
+        if all.inodes.get(&path).is_some_and(|i| *i != inode) {
+            return Err(codes::ERROR_NOT_FOUND);
+        }
         let limit = all
             .devices
             .get(&d.uuid)

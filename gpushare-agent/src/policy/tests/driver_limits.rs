@@ -24,8 +24,8 @@ fn each_gpu_its_processes_use_gets_the_lowest_limit_with_its_tolerance() {
     sim.at(0, &[(10, 0, Some(GIB)), (10, 1, Some(GIB))]);
     let path = sim.state.workloads[&key('a')].cgroup_path.clone();
     let want: WantedLimits = [
-        ((0, path.clone()), (2 * GIB, 2 * GIB + 64 * MIB)),
-        ((1, path), (3 * GIB, 3 * GIB + 64 * MIB)),
+        ((0, path.clone()), (0, 2 * GIB + 64 * MIB)),
+        ((1, path), (0, 3 * GIB + 64 * MIB)),
     ]
     .into();
     assert_eq!(wanted(&sim), Some(want));
@@ -37,8 +37,8 @@ fn a_limit_is_capped_at_the_gpus_memory_and_only_on_gpus_in_use() {
     sim.at(0, &[(10, 1, Some(GIB))]);
     let path = sim.state.workloads[&key('a')].cgroup_path.clone();
     let want: WantedLimits = [
-        ((0, path.clone()), (2 * GIB, 2 * GIB + 64 * MIB)),
-        ((1, path), (TOTAL, TOTAL)),
+        ((0, path.clone()), (0, 2 * GIB + 64 * MIB)),
+        ((1, path), (0, TOTAL)),
     ]
     .into();
     assert_eq!(wanted(&sim), Some(want));
@@ -110,6 +110,6 @@ fn a_gpu_named_by_uuid_is_limited_there_capped_at_its_own_memory() {
     );
     let per = d.driver_limits.as_ref().unwrap();
     let path = d.state.workloads[&key('a')].cgroup_path.clone();
-    let want: WantedLimits = [((1, path), (50 * GIB, 50 * GIB))].into();
+    let want: WantedLimits = [((1, path), (0, 50 * GIB))].into();
     assert_eq!(wanted_limits(per, &d.state), want);
 }

@@ -46,6 +46,7 @@ fn ws(scopes: &[(GpuScope, Status)]) -> WorkloadState {
         suspended: None,
         suspend_failed: None,
         suspension: None,
+        waiting_for_room: None,
     }
 }
 
