@@ -165,3 +165,16 @@ fn a_workload_whose_suspend_runs_stays_in_the_state_though_no_liability_is_left(
     assert!(sim.at(1000, &[]).is_empty());
     assert_eq!(reported(&sim, 'a'), "suspending");
 }
+
+#[test]
+fn a_suspend_the_worker_never_reported_on_is_issued_again_after_the_backoff() {
+    let over = [(10, 0, Some(3 * GIB))];
+    let mut sim = Sim::a(&suspend_at_once('a', ""));
+    // The kernel shows no suspension, running or done, and no failure: the job was lost.
+    sim.kernel_applies = false;
+    assert_eq!(sim.at(0, &over)[0].kind, ActionKind::Suspend);
+    assert!(sim.at(500, &over).is_empty(), "not before the backoff");
+    let again = sim.at(1000, &over);
+    assert_eq!(kinds(&again), vec![ActionKind::Suspend]);
+    assert_eq!(again[0].attempt, 2);
+}
