@@ -444,14 +444,15 @@ fn opens_a_tenant_keeps_blocked_do_not_hide_a_new_gpu_task() {
         .spawn()
         .expect("unshare runs");
     // The readers go with the test, passed or failed.
-    struct KillGroup(i32);
+    struct KillGroup(std::process::Child);
     impl Drop for KillGroup {
         fn drop(&mut self) {
             // SAFETY: kill(2) on the tenant's own process group.
-            unsafe { libc::kill(-self.0, libc::SIGKILL) };
+            unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+            let _ = self.0.wait();
         }
     }
-    let _kill = KillGroup(tenant.id() as i32);
+    let _kill = KillGroup(tenant);
     let deadline = Instant::now() + Duration::from_secs(60);
     while !ready.exists() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
