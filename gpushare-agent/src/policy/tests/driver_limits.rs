@@ -113,3 +113,20 @@ fn a_gpu_named_by_uuid_is_limited_there_capped_at_its_own_memory() {
     let want: WantedLimits = [((1, path), (0, 50 * GIB))].into();
     assert_eq!(wanted_limits(per, &d.state), want);
 }
+
+#[test]
+fn a_pid_listed_for_two_workloads_places_limits_for_the_last_one_only() {
+    // Pid 10 was a's, and is now b's (the input lists the older process first): the GPU it is
+    // sampled on counts for b's limits, not a's.
+    let toml = format!("{}{}", quota_for('a', ""), quota_for('b', ""));
+    let procs = vec![attributed(10, &docker('a')), attributed(10, &docker('b'))];
+    let mut sim = Sim::new(&toml, procs);
+    sim.at(0, &[(10, 1, Some(GIB))]);
+    let d = sim.last.as_ref().unwrap().driver_limits.clone().unwrap();
+    let gpus = |c: char| {
+        d.get(&key(c))
+            .map(|l| l.keys().copied().collect::<Vec<u32>>())
+    };
+    assert_eq!(gpus('b'), Some(vec![1]), "{d:?}");
+    assert!(gpus('a').is_none_or(|g| g.is_empty()), "{d:?}");
+}
