@@ -541,3 +541,49 @@ pub fn cgroup_quota(cg: &gpushare_testkit::TestCgroup, size: &str) -> String {
         cg.rel_path()
     )
 }
+
+/// A group at `rel` below the v2 root (outside the test parent: a runtime's place), removed on
+/// drop, and its parents that the test made and left empty too.
+pub struct PlacedGroup {
+    cg: Option<gpushare_testkit::TestCgroup>,
+    made: Vec<std::path::PathBuf>,
+}
+
+impl PlacedGroup {
+    pub fn create(rel: &str) -> Self {
+        let root = gpushare_testkit::cgroup::v2_root().unwrap();
+        let mut made = Vec::new();
+        let mut dir = root.clone();
+        let comps: Vec<&str> = rel.split('/').filter(|c| !c.is_empty()).collect();
+        for c in &comps[..comps.len() - 1] {
+            dir = dir.join(c);
+            if !dir.exists() {
+                made.push(dir.clone());
+            }
+        }
+        Self {
+            cg: Some(gpushare_testkit::TestCgroup::create_at(&root, rel).unwrap()),
+            made,
+        }
+    }
+
+    pub fn cg(&self) -> &gpushare_testkit::TestCgroup {
+        self.cg.as_ref().unwrap()
+    }
+}
+
+impl Drop for PlacedGroup {
+    fn drop(&mut self) {
+        drop(self.cg.take());
+        for dir in self.made.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+impl std::ops::Deref for PlacedGroup {
+    type Target = gpushare_testkit::TestCgroup;
+    fn deref(&self) -> &gpushare_testkit::TestCgroup {
+        self.cg()
+    }
+}
