@@ -123,25 +123,20 @@ impl RuntimeRecords {
 fn record_verdict(roots: &SpecRoots, runtime: Runtime, cid: &str, root: &str) -> (Verdict, u64) {
     let mut reads = 0;
     for (kind, path) in spec_candidates(roots, runtime, cid) {
+        let file = match kind {
+            SpecKind::DockerConfig => match path.parent() {
+                Some(dir) => dir.join("hostconfig.json"),
+                None => continue,
+            },
+            SpecKind::OciBundle => path,
+        };
+        let Some(bytes) = read_small(&file) else {
+            continue;
+        };
+        reads += 1;
         let wanted = match kind {
-            SpecKind::DockerConfig => {
-                let Some(dir) = path.parent() else { continue };
-                reads += 1;
-                match read_small(&dir.join("hostconfig.json")) {
-                    Some(bytes) => docker_cgroups(&bytes, cid),
-                    None => continue,
-                }
-            }
-            SpecKind::OciBundle => {
-                if !path.is_file() {
-                    continue;
-                }
-                reads += 1;
-                match read_small(&path) {
-                    Some(bytes) => oci_cgroup(&bytes),
-                    None => continue,
-                }
-            }
+            SpecKind::DockerConfig => docker_cgroups(&bytes, cid),
+            SpecKind::OciBundle => oci_cgroup(&bytes),
         };
         let Some(wanted) = wanted else { continue };
         let verdict = if wanted.iter().any(|w| w == root) {

@@ -129,7 +129,7 @@ fn a_pod_shaped_group_in_a_tenants_unit_takes_no_protection_or_quota_from_the_po
     let t = sleeping(&forged);
     let unit_name = unit.rel_path().rsplit('/').next().unwrap().to_string();
     let quotas = format!(
-        "{FREEZE}protect = [\"pod://{uid}\"]\n\
+        "protect = [\"pod://{uid}\"]\n{FREEZE}\
          \n[[quota]]\npod_uid = \"{uid}\"\ngpu_memory = \"64GiB\"\n\
          \n[[quota]]\nunit = \"{unit_name}\"\ngpu_memory = \"2GiB\"\n"
     );

@@ -543,16 +543,19 @@ pub fn cgroup_quota(cg: &gpushare_testkit::TestCgroup, size: &str) -> String {
 }
 
 /// A group at `rel` below the v2 root (outside the test parent: a runtime's place), removed on
-/// drop, and its parents that the test made and left empty too.
+/// drop; the parents the test process made for such groups go when the last group in them does.
 pub struct PlacedGroup {
     cg: Option<gpushare_testkit::TestCgroup>,
-    made: Vec<std::path::PathBuf>,
 }
+
+/// Parents made for [`PlacedGroup`]s by this test process (removed once empty).
+static PLACED_PARENTS: std::sync::Mutex<Vec<std::path::PathBuf>> =
+    std::sync::Mutex::new(Vec::new());
 
 impl PlacedGroup {
     pub fn create(rel: &str) -> Self {
         let root = gpushare_testkit::cgroup::v2_root().unwrap();
-        let mut made = Vec::new();
+        let mut made = PLACED_PARENTS.lock().unwrap();
         let mut dir = root.clone();
         let comps: Vec<&str> = rel.split('/').filter(|c| !c.is_empty()).collect();
         for c in &comps[..comps.len() - 1] {
@@ -563,7 +566,6 @@ impl PlacedGroup {
         }
         Self {
             cg: Some(gpushare_testkit::TestCgroup::create_at(&root, rel).unwrap()),
-            made,
         }
     }
 
@@ -575,9 +577,10 @@ impl PlacedGroup {
 impl Drop for PlacedGroup {
     fn drop(&mut self) {
         drop(self.cg.take());
-        for dir in self.made.iter().rev() {
-            let _ = std::fs::remove_dir(dir);
-        }
+        let mut made = PLACED_PARENTS.lock().unwrap_or_else(|e| e.into_inner());
+        // Deepest first; a parent still holding another test's group stays (for now).
+        made.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        made.retain(|dir| std::fs::remove_dir(dir).is_err() && dir.exists());
     }
 }
 
