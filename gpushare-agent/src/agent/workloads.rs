@@ -555,4 +555,43 @@ mod tests {
             format!("docker://{ID}")
         );
     }
+
+    /// `status` says what an identity rests on and which containers are nested in a workload.
+    #[test]
+    fn status_notes_degraded_and_conflicting_identities_and_nested_containers() {
+        use crate::snapshot::{Snapshot, WorkloadView};
+        let row = |key: &str, identity: &str, nested: &[&str]| WorkloadView {
+            workload: key.into(),
+            gpu_uuid: "GPU-0".into(),
+            state: "ok".into(),
+            identity: identity.into(),
+            nested: nested.iter().map(|s| s.to_string()).collect(),
+            ..WorkloadView::default()
+        };
+        let snap = Snapshot {
+            workloads: vec![
+                row(&format!("docker://{ID}"), "degraded", &[]),
+                row("cgroup:///docker/x", "conflict", &[]),
+                row("unit:///u.service", "", &["/u.service/docker/x"]),
+                row("pod://p", "runtime", &[]),
+            ],
+            ..Snapshot::default()
+        };
+        let out = crate::status::render_status(&snap);
+        assert!(
+            out.contains(&format!("note: docker://{ID}: identity degraded")),
+            "{out}"
+        );
+        assert!(
+            out.contains("note: cgroup:///docker/x: identity conflict"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "nested: /u.service/docker/x (part of unit:///u.service, under its quota)"
+            ),
+            "{out}"
+        );
+        assert!(!out.contains("note: pod://p"), "{out}");
+    }
 }
