@@ -681,6 +681,10 @@ mod tests {
         assert_eq!(parse_cgroup_path("/a/.scope").kind, WorkloadKind::Cgroup);
         assert_eq!(parse_cgroup_path("/a/b.scope").key(), "unit:///a/b.scope");
         assert!(parse_cgroup_path("/").is_host());
+        assert_eq!(w.to_string(), w.key());
+        let pod = parse_cgroup_path(&format!("/kubepods/pod{UID}"));
+        assert_eq!(pod.pod_uid(), Some(UID));
+        assert_eq!(pod.container_id(), None);
     }
 
     /// A container- or pod-shaped name away from its runtime's place is a group a tenant made:

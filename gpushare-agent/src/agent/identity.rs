@@ -72,6 +72,7 @@ pub struct RuntimeRecords {
     roots: SpecRoots,
     cache: HashMap<(String, String), (Verdict, Instant)>,
     reads: u64,
+    retry: Duration,
 }
 
 impl RuntimeRecords {
@@ -81,7 +82,14 @@ impl RuntimeRecords {
             roots,
             cache: HashMap::new(),
             reads: 0,
+            retry: RETRY,
         }
+    }
+
+    /// Looks a workload without a confirming record up again after `retry` (tests).
+    pub fn with_retry(mut self, retry: Duration) -> Self {
+        self.retry = retry;
+        self
     }
 
     /// Record files read so far (for tests: a cached verdict costs none).
@@ -102,7 +110,7 @@ impl RuntimeRecords {
         };
         let k = (id.key(), id.cgroup_path.clone());
         if let Some((v, at)) = self.cache.get(&k)
-            && (*v == Verdict::Confirmed || at.elapsed() < RETRY)
+            && (*v == Verdict::Confirmed || at.elapsed() < self.retry)
         {
             return Some(v.clone());
         }
@@ -402,6 +410,60 @@ mod tests {
         records.retain(&HashSet::new());
         records.check(&docker);
         assert_eq!(records.reads(), 2);
+    }
+
+    #[test]
+    fn a_confirmed_record_is_kept_and_a_missing_one_looked_up_again() {
+        let r = Roots::new();
+        let dir = format!("docker/containers/{ID}");
+        r.write(&format!("{dir}/config.v2.json"), "{}");
+        let docker = parse_cgroup_path(&format!("/docker/{ID}"));
+        let mut records = RuntimeRecords::new(r.spec_roots()).with_retry(Duration::ZERO);
+        assert_eq!(records.check(&docker), Some(Verdict::NoRecord));
+        // The record appears (the runtime's state mounted late): found at the next look-up.
+        r.write(&format!("{dir}/hostconfig.json"), r#"{"CgroupParent":""}"#);
+        assert_eq!(records.check(&docker), Some(Verdict::Confirmed));
+        assert_eq!(records.reads(), 1);
+        // Confirmed: kept, not read again.
+        r.write(
+            &format!("{dir}/hostconfig.json"),
+            r#"{"CgroupParent":"/ci"}"#,
+        );
+        assert_eq!(records.check(&docker), Some(Verdict::Confirmed));
+        assert_eq!(records.reads(), 1);
+    }
+
+    #[test]
+    fn a_record_over_the_size_limit_or_not_a_file_is_not_read() {
+        let docker = parse_cgroup_path(&format!("/docker/{ID}"));
+        let record = |bytes: usize| {
+            let r = Roots::new();
+            r.write(&format!("docker/containers/{ID}/config.v2.json"), "{}");
+            let mut text = r#"{"CgroupParent":""}"#.to_string();
+            text.push_str(&" ".repeat(bytes - text.len()));
+            r.write(&format!("docker/containers/{ID}/hostconfig.json"), &text);
+            RuntimeRecords::new(r.spec_roots()).check(&docker)
+        };
+        let max = MAX_CONFIG_BYTES as usize;
+        assert_eq!(record(max), Some(Verdict::Confirmed), "at the limit: read");
+        assert_eq!(
+            record(max + 1),
+            Some(Verdict::NoRecord),
+            "past it: not read"
+        );
+        let r = Roots::new();
+        r.write(&format!("docker/containers/{ID}/config.v2.json"), "{}");
+        std::fs::create_dir_all(
+            r.dir
+                .path()
+                .join(format!("docker/containers/{ID}/hostconfig.json")),
+        )
+        .unwrap();
+        assert_eq!(
+            RuntimeRecords::new(r.spec_roots()).check(&docker),
+            Some(Verdict::NoRecord),
+            "a directory is no record"
+        );
     }
 
     #[test]
