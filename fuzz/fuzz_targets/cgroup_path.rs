@@ -8,7 +8,7 @@
 use gpushare_agent::{
     quota::WorkloadMeta,
     sys::{mountinfo, proc_cgroup},
-    workload::{WorkloadKind, parse_cgroup_path},
+    workload::{WorkloadKind, nested_container, parse_cgroup_path},
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -79,7 +79,7 @@ fn check_path(path: &str) {
                 "{w:?}"
             );
             assert_eq!(p.rsplit('/').next(), Some(unit.as_str()), "{w:?}");
-            assert_eq!(key, format!("unit://{unit}"));
+            assert_eq!(key, format!("unit://{p}"));
             assert_eq!(&short, unit);
         }
         WorkloadKind::Cgroup => {
@@ -92,6 +92,10 @@ fn check_path(path: &str) {
     // (` /a / ` -> `/a `), which the parser trims.
     if p.trim_end() == p {
         assert_eq!(parse_cgroup_path(p), w, "{path:?}");
+    }
+    // A nested container is below the root, on the way to the path.
+    if let Some(n) = nested_container(path, p) {
+        assert!(n.starts_with(p.as_str()) && n.len() > p.len(), "{path:?} -> {n:?}");
     }
     // Matching code paths reachable from a cgroup path alone.
     let meta = WorkloadMeta::new(w);

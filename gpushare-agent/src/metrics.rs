@@ -304,6 +304,21 @@ impl Collector for SnapshotCollector {
         )?;
         gauge(
             &mut e,
+            "gpushare_workload_identity",
+            "What a container's or pod's identity rests on, 1 per workload row: identity=runtime (its \
+             runtime's record names its group), degraded (its runtime's place alone), conflict \
+             (two groups claimed it; a plain cgroup now)",
+            snap.workloads
+                .iter()
+                .filter(|w| !w.identity.is_empty())
+                .map(|w| {
+                    let mut l = workload_labels(w);
+                    l.push(("identity", w.identity.clone()));
+                    (l, 1.0)
+                }),
+        )?;
+        gauge(
+            &mut e,
             "gpushare_workload_isolation_state",
             "Isolation state of a workload: one series per state, 1 for the current one",
             snap.workloads.iter().flat_map(|w| {
@@ -432,6 +447,15 @@ impl Collector for SnapshotCollector {
                     .collect::<std::collections::BTreeSet<_>>()
                     .len() as f64,
             )],
+        )?;
+        counter(
+            &mut e,
+            "gpushare_workload_identity_events",
+            "Workload-identity events: two groups claiming one container or pod identity \
+             (conflict), a container's runtime record naming another group (record_mismatch)",
+            c.workload_identity
+                .iter()
+                .map(|(k, v)| (vec![("kind", k.clone())], *v)),
         )?;
         counter(
             &mut e,

@@ -175,6 +175,15 @@ pub struct WorkloadView {
     /// The same for the memory controller.
     #[serde(default)]
     pub memory_utilization: Option<f64>,
+    /// What its identity rests on: `runtime` (its runtime's record names its group), `degraded`
+    /// (its runtime's place alone: no record could be read), `conflict` (two groups claimed one
+    /// identity; this is a plain cgroup now); empty for units and plain cgroups.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub identity: String,
+    /// Groups below its root named like containers or pods (nested containers: part of this
+    /// workload, under its quota).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nested: Vec<String>,
     /// Processes of the workload on that GPU.
     pub pids: Vec<u32>,
     /// ioctls of the workload's GPU tasks.
@@ -251,12 +260,26 @@ pub struct Counters {
     /// it says.
     #[serde(default)]
     pub env_quota_unit_mismatch: BTreeMap<String, String>,
+    /// Workload-identity events: `conflict` (two roots claimed one container or pod identity),
+    /// `record_mismatch` (a container's runtime record names another group).
+    #[serde(default)]
+    pub workload_identity: BTreeMap<String, u64>,
     /// Suspend steps that fell through, by reason.
     #[serde(default)]
     pub suspend_fallthroughs: BTreeMap<String, u64>,
     /// GPU memory moved off the GPU by suspends since the agent started, bytes.
     #[serde(default)]
     pub suspended_bytes_total: u64,
+}
+
+/// What a workload's identity rests on and the containers nested in it, as the agent found them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IdentityNote {
+    /// `runtime`, `degraded`, `conflict`, or empty (a unit or a plain cgroup claims no runtime
+    /// identity).
+    pub identity: &'static str,
+    /// Groups below the root shaped like containers or pods: part of this workload.
+    pub nested: Vec<String>,
 }
 
 /// What one step observed and decided, borrowed for [`Publisher::build`].
@@ -273,6 +296,8 @@ pub struct StepReport<'a> {
     pub names: &'a NameCache,
     /// How far each workload's quota source is trusted (`file`, `runtime_spec`, `init_environ`).
     pub quota_trust: &'a HashMap<String, &'static str>,
+    /// What each workload's identity rests on, and its nested containers.
+    pub identity: &'a HashMap<String, IdentityNote>,
     /// Health: readiness and degraded modes.
     pub health: Health,
     /// Monotonic totals kept by the agent (this builder adds the ioctl totals).
@@ -425,6 +450,7 @@ impl Publisher {
             .collect();
         let view = |key: &str, gpu: String| -> WorkloadView {
             let meta = metas.get(key);
+            let note = r.identity.get(key);
             let id = meta.map(|m| &m.id);
             let names = r.names.cached(key).cloned().unwrap_or_default();
             WorkloadView {
@@ -442,6 +468,8 @@ impl Publisher {
                 container_id: id.and_then(|i| i.container_id()).unwrap_or("").to_string(),
                 gpu_uuid: gpu,
                 state: "ok".into(),
+                identity: note.map_or("", |n| n.identity).to_string(),
+                nested: note.map(|n| n.nested.clone()).unwrap_or_default(),
                 ..Default::default()
             }
         };
@@ -612,6 +640,7 @@ mod tests {
             policy: &PolicyState::default(),
             names: &NameCache::default(),
             quota_trust: &HashMap::new(),
+            identity: &HashMap::new(),
             health: Health::default(),
             counters: Counters::default(),
             quotas: Vec::new(),

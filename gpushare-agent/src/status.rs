@@ -149,11 +149,38 @@ pub fn render_status(snap: &Snapshot) -> String {
     }
     let mut noted = std::collections::BTreeSet::new();
     for w in &snap.workloads {
-        if w.quota_trust == "init_environ" && noted.insert(&w.workload) {
+        if !noted.insert(&w.workload) {
+            continue;
+        }
+        if w.quota_trust == "init_environ" {
             let _ = writeln!(
                 out,
                 "  note: {}: environment quota read from its init process (no runtime spec found): lower trust",
                 shown(&w.workload)
+            );
+        }
+        match w.identity.as_str() {
+            "degraded" => {
+                let _ = writeln!(
+                    out,
+                    "  note: {}: identity degraded: taken from its runtime's place alone (no runtime record could be read)",
+                    w.workload
+                );
+            }
+            "conflict" => {
+                let _ = writeln!(
+                    out,
+                    "  note: {}: identity conflict: another group claims the same container or pod; only quotas naming its path apply",
+                    w.workload
+                );
+            }
+            _ => {}
+        }
+        for n in &w.nested {
+            let _ = writeln!(
+                out,
+                "  nested: {n} (part of {}, under its quota)",
+                w.workload
             );
         }
     }

@@ -275,7 +275,7 @@ fn states(metrics: &str) -> BTreeMap<String, String> {
 }
 
 fn key(name: &str) -> String {
-    format!("unit://{name}.scope")
+    format!("unit:///gpushare.slice/{name}.scope")
 }
 
 impl Demo {

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use log::info;
 
+use super::workloads::IdentityEvent;
 use crate::{
     enforce::Outcome as ExecOutcome,
     policy::{ActionKind, Report, Stats},
@@ -49,6 +50,8 @@ pub struct Counters {
     fallthroughs: BTreeMap<String, u64>,
     /// GPU memory moved off the GPU by suspends, bytes.
     pub suspended_bytes: u64,
+    /// Workload-identity conflicts and record mismatches.
+    identity: BTreeMap<IdentityEvent, u64>,
 }
 
 impl Counters {
@@ -62,6 +65,12 @@ impl Counters {
             Some((_, _, n)) => *n += 1,
             None => self.actions.push((kind, result, 1)),
         }
+    }
+
+    /// A workload-identity event (two roots claiming one identity, a record naming another
+    /// group).
+    pub fn identity(&mut self, event: IdentityEvent) {
+        *self.identity.entry(event).or_default() += 1;
     }
 
     /// What one step's decision counted, and the suspends refused at once in it.
@@ -104,6 +113,11 @@ impl Counters {
             .map(|(k, n)| (k.as_str().to_string(), *n))
             .collect();
         into.suspend_fallthroughs = self.fallthroughs.clone();
+        into.workload_identity = self
+            .identity
+            .iter()
+            .map(|(k, n)| (k.as_str().to_string(), *n))
+            .collect();
         into.suspended_bytes_total = self.suspended_bytes;
     }
 }
@@ -139,8 +153,18 @@ mod tests {
         };
         c.step(&stats, &[refused]);
         c.suspended_bytes = 7;
+        c.identity(IdentityEvent::Conflict);
+        c.identity(IdentityEvent::Mismatch);
+        c.identity(IdentityEvent::Conflict);
         let mut s = snapshot::Counters::default();
         c.render(&mut s);
+        assert_eq!(
+            s.workload_identity.into_iter().collect::<Vec<_>>(),
+            vec![
+                ("conflict".to_string(), 2),
+                ("record_mismatch".to_string(), 1)
+            ]
+        );
         let pairs = |m: &BTreeMap<String, u64>| -> Vec<(String, u64)> {
             m.iter().map(|(k, v)| (k.clone(), *v)).collect()
         };

@@ -20,6 +20,7 @@
 pub mod counters;
 pub mod driver_limits;
 pub mod env_quotas;
+pub mod identity;
 pub mod quota_store;
 pub mod workloads;
 
@@ -107,7 +108,7 @@ impl Agent {
         snapshot: SharedSnapshot,
         opts: AgentOptions,
     ) -> Self {
-        Self {
+        let mut agent = Self {
             tracker,
             sampler,
             quotas,
@@ -127,6 +128,23 @@ impl Agent {
             ready: false,
             limiter: None,
             slowest_rate: None,
+        };
+        agent.take_over_earlier_keys();
+        agent
+    }
+
+    /// Freezes and suspensions an earlier version recorded under keys that changed (a unit by
+    /// its name, a container nested in a unit: now the unit, by its path) are taken over under
+    /// the key their group has now, so they are adopted, not thawed as workloads that vanished.
+    fn take_over_earlier_keys(&mut self) {
+        let (workloads, quotas) = (&self.workloads, self.quotas.current());
+        let n = self.enforcer.rekey(|rec, path| {
+            let k = rec.workload.as_str();
+            (!k.starts_with("cgroup://") && k != "host")
+                .then(|| workloads.key_of_group(path, quotas))
+        });
+        if n > 0 {
+            info!("took over {n} freeze(s) recorded under an earlier version's workload keys");
         }
     }
 
@@ -342,6 +360,9 @@ impl Agent {
         let processes =
             self.workloads
                 .attribute(self.tracker.table().tasks(), self.quotas.current(), &gpus);
+        for e in self.workloads.take_events() {
+            self.counters.identity(e);
+        }
         let wanted: Vec<(String, String)> = self
             .policy
             .workloads
@@ -716,6 +737,7 @@ impl Agent {
             policy: &self.policy,
             names: self.workloads.names(),
             quota_trust: self.workloads.quota_trust(),
+            identity: self.workloads.identity_notes(),
             health: self.health(&obs.sample),
             counters,
             quotas,

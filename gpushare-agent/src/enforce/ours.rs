@@ -102,6 +102,38 @@ impl Enforcer {
         }
     }
 
+    /// Takes over records made under a key other than the one `key_of` gives their group now
+    /// (an earlier version's keys: a unit by its name, a container nested in a unit): each is
+    /// rewritten under the new key, on disk and on its mark, never thawed. `key_of` gets the
+    /// record and its group's path; `None` keeps the record as it is. Returns how many changed.
+    pub fn rekey(&mut self, key_of: impl Fn(&FreezeRecord, &str) -> Option<String>) -> usize {
+        let mut changed = 0;
+        for mut rec in self.records() {
+            let rel = self.rel_of(&rec.cgroup_dir);
+            let Some(new) = key_of(&rec, &rel).filter(|k| *k != rec.workload) else {
+                continue;
+            };
+            info!(
+                "{}: frozen by an earlier version as {}; taken over as {new}",
+                rec.cgroup_dir.display(),
+                rec.workload
+            );
+            rec.workload = new;
+            changed += 1;
+            let dir = rec.cgroup_dir.clone();
+            let mark = Mark::of(&rec, &self.state_dir);
+            if let Some(l) = self.ledger.as_mut()
+                && let Err(e) = l.record(rec)
+            {
+                warn!("{e:#}");
+            }
+            if !self.dry_run && marks::read(&dir).is_some() {
+                let _ = marks::set(&dir, &mark);
+            }
+        }
+        changed
+    }
+
     /// Whether the group at `dir` is one the agent froze: recorded, and the same directory (inode)
     /// as when it was recorded.
     pub(super) fn ours(&self, dir: &Path) -> bool {

@@ -16,9 +16,10 @@
 //! coexists with pod entries.
 //!
 //! Cgroup globs match the cgroup path; `*` stays within one path component, `**` crosses them.
-//! `protect` patterns are globs over workload keys (`unit://sshd.service`, `docker://3f2a*`,
-//! `cgroup:///system.slice/*.service`, where `*` crosses `/`), matched against the workload's key, its
-//! `cgroup://<path>` form and, in a pod, `pod://<uid>`.
+//! `protect` patterns are globs over workload keys (`unit:///system.slice/sshd.service`,
+//! `docker://3f2a*`, `cgroup:///system.slice/*.service`, where `*` crosses `/`), matched against the
+//! workload's key, its `cgroup://<path>` form, in a pod `pod://<uid>`, and for a unit
+//! `unit://<name>` (`unit://sshd.service`, the unit key before keys carried the path).
 
 use globset::{Glob, GlobBuilder, GlobMatcher};
 
@@ -48,7 +49,7 @@ impl WorkloadMeta {
         }
     }
 
-    /// The workload key (`docker://<id>`, `unit://<name>`, ...).
+    /// The workload key (`docker://<id>`, `unit://<path>`, ...).
     pub fn key(&self) -> String {
         self.id.key()
     }
@@ -270,7 +271,9 @@ pub const KEY_SCHEMES: [&str; 8] = [
 pub struct ProtectPattern(pub PathGlob);
 
 impl ProtectPattern {
-    /// Whether the pattern covers the workload (by key, `cgroup://<path>` or `pod://<uid>`).
+    /// Whether the pattern covers the workload (by key, `cgroup://<path>`, `pod://<uid>`, or a
+    /// unit's `unit://<name>`: the unit key of earlier versions, so a `protect` list written for
+    /// them keeps protecting every unit of that name).
     pub fn matches(&self, w: &WorkloadMeta) -> bool {
         let glob = &self.0;
         glob.is_match(&w.key())
@@ -278,6 +281,8 @@ impl ProtectPattern {
             || w.id
                 .pod_uid()
                 .is_some_and(|uid| glob.is_match(&format!("pod://{uid}")))
+            || matches!(&w.id.kind, WorkloadKind::SystemdUnit { unit }
+                if glob.is_match(&format!("unit://{unit}")))
     }
 }
 
@@ -412,7 +417,12 @@ pub(super) mod tests {
         assert!(!p("docker://*").matches(&w));
         let unit = WorkloadMeta::new(parse_cgroup_path("/system.slice/sshd.service"));
         assert!(p("unit://sshd.service").matches(&unit));
+        assert!(p("unit:///system.slice/sshd.service").matches(&unit));
         assert!(p("cgroup:///system.slice/*").matches(&unit));
         assert!(!p("unit://ssh.service").matches(&unit));
+        assert!(!p("unit:///other.slice/sshd.service").matches(&unit));
+        // The unit's name form is for units only: a plain cgroup of that name is not a unit.
+        let plain = WorkloadMeta::new(parse_cgroup_path("/jobs/sshd"));
+        assert!(!p("unit://sshd").matches(&plain));
     }
 }

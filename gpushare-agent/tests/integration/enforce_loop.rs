@@ -165,8 +165,9 @@ fn a_unit_whose_gpu_process_lives_in_a_child_cgroup_is_frozen_at_the_units_root(
         agent.log()
     );
     assert!(worker.is_frozen());
-    let s = agent.wait_state(&format!("unit://{unit}"), "frozen");
-    let row = workload(&s, &format!("unit://{unit}"), "all").unwrap();
+    let key = format!("unit://{}", root.rel_path());
+    let s = agent.wait_state(&key, "frozen");
+    let row = workload(&s, &key, "all").unwrap();
     assert_eq!(row.cgroup_path, root.rel_path(), "the workload is its root");
     assert!(main.pid() > 0);
 }

@@ -7,7 +7,7 @@ use gpushare_testkit::{TestCgroup, nvml::Scenario, unique};
 use serde_json::json;
 
 use crate::util::{AgentProcess, cgroup_quota, counter_value, key, usr1_recorder, workload};
-use crate::util::{group, needs_root};
+use crate::util::{PlacedGroup, group, needs_root};
 
 const GIB: u64 = 1 << 30;
 const FAST: &str = r#"
@@ -63,9 +63,10 @@ fn scenario(procs: &[(u32, u64)]) -> serde_json::Value {
     json!({ "devices": [{ "uuid": "GPU-iso", "name": "NVIDIA Fake", "memory_total": 80 * GIB, "compute_processes": list }] })
 }
 
-/// A test group named like a containerd container's scope (`cri-containerd-<64 hex>.scope`), so
-/// the agent sees a container (`containerd://<id>`) with no runtime spec on disk.
-fn container_cgroup() -> TestCgroup {
+/// A test group named like a containerd container's scope (`cri-containerd-<64 hex>.scope`) at
+/// containerd's place (`/system.slice`), so the agent sees a container (`containerd://<id>`) with
+/// no runtime spec on disk.
+fn container_cgroup() -> PlacedGroup {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
@@ -79,7 +80,7 @@ fn container_cgroup() -> TestCgroup {
         nanos,
         0x6770_7573_6861_7265u64
     );
-    TestCgroup::create(&format!("cri-containerd-{id}.scope")).unwrap()
+    PlacedGroup::create(&format!("system.slice/cri-containerd-{id}.scope"))
 }
 
 fn container_key(cg: &TestCgroup) -> String {
@@ -203,7 +204,7 @@ fn quotas_from_the_environment_gpushare_and_hami() {
     needs_root!("quotas_from_the_environment");
     // Env quotas apply to containers and pods: these groups are named like containerd's scopes.
     // No runtime spec exists for them, so the quota comes from each container's first process.
-    let cgs: Vec<TestCgroup> = (0..4).map(|_| container_cgroup()).collect();
+    let cgs: Vec<PlacedGroup> = (0..4).map(|_| container_cgroup()).collect();
     let procs = [
         Proc::start(
             &cgs[0],
@@ -423,7 +424,7 @@ fn an_env_limit_one_process_of_a_shared_unit_sets_does_not_freeze_the_unit() {
     let mut other = Proc::start(&unit, &[]);
     let sc = Scenario::create(&scenario(&[(tiny.pid(), GIB), (other.pid(), GIB)])).unwrap();
     let agent = AgentProcess::start(&sc, FAST, &[]);
-    let key = format!("unit://{}", unit.rel_path().rsplit('/').next().unwrap());
+    let key = format!("unit://{}", unit.rel_path());
     agent.wait_for(Duration::from_secs(10), |s| {
         s.processes.iter().filter(|p| p.workload == key).count() == 2
     });

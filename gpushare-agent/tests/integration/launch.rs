@@ -395,7 +395,7 @@ fn the_agent_sees_the_quota_while_the_service_runs_and_forgets_it_after() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let key = format!("unit://{name}.scope");
+    let key = format!("unit:///gpushare.slice/{name}.scope");
     let selector = format!("cgroup = \"/gpushare.slice/{name}.scope\"");
     let s = agent.wait_for(Duration::from_secs(15), |s| {
         workload(s, &key, &node.uuid(1)).is_some_and(|w| w.used_bytes == GIB)

@@ -10,6 +10,7 @@ mod enforce;
 mod enforce_loop;
 mod faults;
 mod golden;
+mod identity;
 mod isolation;
 mod launch;
 mod ledger;

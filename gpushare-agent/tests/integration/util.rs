@@ -572,3 +572,52 @@ pub fn cgroup_quota(cg: &gpushare_testkit::TestCgroup, size: &str) -> String {
         cg.rel_path()
     )
 }
+
+/// A group at `rel` below the v2 root (outside the test parent: a runtime's place), removed on
+/// drop; the parents the test process made for such groups go when the last group in them does.
+pub struct PlacedGroup {
+    cg: Option<gpushare_testkit::TestCgroup>,
+}
+
+/// Parents made for [`PlacedGroup`]s by this test process (removed once empty).
+static PLACED_PARENTS: std::sync::Mutex<Vec<std::path::PathBuf>> =
+    std::sync::Mutex::new(Vec::new());
+
+impl PlacedGroup {
+    pub fn create(rel: &str) -> Self {
+        let root = gpushare_testkit::cgroup::v2_root().unwrap();
+        let mut made = PLACED_PARENTS.lock().unwrap();
+        let mut dir = root.clone();
+        let comps: Vec<&str> = rel.split('/').filter(|c| !c.is_empty()).collect();
+        for c in &comps[..comps.len() - 1] {
+            dir = dir.join(c);
+            if !dir.exists() {
+                made.push(dir.clone());
+            }
+        }
+        Self {
+            cg: Some(gpushare_testkit::TestCgroup::create_at(&root, rel).unwrap()),
+        }
+    }
+
+    pub fn cg(&self) -> &gpushare_testkit::TestCgroup {
+        self.cg.as_ref().unwrap()
+    }
+}
+
+impl Drop for PlacedGroup {
+    fn drop(&mut self) {
+        drop(self.cg.take());
+        let mut made = PLACED_PARENTS.lock().unwrap_or_else(|e| e.into_inner());
+        // Deepest first; a parent still holding another test's group stays (for now).
+        made.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        made.retain(|dir| std::fs::remove_dir(dir).is_err() && dir.exists());
+    }
+}
+
+impl std::ops::Deref for PlacedGroup {
+    type Target = gpushare_testkit::TestCgroup;
+    fn deref(&self) -> &gpushare_testkit::TestCgroup {
+        self.cg()
+    }
+}
