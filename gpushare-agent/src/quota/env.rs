@@ -1523,6 +1523,90 @@ mod tests {
         );
     }
 
+    /// Kills the surviving mutants of `size_agrees`, the `!index_unknown` and `n > 0` guards and
+    /// the placement of NVIDIA's and MPS's limits (issue 22's mutation run).
+    #[test]
+    fn the_unit_check_accepts_a_quarter_either_side_and_nothing_beyond() {
+        let check = |dev: &str| {
+            report(
+                &[
+                    ("ALIYUN_COM_GPU_MEM_CONTAINER", "1"),
+                    ("ALIYUN_COM_GPU_MEM_DEV", dev),
+                ],
+                GpuShareUnit::GiB,
+            )
+            .unit_check
+        };
+        // 80 GiB GPUs: 60 and 100 GiB (75% and 125%) agree, 59 and 101 in neither unit.
+        for dev in ["60", "100"] {
+            assert_eq!(check(dev), UnitCheck::Agrees, "{dev}");
+        }
+        for dev in ["59", "50", "101", "120"] {
+            assert!(
+                matches!(check(dev), UnitCheck::Unexplained { .. }),
+                "{dev}: {:?}",
+                check(dev)
+            );
+        }
+        // A device size of 0 is no size: nothing to check.
+        assert_eq!(check("0"), UnitCheck::NotApplicable);
+    }
+
+    #[test]
+    fn an_index_that_is_also_unknown_bounds_every_gpu() {
+        for other in ["-1", "", "junk"] {
+            let q = quota(
+                &[
+                    ("ALIYUN_COM_GPU_MEM_CONTAINER", "2"),
+                    ("ALIYUN_COM_GPU_MEM_IDX", "1"),
+                    ("ALIYUN_COM_GPU_MEM_IDX", other),
+                ],
+                GpuShareUnit::GiB,
+            )
+            .unwrap();
+            assert_eq!(
+                (q.per_gpu, q.each_gpu),
+                (vec![], Some(2 * GIB)),
+                "{other:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn one_nvidia_value_is_for_every_gpu_and_each_convention_keeps_its_name() {
+        // One value: every GPU, also where the runtime's devices are known.
+        let r = report_on(&[("NVIDIA_GPU_MEMORY_LIMIT", "1024")], &[G0, G1]);
+        let q = r.quota.unwrap();
+        assert_eq!((q.per_gpu, q.each_gpu), (vec![], Some(GIB)));
+        // Per-ordinal values keep their convention's name.
+        for (env, source) in [
+            (("NVIDIA_GPU_MEMORY_LIMITS", "1024,2048"), EnvSource::Nvidia),
+            (
+                ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1G,1=2G"),
+                EnvSource::Mps,
+            ),
+            (("CUDA_DEVICE_MEMORY_LIMIT_1", "1g"), EnvSource::Hami),
+        ] {
+            let q = report_on(&[env], &[G0, G1]).quota.unwrap();
+            assert_eq!(q.source, source, "{env:?}");
+            assert!(q.each_gpu.is_none(), "{env:?}");
+        }
+        // GPUs whose size is not known say nothing about a limit being more than one holds.
+        let unknown = [GpuInfo {
+            index: 0,
+            uuid: "GPU-000".into(),
+            memory_total: 0,
+        }];
+        let r = env_quota_on(
+            [("CUDA_DEVICE_MEMORY_LIMIT", "1g")],
+            GpuShareUnit::GiB,
+            &unknown,
+            Some(&[G0]),
+        );
+        assert_eq!(r.disagreements, vec![]);
+        assert_eq!(r.quota.unwrap().each_gpu, Some(GIB));
+    }
+
     #[test]
     fn malformed_values_are_reported_and_ignored() {
         for env in [
