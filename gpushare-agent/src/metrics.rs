@@ -516,6 +516,14 @@ impl Collector for SnapshotCollector {
             "Malformed environment-quota variables and unreadable runtime specs (each ignored)",
             [(Labels::new(), c.env_quota_errors)],
         )?;
+        counter(
+            &mut e,
+            "gpushare_env_quota_disagreements",
+            "Environment-quota variables that disagree with the devices the runtime gave, or hold a value no plugin writes, by kind",
+            c.env_quota_disagreements
+                .iter()
+                .map(|(k, v)| (vec![("kind", k.clone())], *v)),
+        )?;
         gauge(
             &mut e,
             "gpushare_env_quota_unit_mismatch",

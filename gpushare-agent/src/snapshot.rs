@@ -264,6 +264,11 @@ pub struct Counters {
     /// `record_mismatch` (a container's runtime record names another group).
     #[serde(default)]
     pub workload_identity: BTreeMap<String, u64>,
+    /// Where workloads' quota variables and the devices their runtime gave disagree, or hold a
+    /// value no plugin writes, by kind (`not_granted`, `other_granted`, `beyond_granted`,
+    /// `no_plugin_value`).
+    #[serde(default)]
+    pub env_quota_disagreements: BTreeMap<String, u64>,
     /// Suspend steps that fell through, by reason.
     #[serde(default)]
     pub suspend_fallthroughs: BTreeMap<String, u64>,

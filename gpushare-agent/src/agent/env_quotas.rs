@@ -21,7 +21,7 @@
 pub mod runtime_spec;
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -32,7 +32,10 @@ use self::runtime_spec::{EnvOrigin, SpecRoots};
 use crate::sys::file_stamp::FileStamp;
 use crate::{
     attribution::{WorkloadId, WorkloadKind, procinfo},
-    quota::{EnvQuota, GpuInfo, GpuShareUnit, Trust, UnitCheck, env_quota},
+    quota::{
+        DeviceRef, DisagreementKind, EnvQuota, GpuInfo, GpuShareUnit, Trust, UnitCheck,
+        env_quota_on,
+    },
 };
 
 /// How often a workload without a spec is looked up again (a spec that appears later, e.g. the
@@ -43,12 +46,17 @@ struct Entry {
     origin: Option<EnvOrigin>,
     stamp: Option<FileStamp>,
     vars: Vec<(String, String)>,
+    /// The GPUs the runtime gave (its spec's device nodes or CDI devices), when it says.
+    devices: Option<Vec<DeviceRef>>,
     looked_up: Instant,
     /// Last problems and unit check logged, so each is logged (and counted) once per change.
     logged_problems: String,
     logged_unit: String,
     unit_check: UnitCheck,
     trust: Option<Trust>,
+    /// What its variables and its runtime's devices disagree on, as of its last quota, in words.
+    disagreements: String,
+    logged_request: Option<u64>,
 }
 
 fn entry_origin(o: &Option<EnvOrigin>) -> String {
@@ -61,6 +69,7 @@ pub struct EnvQuotaReader {
     v2_root: PathBuf,
     entries: HashMap<String, Entry>,
     problems_total: u64,
+    disagreements_total: BTreeMap<DisagreementKind, u64>,
 }
 
 impl EnvQuotaReader {
@@ -71,6 +80,7 @@ impl EnvQuotaReader {
             v2_root,
             entries: HashMap::new(),
             problems_total: 0,
+            disagreements_total: BTreeMap::new(),
         }
     }
 
@@ -114,10 +124,11 @@ impl EnvQuotaReader {
         }
         let entry = self.entries.get_mut(&key)?;
         let trust = entry.origin.as_ref().map(EnvOrigin::trust);
-        let report = env_quota(
+        let report = env_quota_on(
             entry.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
             unit,
             gpus,
+            entry.devices.as_deref(),
         );
         let from = || entry_origin(&entry.origin);
         let problems: Vec<String> = report
@@ -139,6 +150,30 @@ impl EnvQuotaReader {
                 warn!("{key}: environment quota from {}: {unit_said}", from());
             }
             entry.logged_unit = unit_said;
+        }
+        let disagreements = report
+            .disagreements
+            .iter()
+            .map(|d| d.said.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        if disagreements != entry.disagreements {
+            if !disagreements.is_empty() {
+                warn!("{key}: environment quota from {}: {disagreements}", from());
+            }
+            for d in &report.disagreements {
+                *self.disagreements_total.entry(d.kind).or_default() += 1;
+            }
+            entry.disagreements = disagreements;
+        }
+        if report.request != entry.logged_request {
+            if let Some(r) = report.request {
+                info!(
+                    "{key}: requests {} of GPU memory (NVIDIA_GPU_MEMORY_REQUEST); its limit is the quota",
+                    crate::quota::ByteSize(r).approx()
+                );
+            }
+            entry.logged_request = report.request;
         }
         entry.unit_check = report.unit_check;
         entry.trust = trust.filter(|_| report.quota.is_some());
@@ -176,19 +211,23 @@ impl EnvQuotaReader {
             origin: None,
             stamp: None,
             vars: Vec::new(),
+            devices: None,
             looked_up: Instant::now(),
             logged_problems: String::new(),
             logged_unit: String::new(),
             unit_check: UnitCheck::NotApplicable,
             trust: None,
+            disagreements: String::new(),
+            logged_request: None,
         };
         if let (Some((kind, path)), Some(id)) = (self.spec_path(w), w.container_id()) {
             let stamp = FileStamp::of(&path);
-            match runtime_spec::read_spec(kind, &path, id) {
-                Ok(vars) => {
+            match runtime_spec::read_spec_grant(kind, &path, id) {
+                Ok(grant) => {
                     entry.origin = Some(EnvOrigin::Spec { kind, path });
                     entry.stamp = stamp;
-                    entry.vars = vars;
+                    entry.vars = grant.vars;
+                    entry.devices = grant.devices;
                     return entry;
                 }
                 Err(e) => {
@@ -231,6 +270,28 @@ impl EnvQuotaReader {
             .collect();
         v.sort();
         v
+    }
+
+    /// Where workloads' variables and the devices their runtime gave disagree, or hold a value no
+    /// plugin writes, with what was said, as of their last [`Self::quota_for`].
+    pub fn disagreements(&self) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| !e.disagreements.is_empty())
+            .map(|(k, e)| (k.clone(), e.disagreements.clone()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Disagreements seen so far, by kind (each counted once per change of what a workload's
+    /// variables say).
+    pub fn disagreements_total(&self) -> Vec<(&'static str, u64)> {
+        self.disagreements_total
+            .iter()
+            .map(|(k, n)| (k.as_str(), *n))
+            .collect()
     }
 
     /// Where the quota of `key` came from, as of its last [`Self::quota_for`], when it has one.
@@ -376,6 +437,33 @@ mod tests {
         assert_eq!(f.reader.problems_total(), 2);
         f.reader.retain(&HashSet::new());
         assert!(f.reader.unit_mismatches().is_empty());
+    }
+
+    #[test]
+    fn a_limit_lands_on_the_gpu_the_runtime_gave_and_the_disagreement_is_counted_once() {
+        let mut f = Fixture::new("granted");
+        let d = f.dir.join("crio").join(ID).join("userdata");
+        fs::create_dir_all(&d).unwrap();
+        let spec = serde_json::json!({
+            "process": { "env": [
+                "CUDA_VISIBLE_DEVICES=GPU-00000000-0000-0000-0000-000000000000",
+                "CUDA_DEVICE_MEMORY_LIMIT_0=1024m",
+            ] },
+            "linux": { "devices": [ { "path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0 } ] }
+        });
+        fs::write(d.join("config.json"), spec.to_string()).unwrap();
+        let w = parse_cgroup_path(&format!("/kubepods.slice/crio-{ID}.scope"));
+        for _ in 0..3 {
+            let (q, trust) = f.reader.quota_for(&w, GpuShareUnit::GiB, &gpus()).unwrap();
+            assert_eq!(q.per_gpu, vec![(DeviceRef::Index(0), GIB)]);
+            assert_eq!(trust, Trust::RuntimeSpec);
+        }
+        assert_eq!(f.reader.disagreements_total(), vec![("not_granted", 1)]);
+        let said = f.reader.disagreements();
+        assert_eq!(said.len(), 1);
+        assert!(said[0].1.contains("did not give"), "{said:?}");
+        f.reader.retain(&HashSet::new());
+        assert!(f.reader.disagreements().is_empty());
     }
 
     #[test]

@@ -630,6 +630,9 @@ impl Agent {
         for (key, said) in self.workloads.env_quotas().unit_mismatches() {
             degraded.push(format!("{key}: {said}"));
         }
+        for (key, said) in self.workloads.env_quotas().disagreements() {
+            degraded.push(format!("{key}: {said}"));
+        }
         if self.quotas.observe_only() {
             degraded.push(
                 "observe only: the quota configuration was invalid at start and no last good \
@@ -709,6 +712,13 @@ impl Agent {
                 .map(|(k, v)| (k.to_string(), v))
                 .collect(),
             env_quota_errors: self.workloads.env_quotas().problems_total(),
+            env_quota_disagreements: self
+                .workloads
+                .env_quotas()
+                .disagreements_total()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
             env_quota_unit_mismatch: self
                 .workloads
                 .env_quotas()

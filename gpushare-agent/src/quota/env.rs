@@ -10,21 +10,37 @@
 //!   index that cannot be read means the device is unknown, so the limit applies to each GPU the
 //!   workload uses. `ALIYUN_COM_GPU_MEM_DEV` is the device's size in the same unit: it is checked
 //!   against the GPU's real memory ([`UnitCheck`]).
-//! - HAMi: `CUDA_DEVICE_MEMORY_LIMIT_<i>` for CUDA device `<i>` inside the container, and
-//!   `CUDA_DEVICE_MEMORY_LIMIT` for every device. Values are `<n>` bytes or `<n>k|m|g` (powers of
-//!   1024, either case). CUDA index `<i>` is mapped to a host device through `CUDA_VISIBLE_DEVICES`
-//!   (container-local indices or UUIDs) and then `NVIDIA_VISIBLE_DEVICES` (host indices or UUIDs, as
-//!   the NVIDIA container runtime reads it); where neither holds a list, the index is the host index.
+//! - HAMi (also KAI's `hamicore` binder and HAMi's DRA driver): `CUDA_DEVICE_MEMORY_LIMIT_<i>` for
+//!   device ordinal `<i>` of the container, and `CUDA_DEVICE_MEMORY_LIMIT` for every device. Values
+//!   are `<n>` bytes or `<n>k|m|g` (powers of 1024, either case).
+//! - NVIDIA (kai-gpu-fractioning, read by nvidia-container-toolkit's `apply-cuda-memory-limits`
+//!   hook): `NVIDIA_GPU_MEMORY_LIMIT` / `_LIMITS`, integer MiB, one value for every device or a
+//!   comma-separated one per ordinal; `NVIDIA_GPU_MEMORY_REQUEST` / `_REQUESTS` is reported beside
+//!   it ([`EnvQuotaReport::request`]) and is never a limit.
+//! - MPS (Amazon ECS's MPS allocation): `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, `<ordinal>=<size>`
+//!   entries, comma-separated (`0=4G,1=512MB`; K/M/G/T with or without `B`, powers of 1024; a bare
+//!   number is bytes), or one size for every device.
+//!
+//! **Devices from what the runtime gave.** A device ordinal `<i>` is the `<i>`-th GPU the runtime
+//! gave the container (`granted` of [`env_quota_on`]: its spec's `/dev/nvidiaN` nodes or CDI
+//! devices), never what `CUDA_VISIBLE_DEVICES` / `NVIDIA_VISIBLE_DEVICES` alone say: an image sets
+//! those too. Where those variables name another device for the ordinal the disagreement is
+//! reported ([`Disagreement`]); the limit stays on the runtime's GPU and, when the named one was
+//! given too, applies to both (the smaller applies on the GPU really used). With no device list
+//! from the runtime, or an ordinal beyond it, a per-device limit bounds every GPU. GPUShare's
+//! `ALIYUN_COM_GPU_MEM_IDX` naming a GPU the runtime did not give also bounds every GPU instead.
 //!
 //! **No escape.** Every variable can only add a limit or lower one; none can remove or raise a limit
 //! another variable sets:
-//! - a value of 0 means "no limit" in both plugins (GPUShare shows unset requests as 0), so it adds
-//!   nothing, and removes nothing either;
+//! - a value of 0 means "no limit" (GPUShare shows unset requests as 0), so it adds nothing, and
+//!   removes nothing either. HAMi never writes 0, and no plugin grants more than a GPU holds: such a
+//!   value is the image's or the pod's (on CRI-O the pod's `env:` replaces the plugin's value of the
+//!   same name) and is reported ([`DisagreementKind::NoPluginValue`]); it lifts nothing;
 //! - a malformed value (or a HAMi index that cannot be mapped to a host device) is reported in
 //!   [`EnvQuotaReport::problems`] and ignored, except that an indexed HAMi limit whose device cannot
 //!   be told applies to every GPU (bounded is better than unbounded);
-//! - when a name appears more than once, or both plugins' variables are present, every valid value
-//!   counts and, per device, the smallest limit applies. A limit for every GPU also caps each
+//! - when a name appears more than once, or several conventions' variables are present, every
+//!   valid value counts and, per device, the smallest limit applies. A limit for every GPU also caps each
 //!   per-device limit.
 //!
 //! **Units.** GPUShare's values carry no unit. `ALIYUN_COM_GPU_MEM_DEV`, written by the same plugin
@@ -82,9 +98,13 @@ impl GpuShareUnit {
 pub enum EnvSource {
     /// Alibaba GPUShare's device plugin.
     GpuShare,
-    /// HAMi (also Volcano vGPU, KAI).
+    /// HAMi (also Volcano vGPU, KAI's `hamicore` binder, HAMi's DRA driver).
     Hami,
-    /// Both plugins' variables set limits; the smaller applies per device.
+    /// NVIDIA's `NVIDIA_GPU_MEMORY_LIMIT(S)` (kai-gpu-fractioning, read by nvidia-container-toolkit).
+    Nvidia,
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (MPS; Amazon ECS's MPS allocation).
+    Mps,
+    /// Several conventions' variables set limits; the smallest applies per device.
     Both,
 }
 
@@ -94,7 +114,9 @@ impl EnvSource {
         match self {
             Self::GpuShare => "gpushare env",
             Self::Hami => "hami env",
-            Self::Both => "gpushare and hami env (the smaller applies)",
+            Self::Nvidia => "nvidia env",
+            Self::Mps => "mps env",
+            Self::Both => "several plugins' env (the smallest applies)",
         }
     }
 }
@@ -237,6 +259,50 @@ pub struct EnvQuotaReport {
     pub problems: Vec<EnvQuotaError>,
     /// What `ALIYUN_COM_GPU_MEM_DEV` said.
     pub unit_check: UnitCheck,
+    /// Where the variables and the devices the runtime gave disagree, or a value no plugin writes.
+    pub disagreements: Vec<Disagreement>,
+    /// `NVIDIA_GPU_MEMORY_REQUEST(S)`, bytes (the smallest): shown beside the limit, never a limit.
+    pub request: Option<u64>,
+}
+
+/// Why a container's variables and what its runtime gave it disagree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DisagreementKind {
+    /// A variable names a GPU the runtime did not give the container (or none at all): the limit
+    /// stays on the GPU the runtime gave, or bounds every GPU.
+    NotGranted,
+    /// The visible-devices variables order the given GPUs differently from the runtime: the limit
+    /// applies to both candidates.
+    OtherGranted,
+    /// A per-device variable for an ordinal beyond the GPUs the runtime gave: it bounds every GPU.
+    BeyondGranted,
+    /// A value no device plugin writes (HAMi's 0, more than a GPU holds): the image's or the pod's.
+    /// It sets no limit that binds and lifts none.
+    NoPluginValue,
+}
+
+impl DisagreementKind {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotGranted => "not_granted",
+            Self::OtherGranted => "other_granted",
+            Self::BeyondGranted => "beyond_granted",
+            Self::NoPluginValue => "no_plugin_value",
+        }
+    }
+}
+
+/// One disagreement, in words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Disagreement {
+    /// What kind.
+    pub kind: DisagreementKind,
+    /// The variable.
+    pub var: String,
+    /// In words, for logs and `status`.
+    pub said: String,
 }
 
 /// Whether `name` is one of the variables [`env_quota`] reads (the rest of an environment can be
@@ -244,6 +310,8 @@ pub struct EnvQuotaReport {
 pub fn is_quota_var(name: &str) -> bool {
     name.starts_with("ALIYUN_COM_GPU_MEM_")
         || name.starts_with("CUDA_DEVICE_MEMORY_LIMIT")
+        || name.starts_with("NVIDIA_GPU_MEMORY_")
+        || name == MPS_LIMIT
         || name == "CUDA_VISIBLE_DEVICES"
         || name == "NVIDIA_VISIBLE_DEVICES"
 }
@@ -296,19 +364,47 @@ impl Limits {
     }
 }
 
-/// Reads the env quota, if any, from a container's environment. `gpus` are the node's GPUs (for
-/// UUID-to-index mapping and the unit cross-check; may be empty). See the module note for the
-/// rules.
+/// Reads the env quota, if any, from a container's environment, with no device list from its
+/// runtime: every per-device limit then applies to every GPU ([`env_quota_on`]).
 pub fn env_quota<'a, I>(environ: I, gpushare_unit: GpuShareUnit, gpus: &[GpuInfo]) -> EnvQuotaReport
 where
     I: IntoIterator<Item = (&'a str, &'a str)>,
 {
+    env_quota_on(environ, gpushare_unit, gpus, None)
+}
+
+/// A per-device limit as a variable states it: the container's device ordinal, the variable (for
+/// reports) and the limit in bytes.
+struct Ordinal<'a> {
+    ordinal: u32,
+    var: &'a str,
+    value: &'a str,
+    bytes: u64,
+}
+
+/// Reads the env quota, if any, from a container's environment. `gpus` are the node's GPUs (for
+/// UUID-to-index mapping and the unit cross-check; may be empty); `granted` the GPUs the runtime
+/// gave the container, in its order (its spec's device nodes or CDI devices; `None` when unknown).
+/// See the module note for the rules.
+pub fn env_quota_on<'a, I>(
+    environ: I,
+    gpushare_unit: GpuShareUnit,
+    gpus: &[GpuInfo],
+    granted: Option<&[DeviceRef]>,
+) -> EnvQuotaReport
+where
+    I: IntoIterator<Item = (&'a str, &'a str)>,
+{
     let mut problems = Vec::new();
+    let mut disagreements = Vec::new();
     let mut gs_mem: Vec<(&str, &str)> = Vec::new();
     let mut gs_idx: Vec<&str> = Vec::new();
     let mut gs_dev: Vec<&str> = Vec::new();
     let mut hami_all: Vec<&str> = Vec::new();
     let mut hami_indexed: Vec<(u32, &str, &str)> = Vec::new();
+    let mut nv_limits: Vec<(&str, &str)> = Vec::new();
+    let mut nv_requests: Vec<(&str, &str)> = Vec::new();
+    let mut mps: Vec<&str> = Vec::new();
     let mut cuda_visible = None;
     let mut nvidia_visible = None;
     for (name, value) in environ {
@@ -317,6 +413,9 @@ where
             "ALIYUN_COM_GPU_MEM_IDX" => gs_idx.push(value),
             "ALIYUN_COM_GPU_MEM_DEV" => gs_dev.push(value),
             "CUDA_DEVICE_MEMORY_LIMIT" => hami_all.push(value),
+            NV_LIMIT | NV_LIMITS => nv_limits.push((name, value)),
+            NV_REQUEST | NV_REQUESTS => nv_requests.push((name, value)),
+            MPS_LIMIT => mps.push(value),
             // Device lists are read as getenv(3) does: the first occurrence.
             "CUDA_VISIBLE_DEVICES" => {
                 cuda_visible.get_or_insert(value);
@@ -349,37 +448,160 @@ where
             DeviceRef::Index(_) => d,
         }
     };
+    let granted: Option<Vec<DeviceRef>> = granted
+        .filter(|d| !d.is_empty())
+        .map(|d| d.iter().cloned().map(normalize).collect());
+    // The largest GPU: no plugin grants more than one GPU holds.
+    let largest = gpus.iter().map(|g| g.memory_total).max().filter(|&b| b > 0);
 
-    // HAMi.
+    // Per-device limits of every convention, placed on devices below.
+    let mut ordinals: Vec<(EnvSource, Ordinal)> = Vec::new();
+
+    // HAMi (and KAI's hamicore binder, and HAMi's DRA driver).
     let mut hami = Limits::default();
     for v in hami_all {
         match parse_hami_limit("CUDA_DEVICE_MEMORY_LIMIT", v) {
-            Ok(Some(b)) => hami.each(b),
-            Ok(None) => {}
+            Ok(Some(b)) => {
+                implausible(
+                    &mut disagreements,
+                    largest,
+                    "CUDA_DEVICE_MEMORY_LIMIT",
+                    v,
+                    b,
+                );
+                hami.each(b)
+            }
+            Ok(None) => zero_from_no_plugin(&mut disagreements, "CUDA_DEVICE_MEMORY_LIMIT", v),
             Err(e) => problems.push(e),
         }
     }
     hami_indexed.sort();
-    for (cuda_index, name, value) in hami_indexed {
-        let bytes = match parse_hami_limit(name, value) {
-            Ok(Some(b)) => b,
-            Ok(None) => continue,
-            Err(e) => {
-                problems.push(e);
-                continue;
-            }
-        };
-        match map_cuda_index(cuda_index, cuda_visible, nvidia_visible) {
-            Ok(device) => hami.device(normalize(device), bytes),
-            Err(reason) => {
-                problems.push(error(
-                    name,
+    for (ordinal, var, value) in hami_indexed {
+        match parse_hami_limit(var, value) {
+            Ok(Some(bytes)) => ordinals.push((
+                EnvSource::Hami,
+                Ordinal {
+                    ordinal,
+                    var,
                     value,
-                    format!("{reason}; the limit applies to every GPU"),
-                ));
-                hami.each(bytes);
+                    bytes,
+                },
+            )),
+            Ok(None) => zero_from_no_plugin(&mut disagreements, var, value),
+            Err(e) => problems.push(e),
+        }
+    }
+
+    // NVIDIA's pair: integer MiB; one value for every GPU, or one per device ordinal.
+    let mut nvidia = Limits::default();
+    for (var, value) in nv_limits {
+        match parse_mib_list(var, value) {
+            Ok(list) if list.len() == 1 => {
+                if let Some(b) = list[0] {
+                    implausible(&mut disagreements, largest, var, value, b);
+                    nvidia.each(b);
+                }
+            }
+            Ok(list) => {
+                for (ordinal, bytes) in list.into_iter().enumerate() {
+                    if let Some(bytes) = bytes {
+                        ordinals.push((
+                            EnvSource::Nvidia,
+                            Ordinal {
+                                ordinal: ordinal as u32,
+                                var,
+                                value,
+                                bytes,
+                            },
+                        ));
+                    }
+                }
+            }
+            Err(e) => problems.push(e),
+        }
+    }
+    let mut request = None;
+    for (var, value) in nv_requests {
+        match parse_mib_list(var, value) {
+            Ok(list) => {
+                let r = list.into_iter().flatten().min();
+                request = match (request, r) {
+                    (Some(a), Some(b)) => Some(b.min(a)),
+                    (a, b) => a.or(b),
+                };
+            }
+            Err(e) => problems.push(e),
+        }
+    }
+
+    // MPS: `<ordinal>=<size>[,...]`, or a size for every device.
+    let mut mps_limits = Limits::default();
+    for value in mps {
+        for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (ordinal, size) = match entry.split_once('=') {
+                Some((o, s)) => match o
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|_| o.trim().bytes().all(|b| b.is_ascii_digit()))
+                {
+                    Some(o) => (Some(o), s),
+                    None => {
+                        problems.push(error(
+                            MPS_LIMIT,
+                            value,
+                            format!("`{entry}`: expected `<device ordinal>=<size>`, e.g. `0=4G`"),
+                        ));
+                        continue;
+                    }
+                },
+                None => (None, entry),
+            };
+            match parse_mps_size(size) {
+                Some(0) => {}
+                Some(bytes) => {
+                    implausible(&mut disagreements, largest, MPS_LIMIT, value, bytes);
+                    match ordinal {
+                        Some(ordinal) => ordinals.push((
+                            EnvSource::Mps,
+                            Ordinal {
+                                ordinal,
+                                var: MPS_LIMIT,
+                                value,
+                                bytes,
+                            },
+                        )),
+                        None => mps_limits.each(bytes),
+                    }
+                }
+                None => problems.push(error(
+                    MPS_LIMIT,
+                    value,
+                    format!("`{entry}`: expected a size such as `4G`, `512MB` or bytes"),
+                )),
             }
         }
+    }
+
+    // Place every per-device limit on the device the runtime gave at that ordinal.
+    let env_list = env_device_list(cuda_visible, nvidia_visible);
+    for (source, o) in ordinals {
+        implausible(&mut disagreements, largest, o.var, o.value, o.bytes);
+        let named = env_list
+            .then(|| map_cuda_index(o.ordinal, cuda_visible, nvidia_visible).map(normalize));
+        let limits = match source {
+            EnvSource::Nvidia => &mut nvidia,
+            EnvSource::Mps => &mut mps_limits,
+            _ => &mut hami,
+        };
+        place(
+            &o,
+            named,
+            granted.as_deref(),
+            limits,
+            &mut problems,
+            &mut disagreements,
+        );
     }
 
     // GPUShare.
@@ -441,32 +663,66 @@ where
     let mut gpushare = Limits::default();
     if let Some(amount) = amounts.iter().min() {
         match amount.checked_mul(unit.bytes()) {
-            Some(bytes) => match device {
-                Some(i) => gpushare.device(DeviceRef::Index(i), bytes),
-                None => gpushare.each(bytes),
-            },
+            Some(bytes) => {
+                implausible(&mut disagreements, largest, MEM, &amount.to_string(), bytes);
+                // The index is a variable too: a GPU the runtime did not give gets no limit moved
+                // onto it; the limit bounds every GPU instead.
+                let device = device.filter(|&i| {
+                    let given = granted
+                        .as_ref()
+                        .is_none_or(|g| g.contains(&DeviceRef::Index(i)));
+                    if !given {
+                        disagreements.push(Disagreement {
+                            kind: DisagreementKind::NotGranted,
+                            var: IDX.to_string(),
+                            said: format!(
+                                "`{IDX}={i}` names a GPU the runtime did not give the container ({}): the limit applies to every GPU",
+                                describe_devices(granted.as_deref().unwrap_or_default())
+                            ),
+                        });
+                    }
+                    given
+                });
+                match device {
+                    Some(i) => gpushare.device(DeviceRef::Index(i), bytes),
+                    None => gpushare.each(bytes),
+                }
+            }
             None => problems.push(error(MEM, &amount.to_string(), "too large")),
         }
     }
 
-    let source = match (gpushare.is_empty(), hami.is_empty()) {
-        (true, true) => {
+    let families = [
+        (EnvSource::GpuShare, gpushare),
+        (EnvSource::Hami, hami),
+        (EnvSource::Nvidia, nvidia),
+        (EnvSource::Mps, mps_limits),
+    ];
+    let mut sources = families
+        .iter()
+        .filter(|(_, l)| !l.is_empty())
+        .map(|(s, _)| *s);
+    let source = match (sources.next(), sources.next()) {
+        (None, _) => {
             return EnvQuotaReport {
                 quota: None,
                 problems,
                 unit_check,
+                disagreements,
+                request,
             };
         }
-        (false, true) => EnvSource::GpuShare,
-        (true, false) => EnvSource::Hami,
-        (false, false) => EnvSource::Both,
+        (Some(s), None) => s,
+        (Some(_), Some(_)) => EnvSource::Both,
     };
-    let mut all = hami;
-    for (d, b) in gpushare.per_gpu {
-        all.device(d, b);
-    }
-    if let Some(b) = gpushare.each_gpu {
-        all.each(b);
+    let mut all = Limits::default();
+    for (_, l) in families {
+        for (d, b) in l.per_gpu {
+            all.device(d, b);
+        }
+        if let Some(b) = l.each_gpu {
+            all.each(b);
+        }
     }
     let each_gpu = all.each_gpu;
     let per_gpu = all
@@ -482,7 +738,177 @@ where
         }),
         problems,
         unit_check,
+        disagreements,
+        request,
     }
+}
+
+const NV_LIMIT: &str = "NVIDIA_GPU_MEMORY_LIMIT";
+const NV_LIMITS: &str = "NVIDIA_GPU_MEMORY_LIMITS";
+const NV_REQUEST: &str = "NVIDIA_GPU_MEMORY_REQUEST";
+const NV_REQUESTS: &str = "NVIDIA_GPU_MEMORY_REQUESTS";
+const MPS_LIMIT: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
+
+/// A limit above the largest GPU's memory: no plugin grants it.
+fn implausible(
+    out: &mut Vec<Disagreement>,
+    largest: Option<u64>,
+    var: &str,
+    value: &str,
+    bytes: u64,
+) {
+    if largest.is_some_and(|l| bytes > l) {
+        out.push(Disagreement {
+            kind: DisagreementKind::NoPluginValue,
+            var: var.to_string(),
+            said: format!(
+                "`{var}={}` is more than any GPU here holds: no device plugin grants it (a value the image or the pod wrote?)",
+                value.chars().take(64).collect::<String>()
+            ),
+        });
+    }
+}
+
+/// Whether the visible-devices variables name devices at all (unset, `all`, `none` and `void`
+/// name none; a list that cannot be read does).
+fn env_device_list(cuda: Option<&str>, nvidia: Option<&str>) -> bool {
+    let names = |v: Option<&str>| !matches!(device_list(v), Ok(None));
+    names(cuda) || names(nvidia)
+}
+
+/// A HAMi variable of 0: HAMi writes a device's whole memory when no limit was asked for, never 0,
+/// so a 0 is the image's or the pod's (on CRI-O, the pod's `env:` replaces the plugin's value).
+fn zero_from_no_plugin(out: &mut Vec<Disagreement>, var: &str, value: &str) {
+    out.push(Disagreement {
+        kind: DisagreementKind::NoPluginValue,
+        var: var.to_string(),
+        said: format!(
+            "`{var}={}`: HAMi never writes 0 (a value the image or the pod wrote?); it sets no limit and lifts none",
+            value.chars().take(64).collect::<String>()
+        ),
+    });
+}
+
+/// Places one per-device limit: on the GPU the runtime gave the container at that ordinal; where
+/// the variables name another device the disagreement is reported, and the limit also applies to
+/// that device when the runtime gave it too (the smaller applies on the GPU really used). With no
+/// device list from the runtime, or an ordinal beyond it, the limit applies to every GPU.
+fn place(
+    o: &Ordinal,
+    named: Option<Result<DeviceRef, String>>,
+    granted: Option<&[DeviceRef]>,
+    limits: &mut Limits,
+    problems: &mut Vec<EnvQuotaError>,
+    disagreements: &mut Vec<Disagreement>,
+) {
+    let ordinal = o.ordinal;
+    let Some(granted) = granted else {
+        if let Some(Err(reason)) = named {
+            problems.push(error(
+                o.var,
+                o.value,
+                format!("{reason}; the limit applies to every GPU"),
+            ));
+        }
+        limits.each(o.bytes);
+        return;
+    };
+    let mut disagree = |kind, said: String| {
+        disagreements.push(Disagreement {
+            kind,
+            var: o.var.to_string(),
+            said: format!("`{}`: {said}", o.var),
+        })
+    };
+    let Some(given) = granted.get(ordinal as usize) else {
+        disagree(
+            DisagreementKind::BeyondGranted,
+            format!(
+                "device {ordinal} is beyond the {} the runtime gave the container ({}): the limit applies to every GPU",
+                granted.len(),
+                describe_devices(granted)
+            ),
+        );
+        limits.each(o.bytes);
+        return;
+    };
+    limits.device(given.clone(), o.bytes);
+    match named {
+        None => {}
+        Some(Ok(named)) if named == *given => {}
+        Some(Ok(named)) if granted.contains(&named) => {
+            disagree(
+                DisagreementKind::OtherGranted,
+                format!(
+                    "the visible-devices variables make device {ordinal} {named}, the runtime's order {given}: the limit applies to both"
+                ),
+            );
+            limits.device(named, o.bytes);
+        }
+        Some(named) => {
+            let named = named.map_or_else(|e| e, |d| d.to_string());
+            disagree(
+                DisagreementKind::NotGranted,
+                format!(
+                    "the visible-devices variables make device {ordinal} {named}, which the runtime did not give the container; the limit applies to {given}, the GPU it gave"
+                ),
+            );
+        }
+    }
+}
+
+fn describe_devices(devices: &[DeviceRef]) -> String {
+    devices
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `NVIDIA_GPU_MEMORY_*`: integer MiB, or a comma-separated list of them (one per device
+/// ordinal). `None` entries are 0 (no limit).
+fn parse_mib_list(var: &str, value: &str) -> Result<Vec<Option<u64>>, EnvQuotaError> {
+    value
+        .split(',')
+        .map(|e| {
+            let e = e.trim();
+            if e.is_empty() || !e.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(error(
+                    var,
+                    value,
+                    "expected a whole number of MiB (or one per device, comma-separated)",
+                ));
+            }
+            let n: u64 = e.parse().map_err(|_| error(var, value, "too large"))?;
+            let bytes = n
+                .checked_mul(1 << 20)
+                .ok_or_else(|| error(var, value, "too large"))?;
+            Ok((bytes > 0).then_some(bytes))
+        })
+        .collect()
+}
+
+/// An MPS size: a whole number with an optional `K`, `KB`, `M`, `MB`, `G`, `GB`, `T` or `TB`
+/// (powers of 1024, either case); a bare number is bytes.
+fn parse_mps_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let digits_end = s
+        .bytes()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(s.len());
+    let (digits, suffix) = s.split_at(digits_end);
+    let shift = match suffix.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" => 10,
+        "M" | "MB" => 20,
+        "G" | "GB" => 30,
+        "T" | "TB" => 40,
+        _ => return None,
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
 /// The unit GPUShare's values are read in, and what the device size said about it.
@@ -695,38 +1121,92 @@ mod tests {
         assert_eq!(r.problems[0].reason, "too large");
     }
 
+    fn report_on(pairs: &[(&str, &str)], granted: &[DeviceRef]) -> EnvQuotaReport {
+        env_quota_on(
+            pairs.iter().copied(),
+            GpuShareUnit::GiB,
+            &gpus(),
+            Some(granted),
+        )
+    }
+
+    /// `(per_gpu, each_gpu)` on the GPUs the runtime gave.
+    fn limits_on(
+        pairs: &[(&str, &str)],
+        granted: &[DeviceRef],
+    ) -> (Vec<(DeviceRef, u64)>, Option<u64>) {
+        let q = report_on(pairs, granted).quota.expect("a quota");
+        (q.per_gpu, q.each_gpu)
+    }
+
+    fn kinds(r: &EnvQuotaReport) -> Vec<DisagreementKind> {
+        r.disagreements.iter().map(|d| d.kind).collect()
+    }
+
+    const G0: DeviceRef = DeviceRef::Index(0);
+    const G1: DeviceRef = DeviceRef::Index(1);
+
     #[test]
-    fn hami_limits_map_cuda_indices_to_host_devices() {
-        // No visible-devices list: identity.
-        let (per, each) = limits(&[
-            ("CUDA_DEVICE_MEMORY_LIMIT_1", "2048m"),
-            ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
-        ]);
-        assert_eq!(
-            per,
-            vec![(DeviceRef::Index(0), GIB), (DeviceRef::Index(1), 2 * GIB)]
+    fn hami_limits_map_cuda_indices_to_the_devices_the_runtime_gave() {
+        // The runtime's devices, in its order: ordinal i is the i-th.
+        let (per, each) = limits_on(
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT_1", "2048m"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
+            ],
+            &[G1, G0],
         );
+        assert_eq!(per, vec![(G0, 2 * GIB), (G1, GIB)]);
         assert_eq!(each, None);
-        // HAMi puts UUIDs in NVIDIA_VISIBLE_DEVICES: known UUIDs become indices, others stay.
-        let (per, _) = limits(&[
-            ("NVIDIA_VISIBLE_DEVICES", "GPU-000,GPU-bbb"),
-            ("CUDA_DEVICE_MEMORY_LIMIT_0", "256M"),
-            ("CUDA_DEVICE_MEMORY_LIMIT_1", "512M"),
-        ]);
+        // Given by UUID (a CDI name): known UUIDs become indices, others stay.
+        let r = report_on(
+            &[
+                ("NVIDIA_VISIBLE_DEVICES", "GPU-000,GPU-bbb"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "256M"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_1", "512M"),
+            ],
+            &[
+                DeviceRef::Uuid("GPU-000".into()),
+                DeviceRef::Uuid("GPU-bbb".into()),
+            ],
+        );
         assert_eq!(
-            per,
+            r.quota.unwrap().per_gpu,
             vec![
-                (DeviceRef::Index(0), 256 * MIB),
+                (G0, 256 * MIB),
                 (DeviceRef::Uuid("GPU-bbb".into()), 512 * MIB)
             ]
         );
-        // Host indices, then a container-local CUDA_VISIBLE_DEVICES on top.
-        let (per, _) = limits(&[
-            ("NVIDIA_VISIBLE_DEVICES", "2,3"),
-            ("CUDA_VISIBLE_DEVICES", "1"),
-            ("CUDA_DEVICE_MEMORY_LIMIT_0", "1024k"),
-        ]);
-        assert_eq!(per, vec![(DeviceRef::Index(3), MIB)]);
+        assert_eq!(
+            r.disagreements,
+            vec![],
+            "the variables agree with the runtime"
+        );
+        // Host indices, then a container-local CUDA_VISIBLE_DEVICES on top, agreeing.
+        let r = report_on(
+            &[
+                ("NVIDIA_VISIBLE_DEVICES", "0,1"),
+                ("CUDA_VISIBLE_DEVICES", "1"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "1024k"),
+            ],
+            &[G1],
+        );
+        assert_eq!(r.quota.as_ref().unwrap().per_gpu, vec![(G1, MIB)]);
+        assert_eq!(r.disagreements, vec![]);
+        // No device list from the runtime: the variables alone place nothing, the limit bounds
+        // every GPU (the smallest of them, on each).
+        for env in [
+            vec![
+                ("CUDA_DEVICE_MEMORY_LIMIT_1", "2g"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
+            ],
+            vec![
+                ("NVIDIA_VISIBLE_DEVICES", "GPU-111"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
+            ],
+        ] {
+            assert_eq!(limits(&env), (vec![], Some(GIB)), "{env:?}");
+        }
         // Fallback for all, a bare number is bytes, "all" is identity.
         assert_eq!(
             limits(&[
@@ -740,6 +1220,220 @@ mod tests {
             None
         );
         assert_eq!(quota(&[("PATH", "/bin")], GpuShareUnit::GiB), None);
+    }
+
+    /// Issue 22, problem 1: a visible-devices variable naming no GPU took HAMi's limit off the GPU
+    /// in use (3 GiB used under a 1 GiB limit, never enforced).
+    #[test]
+    fn a_visible_devices_variable_naming_no_gpu_cannot_take_a_hami_limit_off() {
+        let env = [
+            (
+                "CUDA_VISIBLE_DEVICES",
+                "GPU-00000000-0000-0000-0000-000000000000",
+            ),
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "1024m"),
+        ];
+        // Without the runtime's devices: every GPU.
+        let q = quota(&env, GpuShareUnit::GiB).unwrap();
+        assert_eq!((q.per_gpu, q.each_gpu), (vec![], Some(GIB)));
+        // With them: the GPU the runtime gave, and the disagreement said.
+        let r = report_on(&env, &[G0]);
+        assert_eq!(r.quota.as_ref().unwrap().per_gpu, vec![(G0, GIB)]);
+        assert_eq!(r.quota.as_ref().unwrap().each_gpu, None);
+        assert_eq!(kinds(&r), vec![DisagreementKind::NotGranted]);
+        assert!(r.disagreements[0].said.contains("GPU-00000000"), "{r:?}");
+        assert_eq!(r.disagreements[0].var, "CUDA_DEVICE_MEMORY_LIMIT_0");
+    }
+
+    #[test]
+    fn a_limit_is_not_moved_to_another_gpu() {
+        // The image names GPU 1; the runtime gave GPU 0.
+        let env = [
+            ("NVIDIA_VISIBLE_DEVICES", "GPU-111"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
+        ];
+        let r = report_on(&env, &[G0]);
+        assert_eq!(r.quota.as_ref().unwrap().per_gpu, vec![(G0, GIB)]);
+        assert_eq!(kinds(&r), vec![DisagreementKind::NotGranted]);
+        // Both GPUs given, the variables order them otherwise: the limit on both (the smaller
+        // applies on whichever is really used).
+        let r = report_on(&env, &[G0, G1]);
+        assert_eq!(
+            r.quota.as_ref().unwrap().per_gpu,
+            vec![(G0, GIB), (G1, GIB)]
+        );
+        assert_eq!(kinds(&r), vec![DisagreementKind::OtherGranted]);
+        // An ordinal beyond the devices given: every GPU.
+        let r = report_on(&[("CUDA_DEVICE_MEMORY_LIMIT_3", "1g")], &[G0]);
+        assert_eq!(r.quota.as_ref().unwrap().each_gpu, Some(GIB));
+        assert_eq!(kinds(&r), vec![DisagreementKind::BeyondGranted]);
+        // GPUShare's index is a variable too: a GPU not given bounds every GPU instead.
+        let gs = [
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "2"),
+            ("ALIYUN_COM_GPU_MEM_IDX", "1"),
+        ];
+        let r = report_on(&gs, &[G0]);
+        assert_eq!(r.quota.as_ref().unwrap().each_gpu, Some(2 * GIB));
+        assert_eq!(kinds(&r), vec![DisagreementKind::NotGranted]);
+        assert_eq!(limits_on(&gs, &[G1]), (vec![(G1, 2 * GIB)], None));
+    }
+
+    #[test]
+    fn nvidia_mps_and_kai_variables_are_limits_in_their_units() {
+        // NVIDIA's pair: integer MiB; the limit is the quota, the request shown beside it.
+        for name in ["NVIDIA_GPU_MEMORY_LIMIT", "NVIDIA_GPU_MEMORY_LIMITS"] {
+            let r = report(
+                &[(name, "1024"), ("NVIDIA_GPU_MEMORY_REQUESTS", "512")],
+                GpuShareUnit::GiB,
+            );
+            let q = r.quota.unwrap();
+            assert_eq!(
+                (q.source, q.each_gpu),
+                (EnvSource::Nvidia, Some(GIB)),
+                "{name}"
+            );
+            assert_eq!(r.request, Some(512 * MIB));
+        }
+        let r = report(&[("NVIDIA_GPU_MEMORY_REQUEST", "512")], GpuShareUnit::GiB);
+        assert_eq!(
+            (r.quota, r.request),
+            (None, Some(512 * MIB)),
+            "a request is no limit"
+        );
+        // One per device ordinal, over the devices given.
+        assert_eq!(
+            limits_on(&[("NVIDIA_GPU_MEMORY_LIMITS", "1024,0")], &[G1, G0]),
+            (vec![(G1, GIB)], None)
+        );
+        // MPS: `<ordinal>=<size>`, sizes in powers of 1024.
+        let (per, each) = limits_on(
+            &[("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=4G,1=512MB")],
+            &[G0, G1],
+        );
+        assert_eq!((per, each), (vec![(G0, 4 * GIB), (G1, 512 * MIB)], None));
+        let q = quota(
+            &[("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "2g")],
+            GpuShareUnit::GiB,
+        )
+        .unwrap();
+        assert_eq!((q.source, q.each_gpu), (EnvSource::Mps, Some(2 * GIB)));
+        assert_eq!(parse_mps_size("3k"), Some(3 << 10));
+        assert_eq!(parse_mps_size("3KB"), Some(3 << 10));
+        assert_eq!(parse_mps_size("5"), Some(5));
+        assert_eq!(parse_mps_size("1T"), Some(1 << 40));
+        assert_eq!(parse_mps_size("1tb"), Some(1 << 40));
+        assert_eq!(parse_mps_size("2b"), Some(2));
+        // KAI's hamicore binder: `<MiB>m` for every device.
+        let q = quota(&[("CUDA_DEVICE_MEMORY_LIMIT", "2048m")], GpuShareUnit::GiB).unwrap();
+        assert_eq!((q.source, q.each_gpu), (EnvSource::Hami, Some(2 * GIB)));
+        // Malformed: reported, ignored.
+        for env in [
+            ("NVIDIA_GPU_MEMORY_LIMIT", "1GiB"),
+            ("NVIDIA_GPU_MEMORY_LIMIT", ""),
+            ("NVIDIA_GPU_MEMORY_LIMIT", "99999999999999999"),
+            ("NVIDIA_GPU_MEMORY_LIMITS", "1,,2"),
+            ("NVIDIA_GPU_MEMORY_REQUEST", "x"),
+            ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=lots"),
+            ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "x=1G"),
+            ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "+1=1G"),
+            ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=G"),
+            ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=99999999999999T"),
+        ] {
+            let r = report(&[env], GpuShareUnit::GiB);
+            assert_eq!((r.quota, r.problems.len()), (None, 1), "{env:?}");
+        }
+        for v in [
+            "NVIDIA_GPU_MEMORY_LIMIT",
+            "NVIDIA_GPU_MEMORY_REQUESTS",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        ] {
+            assert!(is_quota_var(v), "{v}");
+        }
+        assert!(!is_quota_var("CUDA_MPS_PIPE_DIRECTORY"));
+    }
+
+    #[test]
+    fn a_smaller_value_from_one_source_beats_a_larger_one_from_another() {
+        for (env, want) in [
+            (
+                vec![
+                    ("NVIDIA_GPU_MEMORY_LIMIT", "8192"),
+                    ("CUDA_DEVICE_MEMORY_LIMIT", "2048m"),
+                ],
+                2 * GIB,
+            ),
+            (
+                vec![
+                    ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+                    ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "1G"),
+                ],
+                GIB,
+            ),
+            (
+                vec![
+                    ("ALIYUN_COM_GPU_MEM_CONTAINER", "1"),
+                    ("NVIDIA_GPU_MEMORY_LIMIT", "4096"),
+                ],
+                GIB,
+            ),
+        ] {
+            for env in [env.clone(), env.iter().rev().copied().collect()] {
+                let q = quota(&env, GpuShareUnit::GiB).unwrap();
+                assert_eq!(
+                    (q.source, q.each_gpu),
+                    (EnvSource::Both, Some(want)),
+                    "{env:?}"
+                );
+            }
+        }
+        // Per device too, whichever convention states it.
+        assert_eq!(
+            limits_on(
+                &[
+                    ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=4G,1=1G"),
+                    ("CUDA_DEVICE_MEMORY_LIMIT_0", "2g"),
+                    ("CUDA_DEVICE_MEMORY_LIMIT_1", "3g"),
+                ],
+                &[G0, G1],
+            ),
+            (vec![(G0, 2 * GIB), (G1, GIB)], None)
+        );
+    }
+
+    /// CRI-O: the kubelet appends the pod's `env:` after the device plugin's variables and CRI-O
+    /// replaces a name already set, so the spec holds only the pod's value.
+    #[test]
+    fn a_value_only_the_pod_could_have_written_lifts_nothing_and_is_said() {
+        // Only the pod's `=0` remains: no limit can be read, and the agent says why.
+        let r = report_on(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "0")], &[G0]);
+        assert_eq!(r.quota, None);
+        assert_eq!(kinds(&r), vec![DisagreementKind::NoPluginValue]);
+        // Only the pod's 999 (GiB, more than the 80 GiB GPU holds): said too.
+        let r = report_on(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "999")], &[G0]);
+        assert_eq!(r.quota.as_ref().unwrap().each_gpu, Some(999 * GIB));
+        assert_eq!(kinds(&r), vec![DisagreementKind::NoPluginValue]);
+        // containerd keeps both: the plugin's value binds, the pod's lifts nothing.
+        let r = report_on(
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "1024m"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "0"),
+                ("CUDA_DEVICE_MEMORY_LIMIT", "999g"),
+            ],
+            &[G0],
+        );
+        assert_eq!(r.quota.as_ref().unwrap().per_gpu, vec![(G0, GIB)]);
+        assert_eq!(
+            kinds(&r),
+            vec![
+                DisagreementKind::NoPluginValue,
+                DisagreementKind::NoPluginValue
+            ]
+        );
+        // A plausible value says nothing.
+        assert_eq!(
+            report_on(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "80g")], &[G0]).disagreements,
+            vec![]
+        );
     }
 
     #[test]
@@ -765,12 +1459,15 @@ mod tests {
         let q = quota(&[gs, ("CUDA_DEVICE_MEMORY_LIMIT", "4g")], GpuShareUnit::GiB).unwrap();
         assert_eq!((q.source, q.each_gpu), (EnvSource::Both, Some(GIB)));
         assert_eq!(
-            limits(&[
-                ("ALIYUN_COM_GPU_MEM_CONTAINER", "8"),
-                ("ALIYUN_COM_GPU_MEM_IDX", "0"),
-                ("CUDA_DEVICE_MEMORY_LIMIT_0", "2g"),
-                ("CUDA_DEVICE_MEMORY_LIMIT_1", "16g"),
-            ]),
+            limits_on(
+                &[
+                    ("ALIYUN_COM_GPU_MEM_CONTAINER", "8"),
+                    ("ALIYUN_COM_GPU_MEM_IDX", "0"),
+                    ("CUDA_DEVICE_MEMORY_LIMIT_0", "2g"),
+                    ("CUDA_DEVICE_MEMORY_LIMIT_1", "16g"),
+                ],
+                &[G0, G1]
+            ),
             (
                 vec![
                     (DeviceRef::Index(0), 2 * GIB),
@@ -781,20 +1478,26 @@ mod tests {
         );
         // A limit for every GPU caps the per-device ones.
         assert_eq!(
-            limits(&[
-                ("CUDA_DEVICE_MEMORY_LIMIT_0", "8g"),
-                ("CUDA_DEVICE_MEMORY_LIMIT", "2g"),
-            ]),
+            limits_on(
+                &[
+                    ("CUDA_DEVICE_MEMORY_LIMIT_0", "8g"),
+                    ("CUDA_DEVICE_MEMORY_LIMIT", "2g"),
+                ],
+                &[G0]
+            ),
             (vec![(DeviceRef::Index(0), 2 * GIB)], Some(2 * GIB))
         );
         // The same device by UUID and by index is one device.
         assert_eq!(
-            limits(&[
-                ("ALIYUN_COM_GPU_MEM_CONTAINER", "1"),
-                ("ALIYUN_COM_GPU_MEM_IDX", "1"),
-                ("NVIDIA_VISIBLE_DEVICES", "GPU-111"),
-                ("CUDA_DEVICE_MEMORY_LIMIT_0", "4g"),
-            ]),
+            limits_on(
+                &[
+                    ("ALIYUN_COM_GPU_MEM_CONTAINER", "1"),
+                    ("ALIYUN_COM_GPU_MEM_IDX", "1"),
+                    ("NVIDIA_VISIBLE_DEVICES", "GPU-111"),
+                    ("CUDA_DEVICE_MEMORY_LIMIT_0", "4g"),
+                ],
+                &[DeviceRef::Uuid("GPU-111".into())]
+            ),
             (vec![(DeviceRef::Index(1), GIB)], None)
         );
         // Repeated names: every value counts, the smallest wins.
@@ -818,6 +1521,90 @@ mod tests {
             r.problems[0].reason.contains("applies to every GPU"),
             "{r:?}"
         );
+    }
+
+    /// Kills the surviving mutants of `size_agrees`, the `!index_unknown` and `n > 0` guards and
+    /// the placement of NVIDIA's and MPS's limits (issue 22's mutation run).
+    #[test]
+    fn the_unit_check_accepts_a_quarter_either_side_and_nothing_beyond() {
+        let check = |dev: &str| {
+            report(
+                &[
+                    ("ALIYUN_COM_GPU_MEM_CONTAINER", "1"),
+                    ("ALIYUN_COM_GPU_MEM_DEV", dev),
+                ],
+                GpuShareUnit::GiB,
+            )
+            .unit_check
+        };
+        // 80 GiB GPUs: 60 and 100 GiB (75% and 125%) agree, 59 and 101 in neither unit.
+        for dev in ["60", "100"] {
+            assert_eq!(check(dev), UnitCheck::Agrees, "{dev}");
+        }
+        for dev in ["59", "50", "101", "120"] {
+            assert!(
+                matches!(check(dev), UnitCheck::Unexplained { .. }),
+                "{dev}: {:?}",
+                check(dev)
+            );
+        }
+        // A device size of 0 is no size: nothing to check.
+        assert_eq!(check("0"), UnitCheck::NotApplicable);
+    }
+
+    #[test]
+    fn an_index_that_is_also_unknown_bounds_every_gpu() {
+        for other in ["-1", "", "junk"] {
+            let q = quota(
+                &[
+                    ("ALIYUN_COM_GPU_MEM_CONTAINER", "2"),
+                    ("ALIYUN_COM_GPU_MEM_IDX", "1"),
+                    ("ALIYUN_COM_GPU_MEM_IDX", other),
+                ],
+                GpuShareUnit::GiB,
+            )
+            .unwrap();
+            assert_eq!(
+                (q.per_gpu, q.each_gpu),
+                (vec![], Some(2 * GIB)),
+                "{other:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn one_nvidia_value_is_for_every_gpu_and_each_convention_keeps_its_name() {
+        // One value: every GPU, also where the runtime's devices are known.
+        let r = report_on(&[("NVIDIA_GPU_MEMORY_LIMIT", "1024")], &[G0, G1]);
+        let q = r.quota.unwrap();
+        assert_eq!((q.per_gpu, q.each_gpu), (vec![], Some(GIB)));
+        // Per-ordinal values keep their convention's name.
+        for (env, source) in [
+            (("NVIDIA_GPU_MEMORY_LIMITS", "1024,2048"), EnvSource::Nvidia),
+            (
+                ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1G,1=2G"),
+                EnvSource::Mps,
+            ),
+            (("CUDA_DEVICE_MEMORY_LIMIT_1", "1g"), EnvSource::Hami),
+        ] {
+            let q = report_on(&[env], &[G0, G1]).quota.unwrap();
+            assert_eq!(q.source, source, "{env:?}");
+            assert!(q.each_gpu.is_none(), "{env:?}");
+        }
+        // GPUs whose size is not known say nothing about a limit being more than one holds.
+        let unknown = [GpuInfo {
+            index: 0,
+            uuid: "GPU-000".into(),
+            memory_total: 0,
+        }];
+        let r = env_quota_on(
+            [("CUDA_DEVICE_MEMORY_LIMIT", "1g")],
+            GpuShareUnit::GiB,
+            &unknown,
+            Some(&[G0]),
+        );
+        assert_eq!(r.disagreements, vec![]);
+        assert_eq!(r.quota.unwrap().each_gpu, Some(GIB));
     }
 
     #[test]
@@ -886,7 +1673,7 @@ mod tests {
             GpuShareUnit::MiB,
         );
         assert!(r.unit_check.disagrees());
-        assert_eq!(r.quota.unwrap().each_gpu, Some(GIB));
+        assert_eq!(r.quota.as_ref().unwrap().each_gpu, Some(GIB));
         // A size that fits neither unit: the configured unit, reported.
         let r = report(
             &[
@@ -899,7 +1686,7 @@ mod tests {
             r.unit_check,
             UnitCheck::Unexplained { dev: 5, .. }
         ));
-        assert_eq!(r.quota.unwrap().each_gpu, Some(2 * GIB));
+        assert_eq!(r.quota.as_ref().unwrap().each_gpu, Some(2 * GIB));
         // No device size, or no GPU known: the configured unit, nothing to say.
         let r = report(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "2")], GpuShareUnit::MiB);
         assert_eq!(
@@ -908,7 +1695,7 @@ mod tests {
         );
         let r = env_quota(mib_plugin, GpuShareUnit::GiB, &[]);
         assert_eq!(r.unit_check, UnitCheck::Unknown);
-        assert_eq!(r.quota.unwrap().per_gpu[0].1, 4096 * GIB);
+        assert_eq!(r.quota.as_ref().unwrap().per_gpu[0].1, 4096 * GIB);
         // HAMi alone: nothing to check.
         assert_eq!(
             report(

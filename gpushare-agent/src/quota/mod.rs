@@ -32,8 +32,8 @@ use crate::workload::WorkloadKind;
 pub use self::{
     duration::{fmt_duration, parse_duration, parse_nonzero_duration},
     env::{
-        EnvQuota, EnvQuotaError, EnvQuotaReport, EnvSource, GpuInfo, GpuShareUnit, Trust,
-        UnitCheck, env_quota, parse_environ,
+        Disagreement, DisagreementKind, EnvQuota, EnvQuotaError, EnvQuotaReport, EnvSource,
+        GpuInfo, GpuShareUnit, Trust, UnitCheck, env_quota, env_quota_on, parse_environ,
     },
     file::{LocatedError, QuotaFile, load_dir_set, parse_str},
     select::{PathGlob, PodRef, ProtectPattern, Selector, WorkloadMeta},

@@ -473,3 +473,80 @@ fn docker_runtime_spec_from_the_engine_its_containerd_bundle_or_else_the_init() 
     assert_ne!(Some(init.pid), c.gpu_pid());
     assert_eq!(quota(nothing), (Some(GIB), Trust::InitEnviron));
 }
+
+/// Issue 22: real containers whose runtime spec carries the limit. The HAMi limit names, through
+/// `CUDA_VISIBLE_DEVICES`, a GPU that does not exist (on main: no quota on the GPU in use, never
+/// enforced); NVIDIA's and MPS's variables are read in their units; the device Docker gave
+/// (`--device ...:/dev/nvidia0`, in `hostconfig.json`) is where the per-device limit lands.
+#[test]
+fn docker_limits_land_on_the_gpu_the_runtime_gave_in_every_schedulers_variables() {
+    let Some(dk) = require_docker("docker_every_schedulers_grant") else {
+        return;
+    };
+    let escape = GpuContainer::attached(
+        dk,
+        "hami-escape",
+        &[
+            "-e",
+            "CUDA_VISIBLE_DEVICES=GPU-00000000-0000-0000-0000-000000000000",
+            "-e",
+            "CUDA_DEVICE_MEMORY_LIMIT_0=1024m",
+        ],
+    )
+    .unwrap();
+    let nvidia = GpuContainer::attached(
+        dk,
+        "nv-limit",
+        &[
+            "-e",
+            "NVIDIA_GPU_MEMORY_REQUEST=512",
+            "-e",
+            "NVIDIA_GPU_MEMORY_LIMIT=1024",
+        ],
+    )
+    .unwrap();
+    let mps = GpuContainer::attached(
+        dk,
+        "mps-under",
+        &["-e", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4G"],
+    )
+    .unwrap();
+    let sc = Scenario::create(&scenario(&[
+        (escape.pid(), 3 * GIB),
+        (nvidia.pid(), 2 * GIB),
+        (mps.pid(), 2 * GIB),
+    ]))
+    .unwrap();
+    let agent = AgentProcess::start(&sc, FAST, &[]);
+    let s = agent.wait_for(WAIT, |s| {
+        state_of(s, &escape) == "frozen" && state_of(s, &nvidia) == "frozen"
+    });
+    assert!(escape.wait_v2_frozen(true, Duration::from_secs(5)));
+    assert!(nvidia.wait_v2_frozen(true, Duration::from_secs(5)));
+    let w = row(&s, &escape).unwrap();
+    assert_eq!(w.quota_bytes, Some(GIB), "{w:?}");
+    assert!(w.quota_source.contains("hami env"), "{w:?}");
+    let w = row(&s, &nvidia).unwrap();
+    assert_eq!(w.quota_bytes, Some(GIB), "{w:?}");
+    assert!(w.quota_source.contains("nvidia env"), "{w:?}");
+    let w = row(&s, &mps).unwrap();
+    assert_eq!(
+        (w.state.as_str(), w.quota_bytes),
+        ("ok", Some(4 * GIB)),
+        "{w:?}"
+    );
+    assert!(!mps.is_v2_frozen());
+    // The disagreement is shown and counted.
+    let shown = gpushare_agent::status::render_status(&s);
+    assert!(
+        shown.contains(&escape.key()) && shown.contains("did not give"),
+        "{shown}"
+    );
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("gpushare_env_quota_disagreements_total{kind=\"not_granted\"}")),
+        "{metrics}"
+    );
+}

@@ -44,7 +44,7 @@ use crate::{
         docker::{self, MAX_CONFIG_BYTES},
         procinfo,
     },
-    quota::{Trust, env::is_quota_var},
+    quota::{DeviceRef, Trust, env::is_quota_var},
     workload::Runtime,
 };
 
@@ -203,6 +203,160 @@ pub fn find_spec(roots: &SpecRoots, runtime: Runtime, id: &str) -> Option<(SpecK
 struct OciConfig {
     #[serde(default)]
     process: Option<OciProcess>,
+    #[serde(default)]
+    linux: Option<OciLinux>,
+    #[serde(default)]
+    annotations: Option<std::collections::BTreeMap<String, String>>,
+}
+
+#[derive(serde::Deserialize)]
+struct OciLinux {
+    #[serde(default)]
+    devices: Option<Vec<OciDevice>>,
+}
+
+#[derive(serde::Deserialize)]
+struct OciDevice {
+    #[serde(default)]
+    path: String,
+    #[serde(default)]
+    major: Option<i64>,
+    #[serde(default)]
+    minor: Option<i64>,
+}
+
+/// The NVIDIA character devices' major number.
+const NVIDIA_MAJOR: i64 = 195;
+
+/// The GPU a device node given to a container is: `/dev/nvidia<N>` in the container, GPU `minor`
+/// when it is NVIDIA's character device (major 195), else `<N>` (a node of other numbers mapped to
+/// that name, as in tests). `nvidiactl`, `nvidia-uvm` and the rest are no GPU.
+fn gpu_of_node(path: &str, major: Option<i64>, minor: Option<i64>) -> Option<u32> {
+    let n = path.strip_prefix("/dev/nvidia")?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    match (major, minor) {
+        (Some(NVIDIA_MAJOR), Some(m)) => u32::try_from(m).ok(),
+        _ => n.parse().ok(),
+    }
+}
+
+/// A device named by a CDI device name (`nvidia.com/gpu=0`, `nvidia.com/gpu=GPU-...`) or a Docker
+/// device request id: an index or a UUID; `all` and other names say nothing.
+fn gpu_of_name(name: &str) -> Option<DeviceRef> {
+    let name = name.trim();
+    if name.starts_with("GPU-") || name.starts_with("MIG-") {
+        Some(DeviceRef::Uuid(name.to_string()))
+    } else if !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) {
+        name.parse().ok().map(DeviceRef::Index)
+    } else {
+        None
+    }
+}
+
+fn dedup_in_order(v: Vec<DeviceRef>) -> Option<Vec<DeviceRef>> {
+    let mut out: Vec<DeviceRef> = Vec::new();
+    for d in v {
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// The GPUs an OCI runtime config gives the container, in its order: its `linux.devices` GPU nodes,
+/// else the GPUs its CDI annotations (`cdi.k8s.io/*`) name; `None` when neither says.
+fn devices_from_oci(cfg: &OciConfig) -> Option<Vec<DeviceRef>> {
+    let nodes = cfg
+        .linux
+        .as_ref()
+        .and_then(|l| l.devices.as_ref())
+        .map(|ds| {
+            ds.iter()
+                .filter_map(|d| gpu_of_node(&d.path, d.major, d.minor))
+                .map(DeviceRef::Index)
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    dedup_in_order(nodes).or_else(|| {
+        let names = cfg
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(k, _)| k.starts_with("cdi.k8s.io/"))
+            .flat_map(|(_, v)| v.split(','))
+            .filter_map(|qualified| {
+                let (kind, name) = qualified.trim().split_once('=')?;
+                kind.contains("gpu").then(|| gpu_of_name(name)).flatten()
+            })
+            .collect();
+        dedup_in_order(names)
+    })
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct DockerHostConfig {
+    #[serde(default)]
+    devices: Option<Vec<DockerDevice>>,
+    #[serde(default)]
+    device_requests: Option<Vec<DockerDeviceRequest>>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct DockerDevice {
+    #[serde(default)]
+    path_on_host: String,
+    #[serde(default)]
+    path_in_container: String,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct DockerDeviceRequest {
+    #[serde(default, rename = "DeviceIDs")]
+    device_ids: Option<Vec<String>>,
+}
+
+/// The GPUs Docker gives a container, from the text of its `hostconfig.json`: `--device` nodes
+/// named `/dev/nvidia<N>` in the container (GPU `minor` when the host node is NVIDIA's), then
+/// `--gpus device=...` ids; `None` when neither names one (`--gpus all` names none).
+pub fn devices_from_docker_hostconfig(bytes: &[u8]) -> Result<Option<Vec<DeviceRef>>, String> {
+    let hc: DockerHostConfig =
+        serde_json::from_slice(bytes).map_err(|e| format!("not a Docker host config: {e}"))?;
+    let mut out = Vec::new();
+    for d in hc.devices.iter().flatten() {
+        let (major, minor) = host_node_numbers(Path::new(&d.path_on_host));
+        if let Some(i) = gpu_of_node(&d.path_in_container, major, minor) {
+            out.push(DeviceRef::Index(i));
+        }
+    }
+    for r in hc.device_requests.iter().flatten() {
+        out.extend(
+            r.device_ids
+                .iter()
+                .flatten()
+                .filter_map(|id| gpu_of_name(id)),
+        );
+    }
+    Ok(dedup_in_order(out))
+}
+
+/// A host device node's major and minor numbers, when it is a character device.
+fn host_node_numbers(path: &Path) -> (Option<i64>, Option<i64>) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    match std::fs::metadata(path) {
+        Ok(m) if m.file_type().is_char_device() => {
+            let rdev = m.rdev();
+            (
+                Some(i64::from(libc::major(rdev))),
+                Some(i64::from(libc::minor(rdev))),
+            )
+        }
+        _ => (None, None),
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -227,8 +381,23 @@ pub fn quota_vars(env: &[String]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// What a container's spec says it was given: its quota variables and the GPUs its runtime gave it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SpecGrant {
+    /// The quota variables, in the spec's order.
+    pub vars: Vec<(String, String)>,
+    /// The GPUs the runtime gave, in its order; `None` when the spec does not say.
+    pub devices: Option<Vec<DeviceRef>>,
+}
+
 /// Reads the quota variables of container `id` from a spec file.
 pub fn read_spec(kind: SpecKind, path: &Path, id: &str) -> Result<Vec<(String, String)>, String> {
+    read_spec_grant(kind, path, id).map(|g| g.vars)
+}
+
+/// Reads the quota variables of container `id` and the GPUs its runtime gave it from a spec file
+/// (for Docker's `config.v2.json`, the devices come from the `hostconfig.json` beside it).
+pub fn read_spec_grant(kind: SpecKind, path: &Path, id: &str) -> Result<SpecGrant, String> {
     let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
     if meta.len() > MAX_CONFIG_BYTES {
         return Err(format!(
@@ -238,12 +407,34 @@ pub fn read_spec(kind: SpecKind, path: &Path, id: &str) -> Result<Vec<(String, S
         ));
     }
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let env = match kind {
-        SpecKind::DockerConfig => docker::env_from_config(&bytes, id),
-        SpecKind::OciBundle => env_from_oci_config(&bytes),
+    let at = |e: String| format!("{}: {e}", path.display());
+    match kind {
+        SpecKind::DockerConfig => {
+            let env = docker::env_from_config(&bytes, id).map_err(at)?;
+            let host_config = path.with_file_name("hostconfig.json");
+            let devices = match std::fs::metadata(&host_config) {
+                Ok(m) if m.len() <= MAX_CONFIG_BYTES => std::fs::read(&host_config)
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| devices_from_docker_hostconfig(&b))
+                    .map_err(|e| format!("{}: {e}", host_config.display()))?,
+                _ => None,
+            };
+            Ok(SpecGrant {
+                vars: quota_vars(&env),
+                devices,
+            })
+        }
+        SpecKind::OciBundle => {
+            let cfg: OciConfig = serde_json::from_slice(&bytes)
+                .map_err(|e| at(format!("not an OCI runtime config: {e}")))?;
+            let devices = devices_from_oci(&cfg);
+            let env = cfg.process.and_then(|p| p.env).unwrap_or_default();
+            Ok(SpecGrant {
+                vars: quota_vars(&env),
+                devices,
+            })
+        }
     }
-    .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(quota_vars(&env))
 }
 
 /// The processes of a cgroup subtree (`dir` is its v2 directory), at most [`MAX_SUBTREE_PIDS`],
@@ -492,6 +683,126 @@ mod tests {
         // A bundle without process.env has an empty environment.
         let p = t.write("e/config.json", r#"{"ociVersion":"1.0.0"}"#);
         assert_eq!(read_spec(SpecKind::OciBundle, &p, ID), Ok(vec![]));
+    }
+
+    /// A CRI-O bundle as the kubelet and CRI-O write it: the device plugin's device nodes in
+    /// `linux.devices`, NVIDIA's `nvidiactl` and `nvidia-uvm` beside them, and the pod's own
+    /// `env:` entry having replaced the plugin's `CUDA_DEVICE_MEMORY_LIMIT_0`.
+    fn crio_bundle(env: &[&str]) -> String {
+        serde_json::json!({
+            "ociVersion": "1.0.2-dev",
+            "process": { "args": ["python"], "env": env },
+            "linux": {
+                "devices": [
+                    { "path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255 },
+                    { "path": "/dev/nvidia-uvm", "type": "c", "major": 509, "minor": 0 },
+                    { "path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1 },
+                ],
+                "cgroupsPath": "kubepods-burstable-pod0f3d8e2a.slice:crio:3f2a"
+            },
+            "annotations": { "io.kubernetes.cri-o.ContainerType": "container" }
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn the_devices_the_runtime_gave_come_from_the_specs_device_nodes_or_cdi_names() {
+        let t = tree("devices");
+        // CRI-O: GPU 1 by its node's minor number; the pod's `=0` is all that is left of HAMi's
+        // limit (CRI-O keeps the last value of a name).
+        let p = t.write(
+            "crio/config.json",
+            &crio_bundle(&[
+                "CUDA_DEVICE_MEMORY_LIMIT_0=0",
+                "CUDA_VISIBLE_DEVICES=GPU-00000000-0000-0000-0000-000000000000",
+            ]),
+        );
+        let g = read_spec_grant(SpecKind::OciBundle, &p, ID).unwrap();
+        assert_eq!(g.devices, Some(vec![DeviceRef::Index(1)]));
+        assert_eq!(g.vars[0], ("CUDA_DEVICE_MEMORY_LIMIT_0".into(), "0".into()));
+        let r = crate::quota::env_quota_on(
+            g.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            crate::quota::GpuShareUnit::GiB,
+            &[],
+            g.devices.as_deref(),
+        );
+        assert_eq!(
+            r.quota, None,
+            "a 0 lifts nothing, and there is nothing else to read"
+        );
+        assert_eq!(
+            r.disagreements.iter().map(|d| d.kind).collect::<Vec<_>>(),
+            vec![crate::quota::DisagreementKind::NoPluginValue]
+        );
+        // A node of other numbers named /dev/nvidiaN (tests, a renamed node) is GPU N.
+        assert_eq!(gpu_of_node("/dev/nvidia3", Some(1), Some(3)), Some(3));
+        assert_eq!(gpu_of_node("/dev/nvidia3", Some(195), Some(7)), Some(7));
+        assert_eq!(gpu_of_node("/dev/nvidiactl", Some(195), Some(255)), None);
+        assert_eq!(gpu_of_node("/dev/nvidia", None, None), None);
+        assert_eq!(
+            gpu_of_node("/dev/nvidia-caps/nvidia-cap1", None, None),
+            None
+        );
+        // CDI names where no node is listed (HAMi's DRA driver, NVIDIA's plugin with CDI).
+        let p = t.write(
+            "cdi/config.json",
+            &serde_json::json!({
+                "process": { "env": ["CUDA_DEVICE_MEMORY_LIMIT_1=1024m"] },
+                "annotations": {
+                    "cdi.k8s.io/hami": "hami.io/gpu=GPU-aaa,hami.io/gpu=2",
+                    "cdi.k8s.io/other": "vendor.com/nic=0",
+                    "unrelated": "nvidia.com/gpu=5"
+                }
+            })
+            .to_string(),
+        );
+        let g = read_spec_grant(SpecKind::OciBundle, &p, ID).unwrap();
+        assert_eq!(
+            g.devices,
+            Some(vec![DeviceRef::Uuid("GPU-aaa".into()), DeviceRef::Index(2)])
+        );
+        // Nothing said: None (not an empty list).
+        let p = t.write("none/config.json", &oci(&["A=1"]));
+        assert_eq!(
+            read_spec_grant(SpecKind::OciBundle, &p, ID)
+                .unwrap()
+                .devices,
+            None
+        );
+        // Docker: hostconfig.json beside config.v2.json.
+        let d = format!(r#"{{"ID":"{ID}","Config":{{"Env":["NVIDIA_GPU_MEMORY_LIMIT=1024"]}}}}"#);
+        let p = t.write("docker/config.v2.json", &d);
+        assert_eq!(
+            read_spec_grant(SpecKind::DockerConfig, &p, ID)
+                .unwrap()
+                .devices,
+            None
+        );
+        t.write(
+            "docker/hostconfig.json",
+            r#"{"Devices":[{"PathOnHost":"/nonexistent-gpushare-node","PathInContainer":"/dev/nvidia0","CgroupPermissions":"rwm"}],
+                "DeviceRequests":[{"Driver":"nvidia","Count":0,"DeviceIDs":["GPU-bbb","0"],"Capabilities":[["gpu"]]}]}"#,
+        );
+        let g = read_spec_grant(SpecKind::DockerConfig, &p, ID).unwrap();
+        assert_eq!(
+            g.devices,
+            Some(vec![DeviceRef::Index(0), DeviceRef::Uuid("GPU-bbb".into())])
+        );
+        assert_eq!(
+            g.vars,
+            vec![("NVIDIA_GPU_MEMORY_LIMIT".into(), "1024".into())]
+        );
+        // `--gpus all` names none.
+        assert_eq!(
+            devices_from_docker_hostconfig(br#"{"DeviceRequests":[{"Count":-1}]}"#),
+            Ok(None)
+        );
+        t.write("docker/hostconfig.json", "{");
+        assert!(
+            read_spec_grant(SpecKind::DockerConfig, &p, ID)
+                .unwrap_err()
+                .contains("hostconfig.json")
+        );
     }
 
     #[test]
