@@ -452,7 +452,9 @@ mod tests {
             "linux": { "devices": [ { "path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0 } ] }
         });
         fs::write(d.join("config.json"), spec.to_string()).unwrap();
-        let w = parse_cgroup_path(&format!("/kubepods.slice/crio-{ID}.scope"));
+        let w = parse_cgroup_path(&format!(
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0d3a8c2e_5f3b_4c1e_9a7d_2b6e8f1c4a90.slice/crio-{ID}.scope"
+        ));
         for _ in 0..3 {
             let (q, trust) = f.reader.quota_for(&w, GpuShareUnit::GiB, &gpus()).unwrap();
             assert_eq!(q.per_gpu, vec![(DeviceRef::Index(0), GIB)]);
