@@ -95,7 +95,10 @@ fn check_path(path: &str) {
     }
     // A nested container is below the root, on the way to the path.
     if let Some(n) = nested_container(path, p) {
-        assert!(n.starts_with(p.as_str()) && n.len() > p.len(), "{path:?} -> {n:?}");
+        assert!(
+            n.starts_with(p.as_str()) && n.len() > p.len(),
+            "{path:?} -> {n:?}"
+        );
     }
     // Matching code paths reachable from a cgroup path alone.
     let meta = WorkloadMeta::new(w);
