@@ -13,10 +13,9 @@
 //! `GPUSHARE_BENCH_AGENT_BIN=PATH`: another agent build (for a before and after).
 
 use std::{
-    io::{BufRead, BufReader, Write},
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -25,12 +24,11 @@ use std::{
 };
 
 use gpushare_agent::client::{Endpoint, request};
-use gpushare_testkit::{FakeDeviceNode, TestCgroup, nvml::Scenario, unique};
+use gpushare_testkit::{FakeDeviceNode, TestCgroup, nvml::Scenario, process::Flooder, unique};
 use serde_json::json;
 
 const GIB: u64 = 1 << 30;
 const INTERVAL_S: f64 = 0.2;
-const NOBODY: u32 = 65534;
 
 fn main() {
     if unsafe { libc::geteuid() } != 0 {
@@ -145,7 +143,7 @@ fn round(agent_bin: &Path, lib: &Path, proc_bin: &Path, load: Load) -> Figures {
         Load::FdFlood => {
             let missing = format!("/dev/nvidia-{}", unique("missing"));
             for i in 0..8 {
-                flooders.push(Flooder::spawn(proc_bin, &dir, i, &missing));
+                flooders.push(Flooder::spawn(proc_bin, &dir, i, &missing, 19_000));
             }
             std::thread::sleep(Duration::from_secs(1));
         }
@@ -255,46 +253,4 @@ fn samples(listen: &str) -> f64 {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
-}
-
-/// As the flood test's: unprivileged, niced, 19,000 fds, failed opens for ever; killed on drop.
-struct Flooder(Child);
-
-impl Flooder {
-    fn spawn(bin: &Path, dir: &Path, i: usize, missing: &str) -> Self {
-        let count = dir.join(format!("flood-{i}.count"));
-        std::fs::write(&count, "0").unwrap();
-        std::os::unix::fs::chown(&count, Some(NOBODY), Some(NOBODY)).unwrap();
-        let mut cmd = Command::new(bin);
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .uid(NOBODY)
-            .gid(NOBODY);
-        // SAFETY: nice(2) only, in the child before exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::nice(19);
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        let stdin = child.stdin.as_mut().unwrap();
-        writeln!(stdin, "flood 19000 {missing} {}", count.display()).unwrap();
-        stdin.flush().unwrap();
-        line.clear();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ok", "flooder could not hold its fds");
-        Self(child)
-    }
-}
-
-impl Drop for Flooder {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

@@ -104,3 +104,65 @@ impl Drop for FakeGpuProcess {
         let _ = self.child.wait();
     }
 }
+
+/// The uid and gid of `nobody`: a flooding tenant has no privilege.
+pub const NOBODY: u32 = 65534;
+
+/// An unprivileged (`nobody`), niced process (the fake GPU process binary `bin`) holding `fds`
+/// fds and opening the missing node `missing` for ever, counting its tries in a file under
+/// `dir`; killed on drop. What a hostile tenant does to make each failed nvidia open expensive.
+pub struct Flooder {
+    child: Child,
+    count: std::path::PathBuf,
+}
+
+impl Flooder {
+    /// Starts flooder `i` and waits until it holds its fds.
+    pub fn spawn(bin: &Path, dir: &Path, i: usize, missing: &str, fds: usize) -> Self {
+        use std::os::unix::process::CommandExt;
+        let count = dir.join(format!("flood-{i}.count"));
+        std::fs::write(&count, "0").unwrap();
+        std::os::unix::fs::chown(&count, Some(NOBODY), Some(NOBODY)).unwrap();
+        let mut cmd = Command::new(bin);
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .uid(NOBODY)
+            .gid(NOBODY);
+        // SAFETY: nice(2) only, in the child before exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::nice(19);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready"), "flooder did not start: {line:?}");
+        let stdin = child.stdin.as_mut().unwrap();
+        writeln!(stdin, "flood {fds} {missing} {}", count.display()).unwrap();
+        stdin.flush().unwrap();
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ok", "flooder could not hold {fds} fds");
+        Self { child, count }
+    }
+
+    /// Opens tried so far (to the last 1024).
+    pub fn tries(&self) -> u64 {
+        std::fs::read_to_string(&self.count)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Flooder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.count);
+    }
+}

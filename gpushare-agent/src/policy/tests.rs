@@ -1228,15 +1228,7 @@ fn an_earlier_runs_suspension_is_kept_while_liable_and_resumed_when_not() {
         suspend_at_once('b', "")
     ));
     for (k, bytes) in [('a', 3 * GIB), ('b', GIB)] {
-        sim.kernel.insert(
-            key(k),
-            ObservedGroup {
-                suspension: Some(Suspension::Suspended {
-                    per_gpu: BTreeMap::from([(0, bytes)]),
-                }),
-                ..observed(GroupState::Frozen, true, k)
-            },
-        );
+        suspended_by_an_earlier_run(&mut sim, k, bytes);
     }
     let actions = sim.at(100_000, &[]);
     assert_eq!(
@@ -1248,6 +1240,19 @@ fn an_earlier_runs_suspension_is_kept_while_liable_and_resumed_when_not() {
     assert!(
         sim.at(101_000, &[]).is_empty(),
         "the kill step is not due yet (30 s after the adopted suspend)"
+    );
+}
+
+/// Container `c`'s group as an earlier run left it: frozen, ours, with `bytes` of GPU 0 suspended.
+fn suspended_by_an_earlier_run(sim: &mut Sim, c: char, bytes: u64) {
+    sim.kernel.insert(
+        key(c),
+        ObservedGroup {
+            suspension: Some(Suspension::Suspended {
+                per_gpu: BTreeMap::from([(0, bytes)]),
+            }),
+            ..observed(GroupState::Frozen, true, c)
+        },
     );
 }
 

@@ -4,15 +4,18 @@
 //! completed, never times.
 
 use std::{
-    io::{BufRead, BufReader, Write},
     os::unix::process::CommandExt,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use gpushare_agent::client::{Endpoint, request};
-use gpushare_testkit::{FakeDeviceNode, nvml::Scenario, unique, workspace_bin};
+use gpushare_testkit::{
+    FakeDeviceNode,
+    nvml::Scenario,
+    process::{Flooder, NOBODY},
+    unique, workspace_bin,
+};
 
 use crate::util::{
     AgentProcess, Reaped, cgroup_quota, counter_value, group, needs_root, one_gpu, sleeping_group,
@@ -21,8 +24,6 @@ use crate::util::{
 
 const GIB: u64 = 1 << 30;
 const FREEZE: &str = "[defaults]\ngrace = \"0s\"\nladder = [ { action = \"freeze\" } ]\n";
-/// The uid and gid of `nobody`: the flooding tenant has no privilege.
-const NOBODY: u32 = 65534;
 /// Flooding processes, and the fds each holds (the box's hard limit is 20,000).
 const FLOODERS: usize = 8;
 const FLOOD_FDS: usize = 19_000;
@@ -31,63 +32,6 @@ const FLOOD_FDS: usize = 19_000;
 const FD_ENTRIES_PER_FAILED_OPEN: u64 = 4;
 /// The least share of its sample interval's steps the agent completes under the flood.
 const MIN_STEP_SHARE: f64 = 0.5;
-
-/// An unprivileged, niced process holding [`FLOOD_FDS`] fds and opening a missing `/dev/nvidia*`
-/// node for ever; killed on drop.
-pub struct Flooder {
-    child: Child,
-    count: PathBuf,
-}
-
-impl Flooder {
-    /// Starts one in the background, counting its tries in a file under `dir`.
-    pub fn spawn(dir: &Path, i: usize, missing: &str, fds: usize) -> Self {
-        let count = dir.join(format!("flood-{i}.count"));
-        std::fs::write(&count, "0").unwrap();
-        std::os::unix::fs::chown(&count, Some(NOBODY), Some(NOBODY)).unwrap();
-        let mut cmd = Command::new(workspace_bin("gpushare-fake-gpu-proc"));
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .uid(NOBODY)
-            .gid(NOBODY);
-        // SAFETY: nice(2) only, in the child before exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::nice(19);
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert!(line.starts_with("ready"), "flooder did not start: {line:?}");
-        let stdin = child.stdin.as_mut().unwrap();
-        writeln!(stdin, "flood {fds} {missing} {}", count.display()).unwrap();
-        stdin.flush().unwrap();
-        line.clear();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ok", "flooder could not hold {fds} fds");
-        Self { child, count }
-    }
-
-    /// Opens tried so far (to the last 1024).
-    pub fn tries(&self) -> u64 {
-        std::fs::read_to_string(&self.count)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for Flooder {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.count);
-    }
-}
 
 /// NVML samples the agent has taken (one a step at its interval).
 fn samples(agent: &AgentProcess) -> f64 {
@@ -108,7 +52,15 @@ fn a_flood_of_failed_nvidia_opens_from_fd_heavy_tenants_costs_the_agent_a_bounde
     let before = agent.wait_next_step().counters.attribution_work;
     let missing = format!("/dev/nvidia-{}", unique("missing"));
     let flooders: Vec<Flooder> = (0..FLOODERS)
-        .map(|i| Flooder::spawn(&agent.dir, i, &missing, FLOOD_FDS))
+        .map(|i| {
+            Flooder::spawn(
+                &workspace_bin("gpushare-fake-gpu-proc"),
+                &agent.dir,
+                i,
+                &missing,
+                FLOOD_FDS,
+            )
+        })
         .collect();
     wait_until(
         Duration::from_secs(60),

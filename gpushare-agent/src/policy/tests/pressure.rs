@@ -82,15 +82,7 @@ fn a_and_b_suspended() -> Sim {
         quota_for('b', "")
     ));
     for (k, bytes) in [('a', 3 * GIB), ('b', 5 * GIB)] {
-        sim.kernel.insert(
-            key(k),
-            ObservedGroup {
-                suspension: Some(Suspension::Suspended {
-                    per_gpu: BTreeMap::from([(0, bytes)]),
-                }),
-                ..observed(GroupState::Frozen, true, k)
-            },
-        );
+        suspended_by_an_earlier_run(&mut sim, k, bytes);
     }
     sim
 }
