@@ -13,6 +13,7 @@ use std::{
 fn main() -> anyhow::Result<()> {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
     println!("cargo:rustc-env=GPUSHARE_COMMIT={}", commit(&manifest_dir));
+    pod_resources(&manifest_dir)?;
     let ebpf_dir = manifest_dir.join("../gpushare-ebpf").canonicalize()?;
     let root_dir = ebpf_dir
         .to_str()
@@ -27,6 +28,21 @@ fn main() -> anyhow::Result<()> {
         }],
         aya_build::Toolchain::default(),
     )
+}
+
+/// The kubelet's pod-resources `v1` API (vendored in `proto/podresources/`), compiled by protox
+/// (pure Rust, no `protoc`) into prost messages, the tonic client and the server trait the tests'
+/// fake kubelet implements.
+fn pod_resources(dir: &Path) -> anyhow::Result<()> {
+    let root = dir.join("proto/podresources");
+    let file = root.join("v1/api.proto");
+    println!("cargo:rerun-if-changed={}", file.display());
+    let fds = protox::compile([&file], [&root])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)?;
+    Ok(())
 }
 
 const OVERRIDE: &str = "GPUSHARE_BUILD_COMMIT";

@@ -18,6 +18,7 @@
 //! [`runtime_spec`]. Malformed variables and unreadable spec files are counted
 //! ([`EnvQuotaReader::problems_total`]) and logged when they change, never fatal.
 
+pub mod kubelet;
 pub mod runtime_spec;
 
 use std::{
@@ -32,9 +33,10 @@ use self::runtime_spec::{EnvOrigin, SpecRoots};
 use crate::sys::file_stamp::FileStamp;
 use crate::{
     attribution::{WorkloadId, WorkloadKind, procinfo},
+    kube::{devices::devices_disagree, podresources::PodResourcesView},
     quota::{
-        DeviceRef, DisagreementKind, EnvQuota, GpuInfo, GpuShareUnit, Trust, UnitCheck,
-        env_quota_on,
+        DeviceRef, Disagreement, DisagreementKind, EnvQuota, EnvSource, GpuInfo, GpuShareUnit,
+        Trust, UnitCheck, env_quota_on, trusted::smallest_of,
     },
 };
 
@@ -48,6 +50,10 @@ struct Entry {
     vars: Vec<(String, String)>,
     /// The GPUs the runtime gave (its spec's device nodes or CDI devices), when it says.
     devices: Option<Vec<DeviceRef>>,
+    /// Its name in its pod, from the spec's CRI annotations.
+    container_name: Option<String>,
+    /// Why the kubelet's grant could not be matched, as last logged.
+    logged_kubelet: String,
     looked_up: Instant,
     /// Last problems and unit check logged, so each is logged (and counted) once per change.
     logged_problems: String,
@@ -98,6 +104,21 @@ impl EnvQuotaReader {
         unit: GpuShareUnit,
         gpus: &[GpuInfo],
     ) -> Option<(EnvQuota, Trust)> {
+        self.quota_with(workload, unit, gpus, None)
+    }
+
+    /// [`Self::quota_for`] with the kubelet's pod-resources view: its grant is a trusted source,
+    /// and the smallest of it and the environment applies on every GPU
+    /// ([`crate::quota::trusted`]); the devices it names resolve per-device variables like the
+    /// runtime spec's (where both name devices and disagree, the limits are placed both ways and
+    /// the smaller applies).
+    pub fn quota_with(
+        &mut self,
+        workload: &WorkloadId,
+        unit: GpuShareUnit,
+        gpus: &[GpuInfo],
+        kubelet: Option<&PodResourcesView>,
+    ) -> Option<(EnvQuota, Trust)> {
         let key = workload.key();
         if !matches!(
             workload.kind,
@@ -124,12 +145,65 @@ impl EnvQuotaReader {
         }
         let entry = self.entries.get_mut(&key)?;
         let trust = entry.origin.as_ref().map(EnvOrigin::trust);
-        let report = env_quota_on(
-            entry.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-            unit,
-            gpus,
-            entry.devices.as_deref(),
-        );
+        let assignment = match kubelet
+            .map(|v| kubelet::assignment(v, workload, entry.container_name.as_deref()))
+            .transpose()
+        {
+            Ok(a) => {
+                entry.logged_kubelet.clear();
+                a.flatten()
+            }
+            Err(why) => {
+                if why != entry.logged_kubelet {
+                    warn!("{key}: {why}");
+                    self.problems_total += 1;
+                    entry.logged_kubelet = why;
+                }
+                None
+            }
+        };
+        let kube_devices = assignment.and_then(|a| a.grant.devices.clone());
+        let spec_devices = entry.devices.clone();
+        // Devices from the spec, else the kubelet's; both and different: placed both ways.
+        let placements: Vec<Option<Vec<DeviceRef>>> = match (&spec_devices, &kube_devices) {
+            (Some(s), Some(k)) if devices_disagree(s, k) => {
+                vec![Some(s.clone()), Some(k.clone())]
+            }
+            (Some(s), _) => vec![Some(s.clone())],
+            (None, k) => vec![k.clone()],
+        };
+        let env_on = |granted: Option<&[DeviceRef]>| {
+            env_quota_on(
+                entry.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                unit,
+                gpus,
+                granted,
+            )
+        };
+        let mut report = env_on(placements[0].as_deref());
+        let mut kube_quota = assignment.and_then(|a| {
+            kubelet::part_of(a, &entry.vars, unit, gpus, placements[0].as_deref()).quota
+        });
+        if let Some(other) = placements.get(1) {
+            let second = env_on(other.as_deref());
+            report.quota = smallest_of(report.quota.take(), second.quota, EnvSource::Both);
+            if let Some(a) = assignment {
+                kube_quota = smallest_of(
+                    kube_quota,
+                    kubelet::part_of(a, &entry.vars, unit, gpus, other.as_deref()).quota,
+                    EnvSource::Kubelet,
+                );
+            }
+            report.disagreements.push(Disagreement {
+                kind: DisagreementKind::KubeletDevices,
+                var: "pod-resources".into(),
+                said: format!(
+                    "the kubelet says it was given {:?}, its runtime spec {:?}: per-device limits apply to both, the smaller binds",
+                    kube_devices.as_deref().unwrap_or_default(),
+                    spec_devices.as_deref().unwrap_or_default()
+                ),
+            });
+        }
         let from = || entry_origin(&entry.origin);
         let problems: Vec<String> = report
             .problems
@@ -176,8 +250,23 @@ impl EnvQuotaReader {
             entry.logged_request = report.request;
         }
         entry.unit_check = report.unit_check;
-        entry.trust = trust.filter(|_| report.quota.is_some());
-        report.quota.zip(trust)
+        let env_quota = report.quota.zip(trust);
+        let result = match (kube_quota, env_quota) {
+            (None, e) => e,
+            (Some(k), None) => Some((k, Trust::Kubelet)),
+            (Some(k), Some((e, t))) => {
+                smallest_of(Some(k), Some(e), EnvSource::KubeletAndEnv).map(|q| {
+                    let t = if q.source == EnvSource::Kubelet {
+                        Trust::Kubelet
+                    } else {
+                        t
+                    };
+                    (q, t)
+                })
+            }
+        };
+        entry.trust = result.as_ref().map(|(_, t)| *t);
+        result
     }
 
     /// Whether a cached entry still describes the workload: its spec file is unchanged, or its
@@ -212,6 +301,8 @@ impl EnvQuotaReader {
             stamp: None,
             vars: Vec::new(),
             devices: None,
+            container_name: None,
+            logged_kubelet: String::new(),
             looked_up: Instant::now(),
             logged_problems: String::new(),
             logged_unit: String::new(),
@@ -228,6 +319,7 @@ impl EnvQuotaReader {
                     entry.stamp = stamp;
                     entry.vars = grant.vars;
                     entry.devices = grant.devices;
+                    entry.container_name = grant.container_name;
                     return entry;
                 }
                 Err(e) => {

@@ -633,6 +633,14 @@ impl Agent {
         for (key, said) in self.workloads.env_quotas().disagreements() {
             degraded.push(format!("{key}: {said}"));
         }
+        if let Some(k) = self.workloads.kubelet() {
+            degraded.extend(k.status.degraded());
+            for pod in &k.ambiguous {
+                degraded.push(format!(
+                    "kubelet pod-resources: pod {pod} has two live pod UIDs: neither gets its grant"
+                ));
+            }
+        }
         if self.quotas.observe_only() {
             degraded.push(
                 "observe only: the quota configuration was invalid at start and no last good \

@@ -24,8 +24,9 @@ use super::{
 pub use crate::attribution::names::{NameCache, WorkloadNames};
 use crate::{
     attribution::{GpuTaskEntry, WorkloadId, WorkloadKind, docker::DAEMON_JSON},
+    kube::podresources::{PodResourcesSource, PodResourcesView},
     policy::AttributedProcess,
-    quota::{GpuInfo, QuotaSet, QuotaSource, Selector, WorkloadMeta},
+    quota::{GpuInfo, KubernetesSettings, QuotaSet, QuotaSource, Selector, WorkloadMeta},
     snapshot::IdentityNote,
     workload::{Placement, nested_container, parse_cgroup_path_in, parse_without_runtime},
 };
@@ -117,6 +118,9 @@ impl IdentityEvent {
 pub struct Workloads {
     names: NameCache,
     env_quotas: EnvQuotaReader,
+    /// The kubelet's pod-resources reader, per the quota file's `[kubernetes]` table.
+    kubelet: Option<PodResourcesSource>,
+    v2_root: std::path::PathBuf,
     quota_trust: HashMap<String, &'static str>,
     placement: Placement,
     records: RuntimeRecords,
@@ -142,7 +146,9 @@ impl Workloads {
     pub fn with(v2_root: std::path::PathBuf, placement: Placement, roots: SpecRoots) -> Self {
         Self {
             names: NameCache::default(),
-            env_quotas: EnvQuotaReader::new(roots.clone(), v2_root),
+            env_quotas: EnvQuotaReader::new(roots.clone(), v2_root.clone()),
+            kubelet: None,
+            v2_root,
             quota_trust: HashMap::new(),
             placement,
             records: RuntimeRecords::new(roots),
@@ -161,6 +167,24 @@ impl Workloads {
     /// The environment-quota reader (its counters and unit checks, for reports).
     pub fn env_quotas(&self) -> &EnvQuotaReader {
         &self.env_quotas
+    }
+
+    /// The kubelet's pod-resources view as of the last step, when it is read.
+    pub fn kubelet(&self) -> Option<std::sync::Arc<PodResourcesView>> {
+        self.kubelet.as_ref().map(PodResourcesSource::view)
+    }
+
+    /// Starts, restarts or stops the kubelet reader when the `[kubernetes]` settings change.
+    fn sync_kubelet(&mut self, k: &KubernetesSettings) {
+        let running = self.kubelet.as_ref().map(PodResourcesSource::settings);
+        match (running, &k.pod_resources_socket) {
+            (None, None) => {}
+            (Some(r), Some(_)) if r == k => {}
+            (_, None) => self.kubelet = None,
+            (_, Some(_)) => {
+                self.kubelet = Some(PodResourcesSource::start(k, self.v2_root.clone()));
+            }
+        }
     }
 
     /// How far each workload's quota source is trusted (`file`, `runtime_spec`, `init_environ`).
@@ -222,6 +246,8 @@ impl Workloads {
     ) -> Vec<AttributedProcess> {
         let env_enabled = quotas.defaults().env_quotas;
         let unit = quotas.defaults().gpushare_unit;
+        self.sync_kubelet(quotas.kubernetes());
+        let kubelet_view = self.kubelet.as_ref().map(PodResourcesSource::view);
         let tasks: Vec<&GpuTaskEntry> = tasks
             .filter(|t| t.workload.is_some() && t.cgroup_path.is_some())
             .collect();
@@ -247,8 +273,16 @@ impl Workloads {
                 let env = env_of
                     .entry(id.key())
                     .or_insert_with(|| {
+                        if claimed
+                            && let (Some(k), Some(uid)) = (self.kubelet.as_mut(), id.pod_uid())
+                        {
+                            k.want(uid);
+                        }
                         (env_enabled && claimed)
-                            .then(|| self.env_quotas.quota_for(id, unit, gpus))
+                            .then(|| {
+                                self.env_quotas
+                                    .quota_with(id, unit, gpus, kubelet_view.as_deref())
+                            })
                             .flatten()
                             .map(|(q, _)| q)
                     })
@@ -284,6 +318,10 @@ impl Workloads {
         self.env_quotas.retain(&live_keys);
         self.names.retain(&live_keys);
         self.records.retain(&live_keys);
+        if let Some(k) = self.kubelet.as_mut() {
+            let uids: HashSet<&str> = of_leaf.values().filter_map(|(w, _)| w.pod_uid()).collect();
+            k.retain(|u| uids.contains(u));
+        }
         self.quota_trust.clear();
         for (workload, env) in metas.values() {
             let key = workload.id.key();

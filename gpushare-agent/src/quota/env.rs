@@ -106,6 +106,10 @@ pub enum EnvSource {
     Mps,
     /// Several conventions' variables set limits; the smallest applies per device.
     Both,
+    /// The kubelet's pod-resources grant (GPUShare units counted from its device ids).
+    Kubelet,
+    /// The kubelet's grant and the environment each bind on some GPU (the smallest applies).
+    KubeletAndEnv,
 }
 
 impl EnvSource {
@@ -117,6 +121,8 @@ impl EnvSource {
             Self::Nvidia => "nvidia env",
             Self::Mps => "mps env",
             Self::Both => "several plugins' env (the smallest applies)",
+            Self::Kubelet => "kubelet",
+            Self::KubeletAndEnv => "kubelet and env (the smallest applies)",
         }
     }
 }
@@ -131,6 +137,9 @@ pub enum Trust {
     /// No spec was found: the environment of the container's first process (its init), as the
     /// runtime started it. Lower trust: a process can rewrite its own environment block.
     InitEnviron,
+    /// The kubelet's pod-resources API: what the node admitted the pod with, which no pod can
+    /// write.
+    Kubelet,
 }
 
 impl Trust {
@@ -139,6 +148,7 @@ impl Trust {
         match self {
             Self::RuntimeSpec => "runtime_spec",
             Self::InitEnviron => "init_environ",
+            Self::Kubelet => "kubelet",
         }
     }
 }
@@ -280,6 +290,9 @@ pub enum DisagreementKind {
     /// A value no device plugin writes (HAMi's 0, more than a GPU holds): the image's or the pod's.
     /// It sets no limit that binds and lifts none.
     NoPluginValue,
+    /// The kubelet's pod-resources reply names other devices than the runtime spec: per-device
+    /// limits are placed both ways and the smaller applies.
+    KubeletDevices,
 }
 
 impl DisagreementKind {
@@ -290,6 +303,7 @@ impl DisagreementKind {
             Self::OtherGranted => "other_granted",
             Self::BeyondGranted => "beyond_granted",
             Self::NoPluginValue => "no_plugin_value",
+            Self::KubeletDevices => "kubelet_devices",
         }
     }
 }

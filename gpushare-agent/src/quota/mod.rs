@@ -24,6 +24,7 @@ pub mod file;
 pub mod lint;
 pub mod select;
 pub mod size;
+pub mod trusted;
 
 use std::{fmt, time::Duration};
 
@@ -341,6 +342,27 @@ impl Default for Defaults {
     }
 }
 
+/// The `[kubernetes]` table of the main quota file.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct KubernetesSettings {
+    // ---- pod-resources (the kubelet's socket; issue 22a) ----
+    /// `pod_resources_socket`: the kubelet's pod-resources socket; `None` = not read.
+    pub pod_resources_socket: Option<std::path::PathBuf>,
+    /// `pod_logs_dir`: the kubelet's per-pod log directories (`<ns>_<pod>_<uid>`), which join its
+    /// replies (namespace and name) to pod UIDs; container log links are read in its sibling
+    /// `containers`.
+    pub pod_logs_dir: std::path::PathBuf,
+}
+
+impl Default for KubernetesSettings {
+    fn default() -> Self {
+        Self {
+            pod_resources_socket: None,
+            pod_logs_dir: crate::attribution::k8s_names::POD_LOG_ROOT.into(),
+        }
+    }
+}
+
 /// One GPU, by NVML index or UUID.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -490,6 +512,7 @@ pub struct QuotaSet {
     defaults: Defaults,
     entries: Vec<QuotaEntry>,
     protect: Vec<ProtectPattern>,
+    kubernetes: KubernetesSettings,
 }
 
 impl QuotaSet {
@@ -509,7 +532,19 @@ impl QuotaSet {
             defaults,
             entries,
             protect,
+            kubernetes: KubernetesSettings::default(),
         }
+    }
+
+    /// The same set with the `[kubernetes]` settings `k`.
+    pub(crate) fn with_kubernetes(mut self, k: KubernetesSettings) -> Self {
+        self.kubernetes = k;
+        self
+    }
+
+    /// The `[kubernetes]` settings.
+    pub fn kubernetes(&self) -> &KubernetesSettings {
+        &self.kubernetes
     }
 
     /// Parses and validates one main file given as text (no drop-ins). For tests and `check`.

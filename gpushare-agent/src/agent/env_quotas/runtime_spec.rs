@@ -388,6 +388,24 @@ pub struct SpecGrant {
     pub vars: Vec<(String, String)>,
     /// The GPUs the runtime gave, in its order; `None` when the spec does not say.
     pub devices: Option<Vec<DeviceRef>>,
+    /// The container's name in its pod (the CRI annotations `io.kubernetes.container.name`,
+    /// containerd's `io.kubernetes.cri.container-name`), when the spec says.
+    pub container_name: Option<String>,
+}
+
+/// The CRI annotations that name a container within its pod (CRI-O's, containerd's).
+const CONTAINER_NAME_ANNOTATIONS: [&str; 2] = [
+    "io.kubernetes.container.name",
+    "io.kubernetes.cri.container-name",
+];
+
+fn container_name_of(cfg: &OciConfig) -> Option<String> {
+    let a = cfg.annotations.as_ref()?;
+    CONTAINER_NAME_ANNOTATIONS
+        .iter()
+        .find_map(|k| a.get(*k))
+        .filter(|n| !n.is_empty())
+        .cloned()
 }
 
 /// Reads the quota variables of container `id` from a spec file.
@@ -422,16 +440,19 @@ pub fn read_spec_grant(kind: SpecKind, path: &Path, id: &str) -> Result<SpecGran
             Ok(SpecGrant {
                 vars: quota_vars(&env),
                 devices,
+                container_name: None,
             })
         }
         SpecKind::OciBundle => {
             let cfg: OciConfig = serde_json::from_slice(&bytes)
                 .map_err(|e| at(format!("not an OCI runtime config: {e}")))?;
             let devices = devices_from_oci(&cfg);
+            let container_name = container_name_of(&cfg);
             let env = cfg.process.and_then(|p| p.env).unwrap_or_default();
             Ok(SpecGrant {
                 vars: quota_vars(&env),
                 devices,
+                container_name,
             })
         }
     }

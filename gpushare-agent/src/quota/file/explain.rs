@@ -69,7 +69,11 @@ pub(super) fn explain_toml_message(message: &str) -> String {
             return message.to_string();
         };
         let in_entry = expected.contains(&"gpu_memory");
-        let hint = if *field == "protect" && !expected.contains(&"quota") {
+        let hint = if expected.contains(&"pod_resources_socket")
+            && ["socket", "kubelet_socket", "pod_resources"].contains(field)
+        {
+            Some("the kubelet's socket is `pod_resources_socket`".to_string())
+        } else if *field == "protect" && !expected.contains(&"quota") {
             Some("`protect` is a top-level key: move it above the first [table] header".to_string())
         } else if expected.contains(&"elastic_reserve")
             && ["gpu_memory", "container", "pod", "unit", "cgroup", "gpu"].contains(field)

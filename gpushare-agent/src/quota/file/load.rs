@@ -21,7 +21,17 @@ impl QuotaSet {
             defaults.gpushare_unit = patch.gpushare_unit.unwrap_or(defaults.gpushare_unit);
             defaults.env_quotas = patch.env_quotas.unwrap_or(defaults.env_quotas);
         }
+        let kubernetes = main.kubernetes.clone().map(|(_, k)| k).unwrap_or_default();
         for d in &dropins {
+            if let Some((at, _)) = &d.kubernetes {
+                errors.push(LocatedError {
+                    location: at.clone(),
+                    message: format!(
+                        "[kubernetes] is only allowed in the main file ({}): move it there",
+                        main.origin
+                    ),
+                });
+            }
             if let Some((at, _)) = &d.defaults {
                 errors.push(LocatedError {
                     location: at.clone(),
@@ -61,7 +71,7 @@ impl QuotaSet {
             }
         }
         if errors.is_empty() {
-            Ok(QuotaSet::from_parts(defaults, entries, protect))
+            Ok(QuotaSet::from_parts(defaults, entries, protect).with_kubernetes(kubernetes))
         } else {
             Err(errors)
         }

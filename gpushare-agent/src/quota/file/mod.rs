@@ -27,6 +27,10 @@
 //! gpushare_memory_unit = "GiB"   # or "MiB": unit of ALIYUN_COM_GPU_MEM_* values
 //! env_quotas = true              # honour GPUShare/HAMi env quotas
 //!
+//! [kubernetes]              # main file only; every key optional
+//! pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock"   # absent: not read
+//! pod_logs_dir = "/var/log/pods"   # joins the kubelet's namespace/name to pod UIDs
+//!
 //! [[quota]]
 //! name = "trainer"          # optional label
 //! container = "3f2a9c8e7d6b"   # exactly one selector (see below)
@@ -39,7 +43,8 @@
 //! `pod_uid`, `pod` (`namespace/name`), `pod` or `pod_uid` plus `container_name`, `cgroup` (glob over
 //! the cgroup path), `unit` (a name without a dot gets `.service`).
 //!
-//! Decisions: a missing main file is an empty configuration; `[defaults]` in a drop-in is an error; two
+//! Decisions: a missing main file is an empty configuration; `[defaults]` or `[kubernetes]` in a
+//! drop-in is an error; two
 //! entries with the same selector and GPU are an error, in one file or across files (no silent
 //! override), reported at the later one with the location of the first; all files load or none does
 //! (the caller keeps the last good set). Ladder steps must be in escalation order (alert, signal,
@@ -147,6 +152,8 @@ pub struct QuotaFile {
     pub protect: Vec<ProtectPattern>,
     /// `[[quota]]` entries in order.
     pub entries: Vec<EntryDraft>,
+    /// `[kubernetes]` with its location, if present.
+    pub kubernetes: Option<(Location, crate::quota::KubernetesSettings)>,
 }
 
 impl QuotaFile {
@@ -157,6 +164,7 @@ impl QuotaFile {
             defaults: None,
             protect: Vec::new(),
             entries: Vec::new(),
+            kubernetes: None,
         }
     }
 }
@@ -212,6 +220,10 @@ pub fn parse_str(text: &str, origin: &str) -> Result<QuotaFile, Vec<LocatedError
         };
         (at, patch)
     });
+    let kubernetes = spec.kubernetes.as_ref().map(|k| {
+        let at = cx.at(&k.span());
+        (at, validate::kubernetes_settings(&mut cx, k.get_ref()))
+    });
     let mut entries = Vec::new();
     for entry in &spec.quota {
         let span = entry.span();
@@ -254,6 +266,7 @@ pub fn parse_str(text: &str, origin: &str) -> Result<QuotaFile, Vec<LocatedError
             defaults,
             protect,
             entries,
+            kubernetes,
         })
     } else {
         let mut errors = cx.errors;

@@ -10,6 +10,7 @@ use toml::{Spanned, Value};
 pub(super) struct FileSpec {
     pub(super) protect: Option<Spanned<Vec<Spanned<String>>>>,
     pub(super) defaults: Option<Spanned<DefaultsSpec>>,
+    pub(super) kubernetes: Option<Spanned<KubernetesSpec>>,
     #[serde(default)]
     pub(super) quota: Vec<Spanned<EntrySpec>>,
 }
@@ -24,6 +25,14 @@ pub(super) struct DefaultsSpec {
     pub(super) elastic_reserve: Option<Spanned<Value>>,
     pub(super) gpushare_memory_unit: Option<Spanned<Value>>,
     pub(super) env_quotas: Option<Spanned<bool>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct KubernetesSpec {
+    // ---- pod-resources (the kubelet's socket; issue 22a) ----
+    pub(super) pod_resources_socket: Option<Spanned<Value>>,
+    pub(super) pod_logs_dir: Option<Spanned<Value>>,
 }
 
 #[derive(Deserialize)]

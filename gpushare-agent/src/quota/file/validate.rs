@@ -37,6 +37,50 @@ impl Cx<'_> {
     }
 }
 
+// ---- [kubernetes]: pod-resources keys (issue 22a) ---------------------------------------------
+
+/// A path value: a non-empty absolute path string.
+fn path_value(cx: &mut Cx, field: &str, v: &Spanned<Value>) -> Option<std::path::PathBuf> {
+    match v.get_ref() {
+        Value::String(s) if s.starts_with('/') && !s.contains('\0') => Some(s.into()),
+        Value::String(s) => {
+            cx.err(
+                &v.span(),
+                format!("`{field}` must be an absolute path (starting with `/`), not \"{s}\""),
+            );
+            None
+        }
+        other => {
+            cx.err(
+                &v.span(),
+                format!(
+                    "`{field}` must be a path in quotes, like \"/var/lib/kubelet/pod-resources/kubelet.sock\", not {}",
+                    value_words(other)
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// The pod-resources keys of `[kubernetes]`: `pod_resources_socket` (absent = not read) and
+/// `pod_logs_dir`.
+pub(super) fn kubernetes_settings(
+    cx: &mut Cx,
+    k: &super::spec::KubernetesSpec,
+) -> crate::quota::KubernetesSettings {
+    let mut out = crate::quota::KubernetesSettings::default();
+    if let Some(v) = &k.pod_resources_socket {
+        out.pod_resources_socket = path_value(cx, "pod_resources_socket", v);
+    }
+    if let Some(v) = &k.pod_logs_dir
+        && let Some(p) = path_value(cx, "pod_logs_dir", v)
+    {
+        out.pod_logs_dir = p;
+    }
+    out
+}
+
 pub(super) fn size_value(cx: &mut Cx, field: &str, v: &Spanned<Value>) -> Option<u64> {
     let Value::String(s) = v.get_ref() else {
         return not_a_string(cx, field, v, "a size like \"4GiB\" or \"512MiB\"", |n| {

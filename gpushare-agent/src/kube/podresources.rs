@@ -1,0 +1,711 @@
+//! The kubelet's pod-resources API as a trusted quota source: which devices of which resource
+//! each container on this node was given, and which DRA claims it holds.
+//!
+//! Design note: a background task (never the agent's step) asks the kubelet over its unix socket
+//! (`List` every [`REFRESH`], and sooner when a pod the last answer does not cover shows up;
+//! `Get` for that pod where the kubelet serves it) and publishes an immutable
+//! [`PodResourcesView`] that the step reads without waiting. A kubelet without the socket, or
+//! one answering `Unimplemented`, is said once per change of state in the log and shown in the
+//! view's [`KubeletStatus`] (the `status` page's degraded lines), never retried in a loop faster
+//! than [`REFRESH`].
+//!
+//! Joining replies to workloads: the kubelet names pods by namespace and name only. At each
+//! answer, the pod UIDs are bound from the kubelet's log directories `<pod_logs_dir>/<ns>_<name>_
+//! <uid>` listed **before** the call (a pod created after the kubelet answered is not covered by
+//! that answer) and whose pod cgroup is still live after it. Two live UIDs for one name, or two
+//! entries for one name in one answer, bind neither (counted as ambiguous): a pod recreated under
+//! the same name never inherits its predecessor's grant. Containers are matched by name: the
+//! runtime spec's annotations, else the kubelet's container log links (`containers/` beside
+//! `pod_logs_dir`).
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use log::{info, warn};
+use tokio::sync::{Notify, watch};
+
+use super::{
+    devices::{ContainerGrant, container_grant},
+    proto::{self, pod_resources_lister_client::PodResourcesListerClient},
+};
+use crate::{attribution::k8s_names, quota::KubernetesSettings};
+
+/// How often the kubelet is asked in full.
+pub const REFRESH: Duration = Duration::from_secs(10);
+/// Longest one call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// The shortest gap between two asks triggered by new pods (coalesces a burst of new pods).
+const MIN_GAP: Duration = Duration::from_millis(200);
+/// Largest reply read (a node with hundreds of pods answers far less).
+const MAX_REPLY_BYTES: usize = 16 << 20;
+
+/// One DRA claim a container holds, as the kubelet names it (not resolved here).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DraClaim {
+    /// The claim's namespace.
+    pub namespace: String,
+    /// The claim's name.
+    pub name: String,
+    /// Per allocated device: driver, pool, device name and its CDI device names.
+    pub devices: Vec<DraDevice>,
+}
+
+/// One device of a DRA claim.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DraDevice {
+    /// The DRA driver.
+    pub driver: String,
+    /// Its pool.
+    pub pool: String,
+    /// The device's name in the pool.
+    pub device: String,
+    /// Fully qualified CDI device names (`vendor.com/class=name`).
+    pub cdi_devices: Vec<String>,
+}
+
+/// What the kubelet says one container was given.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerAssignment {
+    /// Its device-plugin grant.
+    pub grant: ContainerGrant,
+    /// Its DRA claims.
+    pub dra: Vec<DraClaim>,
+}
+
+/// What the kubelet says one pod's containers were given.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodAssignment {
+    /// Namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub name: String,
+    /// Per container name.
+    pub containers: BTreeMap<String, ContainerAssignment>,
+}
+
+/// The kubelet's pod-resources service, as last seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KubeletStatus {
+    /// Not configured (`[kubernetes] pod_resources_socket` absent).
+    Off,
+    /// Not asked yet.
+    NotYet,
+    /// Answering.
+    Answering,
+    /// No socket at the configured path.
+    NoSocket(String),
+    /// It answered `Unimplemented` to `List`.
+    Unimplemented(String),
+    /// Another failure (connect, timeout, status).
+    Failed(String),
+}
+
+impl KubeletStatus {
+    /// A label: `off`, `not_yet`, `ok`, `no_socket`, `unimplemented`, `failed`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::NotYet => "not_yet",
+            Self::Answering => "ok",
+            Self::NoSocket(_) => "no_socket",
+            Self::Unimplemented(_) => "unimplemented",
+            Self::Failed(_) => "failed",
+        }
+    }
+
+    /// In words for `status`'s degraded lines; `None` when there is nothing to say.
+    pub fn degraded(&self) -> Option<String> {
+        match self {
+            Self::NoSocket(s) | Self::Unimplemented(s) | Self::Failed(s) => {
+                Some(format!("kubelet pod-resources: {s}"))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The last answer, bound to pod UIDs: what the step reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodResourcesView {
+    /// The service's state.
+    pub status: KubeletStatus,
+    /// Assignments by pod UID (dashed, lowercase).
+    pub by_uid: HashMap<String, Arc<PodAssignment>>,
+    /// `namespace/name` of pods bound to no UID because two live UIDs (or two entries) claim
+    /// the name.
+    pub ambiguous: BTreeSet<String>,
+    /// Whether the kubelet answered `Unimplemented` to `Get` (then only `List` is used).
+    pub get_unimplemented: bool,
+    /// Device ids of no known shape in the last answer, in words.
+    pub problems: Vec<String>,
+    /// Answers received and calls failed so far.
+    pub answers: u64,
+    /// Calls that failed so far.
+    pub failures: u64,
+    /// Where the kubelet's container log links are (`containers/` beside `pod_logs_dir`).
+    pub container_logs_dir: PathBuf,
+}
+
+impl PodResourcesView {
+    /// A view with nothing in it yet.
+    pub fn empty(status: KubeletStatus, settings: &KubernetesSettings) -> Self {
+        Self {
+            status,
+            by_uid: HashMap::new(),
+            ambiguous: BTreeSet::new(),
+            get_unimplemented: false,
+            problems: Vec::new(),
+            answers: 0,
+            failures: 0,
+            container_logs_dir: container_logs_dir(&settings.pod_logs_dir),
+        }
+    }
+
+    /// The pod with UID `uid`, when the last answer covers it.
+    pub fn pod(&self, uid: &str) -> Option<&Arc<PodAssignment>> {
+        self.by_uid.get(&uid.to_ascii_lowercase())
+    }
+
+    /// The name of container `container_id` of `pod`, from the kubelet's log links (when the
+    /// runtime spec does not say).
+    pub fn container_name_from_links(
+        &self,
+        pod: &PodAssignment,
+        container_id: &str,
+    ) -> Option<String> {
+        k8s_names::container_names_from_log_links(&self.container_logs_dir, container_id)
+            .filter(|c| c.namespace == pod.namespace && c.pod == pod.name)
+            .map(|c| c.container)
+    }
+}
+
+/// `containers/` beside the pod log directory (`/var/log/containers` for `/var/log/pods`).
+pub fn container_logs_dir(pod_logs_dir: &Path) -> PathBuf {
+    pod_logs_dir.parent().map_or_else(
+        || PathBuf::from(k8s_names::CONTAINER_LOG_ROOT),
+        |p| p.join("containers"),
+    )
+}
+
+/// One pod of a reply, read (device ids parsed, problems collected).
+pub fn pod_from_proto(p: &proto::PodResources, problems: &mut Vec<String>) -> PodAssignment {
+    let mut containers = BTreeMap::new();
+    for c in &p.containers {
+        let grant = container_grant(c.devices.iter().map(|d| {
+            (
+                d.resource_name.as_str(),
+                d.device_ids.iter().map(String::as_str),
+            )
+        }));
+        problems.extend(
+            grant
+                .problems
+                .iter()
+                .map(|e| format!("{}/{} container {}: {e}", p.namespace, p.name, c.name)),
+        );
+        let dra = c
+            .dynamic_resources
+            .iter()
+            .map(|r| DraClaim {
+                namespace: r.claim_namespace.clone(),
+                name: r.claim_name.clone(),
+                devices: r
+                    .claim_resources
+                    .iter()
+                    .map(|cr| DraDevice {
+                        driver: cr.driver_name.clone(),
+                        pool: cr.pool_name.clone(),
+                        device: cr.device_name.clone(),
+                        cdi_devices: cr.cdi_devices.iter().map(|d| d.name.clone()).collect(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        containers.insert(c.name.clone(), ContainerAssignment { grant, dra });
+    }
+    PodAssignment {
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+        containers,
+    }
+}
+
+/// The pods' log directories: `(namespace, name) -> UIDs`.
+pub fn pod_log_dirs(root: &Path) -> BTreeMap<(String, String), BTreeSet<String>> {
+    let mut out: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        if let Some((ns, pod, uid)) = e
+            .file_name()
+            .to_str()
+            .and_then(k8s_names::parse_pod_log_dir_name)
+        {
+            out.entry((ns, pod))
+                .or_default()
+                .insert(uid.to_ascii_lowercase());
+        }
+    }
+    out
+}
+
+/// Whether the pod with UID `uid` has a live pod cgroup under the cgroup v2 root `v2_root`
+/// (the kubelet's cgroupfs and systemd layouts, every QoS class).
+pub fn pod_cgroup_live(v2_root: &Path, uid: &str) -> bool {
+    let under = uid.replace('-', "_");
+    let mut candidates = vec![
+        format!("kubepods/pod{uid}"),
+        format!("kubepods.slice/kubepods-pod{under}.slice"),
+    ];
+    for qos in ["burstable", "besteffort"] {
+        candidates.push(format!("kubepods/{qos}/pod{uid}"));
+        candidates.push(format!(
+            "kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{under}.slice"
+        ));
+    }
+    candidates.iter().any(|c| v2_root.join(c).is_dir())
+}
+
+/// Binds the pods of one answer to UIDs (see the module note): `before` are the log directories
+/// listed before the call, `live` says whether a UID's pod cgroup is live now. Returns the
+/// bound pods and the names left ambiguous.
+pub fn bind(
+    pods: Vec<PodAssignment>,
+    before: &BTreeMap<(String, String), BTreeSet<String>>,
+    live: impl Fn(&str) -> bool,
+) -> (HashMap<String, Arc<PodAssignment>>, BTreeSet<String>) {
+    let mut by_name: BTreeMap<(String, String), Vec<PodAssignment>> = BTreeMap::new();
+    for p in pods {
+        by_name
+            .entry((p.namespace.clone(), p.name.clone()))
+            .or_default()
+            .push(p);
+    }
+    let mut bound = HashMap::new();
+    let mut ambiguous = BTreeSet::new();
+    for (key, mut entries) in by_name {
+        let uids: Vec<&String> = before
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .filter(|u| live(u))
+            .collect();
+        match (entries.len(), uids.as_slice()) {
+            (1, [uid]) => {
+                bound.insert((*uid).clone(), Arc::new(entries.remove(0)));
+            }
+            (_, []) => {}
+            _ => {
+                ambiguous.insert(format!("{}/{}", key.0, key.1));
+            }
+        }
+    }
+    (bound, ambiguous)
+}
+
+/// Why a call failed.
+#[derive(Debug)]
+enum CallError {
+    NoSocket(String),
+    Unimplemented(String),
+    Failed(String),
+}
+
+impl CallError {
+    fn status(self) -> KubeletStatus {
+        match self {
+            Self::NoSocket(s) => KubeletStatus::NoSocket(s),
+            Self::Unimplemented(s) => KubeletStatus::Unimplemented(s),
+            Self::Failed(s) => KubeletStatus::Failed(s),
+        }
+    }
+}
+
+async fn client(
+    socket: &Path,
+) -> Result<PodResourcesListerClient<tonic::transport::Channel>, CallError> {
+    if !socket.exists() {
+        return Err(CallError::NoSocket(format!(
+            "no socket at {} (is the kubelet's pod-resources directory mounted?)",
+            socket.display()
+        )));
+    }
+    let path = socket.to_path_buf();
+    let channel = tonic::transport::Endpoint::from_static("http://kubelet.invalid")
+        .connect_timeout(CALL_TIMEOUT)
+        .timeout(CALL_TIMEOUT)
+        .connect_with_connector(tower::service_fn(move |_: tonic::codegen::http::Uri| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+        .map_err(|e| CallError::Failed(format!("cannot connect to {}: {e}", socket.display())))?;
+    Ok(PodResourcesListerClient::new(channel).max_decoding_message_size(MAX_REPLY_BYTES))
+}
+
+fn status_error(what: &str, socket: &Path, s: &tonic::Status) -> CallError {
+    let said = format!(
+        "{what} at {}: {:?}: {}",
+        socket.display(),
+        s.code(),
+        s.message()
+    );
+    if s.code() == tonic::Code::Unimplemented {
+        CallError::Unimplemented(said)
+    } else {
+        CallError::Failed(said)
+    }
+}
+
+async fn list(socket: &Path) -> Result<Vec<proto::PodResources>, CallError> {
+    let mut c = client(socket).await?;
+    c.list(proto::ListPodResourcesRequest {})
+        .await
+        .map(|r| r.into_inner().pod_resources)
+        .map_err(|s| status_error("List", socket, &s))
+}
+
+async fn get(
+    socket: &Path,
+    ns: &str,
+    name: &str,
+) -> Result<Option<proto::PodResources>, CallError> {
+    let mut c = client(socket).await?;
+    c.get(proto::GetPodResourcesRequest {
+        pod_name: name.to_string(),
+        pod_namespace: ns.to_string(),
+    })
+    .await
+    .map(|r| r.into_inner().pod_resources)
+    .map_err(|s| status_error("Get", socket, &s))
+}
+
+/// The background reader: started when `[kubernetes] pod_resources_socket` is set, stopped
+/// (its task aborted) when dropped.
+pub struct PodResourcesSource {
+    settings: KubernetesSettings,
+    rx: watch::Receiver<Arc<PodResourcesView>>,
+    wake: Arc<Notify>,
+    wanted: Arc<Mutex<Vec<String>>>,
+    asked: BTreeSet<String>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl PodResourcesSource {
+    /// Starts reading the kubelet per `settings` (pod cgroups looked for under `v2_root`); with
+    /// no socket configured, or outside a tokio runtime, nothing runs and the view says why.
+    pub fn start(settings: &KubernetesSettings, v2_root: PathBuf) -> Self {
+        let initial = match (
+            &settings.pod_resources_socket,
+            tokio::runtime::Handle::try_current(),
+        ) {
+            (None, _) => KubeletStatus::Off,
+            (Some(_), Err(_)) => KubeletStatus::Failed("no async runtime to read it from".into()),
+            (Some(_), Ok(_)) => KubeletStatus::NotYet,
+        };
+        let (tx, rx) = watch::channel(Arc::new(PodResourcesView::empty(initial.clone(), settings)));
+        let wake = Arc::new(Notify::new());
+        let wanted = Arc::new(Mutex::new(Vec::new()));
+        let task = (initial == KubeletStatus::NotYet).then(|| {
+            tokio::spawn(run(
+                settings.clone(),
+                v2_root,
+                tx,
+                wake.clone(),
+                wanted.clone(),
+            ))
+        });
+        Self {
+            settings: settings.clone(),
+            rx,
+            wake,
+            wanted,
+            asked: BTreeSet::new(),
+            task,
+        }
+    }
+
+    /// The settings it was started with.
+    pub fn settings(&self) -> &KubernetesSettings {
+        &self.settings
+    }
+
+    /// The last published view (never waits).
+    pub fn view(&self) -> Arc<PodResourcesView> {
+        self.rx.borrow().clone()
+    }
+
+    /// Asks for pod `uid` soon when the last answer does not cover it (once per pod).
+    pub fn want(&mut self, uid: &str) {
+        if self.task.is_none() || self.rx.borrow().by_uid.contains_key(uid) {
+            return;
+        }
+        if self.asked.insert(uid.to_string()) {
+            if let Ok(mut w) = self.wanted.lock() {
+                w.push(uid.to_string());
+            }
+            self.wake.notify_one();
+        }
+    }
+
+    /// Forgets pods no longer running (so a pod seen again is asked for again).
+    pub fn retain(&mut self, live: impl Fn(&str) -> bool) {
+        self.asked.retain(|u| live(u));
+    }
+}
+
+impl Drop for PodResourcesSource {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+/// Logs a change of the service's state, once per change of kind.
+fn say(last: &mut &'static str, status: &KubeletStatus, socket: &Path) {
+    if *last == status.as_str() {
+        return;
+    }
+    *last = status.as_str();
+    match status {
+        KubeletStatus::Answering => info!(
+            "kubelet pod-resources at {}: answering; its grants are quota sources",
+            socket.display()
+        ),
+        other => {
+            if let Some(s) = other.degraded() {
+                warn!(
+                    "{s}; its grants are not read until it answers (asked every {}s)",
+                    REFRESH.as_secs()
+                );
+            }
+        }
+    }
+}
+
+async fn run(
+    settings: KubernetesSettings,
+    v2_root: PathBuf,
+    tx: watch::Sender<Arc<PodResourcesView>>,
+    wake: Arc<Notify>,
+    wanted: Arc<Mutex<Vec<String>>>,
+) {
+    let Some(socket) = settings.pod_resources_socket.clone() else {
+        return;
+    };
+    let mut view = PodResourcesView::empty(KubeletStatus::NotYet, &settings);
+    let mut said = "not_yet";
+    let mut full_due = true;
+    loop {
+        let asked: Vec<String> = wanted
+            .lock()
+            .map(|mut w| std::mem::take(&mut *w))
+            .unwrap_or_default();
+        if !full_due && !view.get_unimplemented && view.status == KubeletStatus::Answering {
+            // New pods: `Get` each (the kubelet's `KubeletPodResourcesGet`), else a full `List`.
+            let dirs = pod_log_dirs(&settings.pod_logs_dir);
+            for uid in &asked {
+                let Some((ns, name)) = dirs
+                    .iter()
+                    .find(|(_, uids)| uids.contains(uid))
+                    .map(|(k, _)| k.clone())
+                else {
+                    continue;
+                };
+                match get(&socket, &ns, &name).await {
+                    Ok(Some(p)) => {
+                        let mut problems = Vec::new();
+                        let pod = pod_from_proto(&p, &mut problems);
+                        view.by_uid
+                            .retain(|_, a| !(a.namespace == ns && a.name == name));
+                        let (bound, ambiguous) =
+                            bind(vec![pod], &dirs, |u| pod_cgroup_live(&v2_root, u));
+                        view.by_uid.extend(bound);
+                        view.ambiguous.extend(ambiguous);
+                        view.problems.extend(problems);
+                        view.answers += 1;
+                    }
+                    Ok(None) => {}
+                    Err(CallError::Unimplemented(s)) => {
+                        info!(
+                            "kubelet pod-resources: Get is not served ({s}); new pods are read with List"
+                        );
+                        view.get_unimplemented = true;
+                        full_due = true;
+                        break;
+                    }
+                    Err(e) => {
+                        view.failures += 1;
+                        let st = e.status();
+                        say(&mut said, &st, &socket);
+                        view.status = st;
+                        full_due = true;
+                        break;
+                    }
+                }
+            }
+        } else if !asked.is_empty() {
+            full_due = true;
+        }
+        if full_due {
+            let before = pod_log_dirs(&settings.pod_logs_dir);
+            match list(&socket).await {
+                Ok(pods) => {
+                    let mut problems = Vec::new();
+                    let pods = pods
+                        .iter()
+                        .map(|p| pod_from_proto(p, &mut problems))
+                        .collect();
+                    let (bound, ambiguous) = bind(pods, &before, |u| pod_cgroup_live(&v2_root, u));
+                    for a in &ambiguous {
+                        if !view.ambiguous.contains(a) {
+                            warn!(
+                                "kubelet pod-resources: pod {a} has two live pod UIDs (recreated under the same name?): neither gets its grant until one is gone"
+                            );
+                        }
+                    }
+                    view.by_uid = bound;
+                    view.ambiguous = ambiguous;
+                    view.problems = problems;
+                    view.status = KubeletStatus::Answering;
+                    view.answers += 1;
+                }
+                Err(e) => {
+                    view.failures += 1;
+                    view.status = e.status();
+                    view.by_uid.clear();
+                }
+            }
+            say(&mut said, &view.status, &socket);
+        }
+        if tx.send(Arc::new(view.clone())).is_err() {
+            return;
+        }
+        let tick = tokio::time::sleep(REFRESH);
+        tokio::select! {
+            () = tick => full_due = true,
+            () = wake.notified() => {
+                full_due = false;
+                tokio::time::sleep(MIN_GAP).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ns: &str, name: &str) -> PodAssignment {
+        PodAssignment {
+            namespace: ns.into(),
+            name: name.into(),
+            containers: BTreeMap::new(),
+        }
+    }
+
+    fn dirs(list: &[(&str, &str, &str)]) -> BTreeMap<(String, String), BTreeSet<String>> {
+        let mut m: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+        for (ns, n, u) in list {
+            m.entry((ns.to_string(), n.to_string()))
+                .or_default()
+                .insert(u.to_string());
+        }
+        m
+    }
+
+    #[test]
+    fn a_pod_binds_to_its_one_live_uid_and_never_to_a_predecessor() {
+        let before = dirs(&[
+            ("ns", "a", "u-old"),
+            ("ns", "a", "u-new"),
+            ("ns", "b", "u-b"),
+        ]);
+        // The old pod's logs are kept, its cgroup gone: the new UID gets the grant.
+        let (bound, amb) = bind(vec![pod("ns", "a")], &before, |u| u != "u-old");
+        assert_eq!(bound.keys().collect::<Vec<_>>(), vec!["u-new"]);
+        assert!(amb.is_empty());
+        // Both live (the old one still terminating): neither.
+        let (bound, amb) = bind(vec![pod("ns", "a")], &before, |_| true);
+        assert!(bound.is_empty());
+        assert_eq!(amb.into_iter().collect::<Vec<_>>(), vec!["ns/a"]);
+        // Two entries for one name in one answer: neither.
+        let (bound, amb) = bind(vec![pod("ns", "b"), pod("ns", "b")], &before, |_| true);
+        assert!(bound.is_empty() && amb.len() == 1);
+        // A pod whose log directory appeared after the call started: not covered.
+        let (bound, amb) = bind(vec![pod("ns", "c")], &before, |_| true);
+        assert!(bound.is_empty() && amb.is_empty());
+        // No live UID at all: nothing, not ambiguous.
+        let (bound, amb) = bind(vec![pod("ns", "a")], &before, |_| false);
+        assert!(bound.is_empty() && amb.is_empty());
+    }
+
+    #[test]
+    fn log_dirs_and_pod_cgroups_are_read_from_the_given_roots() {
+        let d = tempfile::tempdir().unwrap();
+        let uid = "0f3d8e2a-6b1c-4d5e-9f7a-8b2c1d0e3f4a";
+        std::fs::create_dir_all(d.path().join(format!("pods/ns_web-0_{uid}/main"))).unwrap();
+        std::fs::create_dir_all(d.path().join("pods/not-a-pod")).unwrap();
+        let m = pod_log_dirs(&d.path().join("pods"));
+        assert_eq!(m, dirs(&[("ns", "web-0", uid)]));
+        let v2 = d.path().join("cg");
+        assert!(!pod_cgroup_live(&v2, uid));
+        std::fs::create_dir_all(v2.join(format!(
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+            uid.replace('-', "_")
+        )))
+        .unwrap();
+        assert!(pod_cgroup_live(&v2, uid));
+        assert_eq!(
+            container_logs_dir(Path::new("/var/log/pods")),
+            PathBuf::from("/var/log/containers")
+        );
+    }
+
+    #[test]
+    fn a_reply_is_read_with_its_dra_claims() {
+        let p = proto::PodResources {
+            name: "web-0".into(),
+            namespace: "ns".into(),
+            containers: vec![proto::ContainerResources {
+                name: "main".into(),
+                devices: vec![proto::ContainerDevices {
+                    resource_name: "aliyun.com/gpu-mem".into(),
+                    device_ids: vec!["GPU-a-_-0".into(), "GPU-a-_-1".into(), "bad".into()],
+                    topology: None,
+                }],
+                dynamic_resources: vec![proto::DynamicResource {
+                    claim_name: "gpu-claim".into(),
+                    claim_namespace: "ns".into(),
+                    claim_resources: vec![proto::ClaimResource {
+                        cdi_devices: vec![proto::CdiDevice {
+                            name: "k8s.gpu.nvidia.com/device=gpu-0".into(),
+                        }],
+                        driver_name: "gpu.nvidia.com".into(),
+                        pool_name: "node-a".into(),
+                        device_name: "gpu-0".into(),
+                        share_id: None,
+                    }],
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut problems = Vec::new();
+        let a = pod_from_proto(&p, &mut problems);
+        let c = &a.containers["main"];
+        assert_eq!(c.grant.gpushare_units, Some(2));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(c.dra[0].name, "gpu-claim");
+        assert_eq!(
+            c.dra[0].devices[0].cdi_devices,
+            vec!["k8s.gpu.nvidia.com/device=gpu-0".to_string()]
+        );
+    }
+}

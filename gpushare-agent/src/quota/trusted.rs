@@ -1,0 +1,201 @@
+//! Trust, then the minimum: a container's limit on a GPU is the smallest over the trusted sources
+//! it has, and no source lifts another's limit (pure).
+//!
+//! A quota here is an [`EnvQuota`]: limits for named devices (`per_gpu`) and one for every other
+//! GPU (`each_gpu`); the limit on a device is its own entry, else `each_gpu`. Combining two
+//! sources keeps, on every device either names and on every other GPU, the smaller of the two
+//! limits there (a source with no limit somewhere does not lift the other's there).
+
+use std::collections::BTreeMap;
+
+use super::{DeviceRef, EnvQuota, EnvSource};
+
+/// The limit `q` puts on device `d`.
+fn limit_on(q: &EnvQuota, d: &DeviceRef) -> Option<u64> {
+    q.per_gpu
+        .iter()
+        .find(|(x, _)| x == d)
+        .map(|(_, b)| *b)
+        .or(q.each_gpu)
+}
+
+fn smaller(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, y) => x.or(y),
+    }
+}
+
+/// Whether limit `a` is strictly tighter than `b` (a limit is tighter than none).
+fn tighter(a: Option<u64>, b: Option<u64>) -> bool {
+    match (a, b) {
+        (Some(x), Some(y)) => x < y,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// The smallest of `first` (the more trusted source, e.g. the kubelet's grant) and `second` on
+/// every device, with the source that binds: `first`'s where it binds everywhere it differs or
+/// ties, `second`'s where only it binds, `both` where each binds somewhere.
+pub fn smallest(first: &EnvQuota, second: &EnvQuota, both: EnvSource) -> EnvQuota {
+    let mut per: BTreeMap<DeviceRef, u64> = BTreeMap::new();
+    let mut first_binds = tighter(first.each_gpu, second.each_gpu);
+    let mut second_binds = tighter(second.each_gpu, first.each_gpu);
+    for d in first.per_gpu.iter().chain(&second.per_gpu).map(|(d, _)| d) {
+        let (a, b) = (limit_on(first, d), limit_on(second, d));
+        first_binds |= tighter(a, b);
+        second_binds |= tighter(b, a);
+        if let Some(l) = smaller(a, b) {
+            per.insert(d.clone(), l);
+        }
+    }
+    let source = match (first_binds, second_binds) {
+        (true, true) => both,
+        (false, true) => second.source,
+        _ => first.source,
+    };
+    EnvQuota {
+        source,
+        per_gpu: per.into_iter().collect(),
+        each_gpu: smaller(first.each_gpu, second.each_gpu),
+    }
+}
+
+/// [`smallest`] of what is there: either alone when the other is absent.
+pub fn smallest_of(
+    first: Option<EnvQuota>,
+    second: Option<EnvQuota>,
+    both: EnvSource,
+) -> Option<EnvQuota> {
+    match (first, second) {
+        (Some(a), Some(b)) => Some(smallest(&a, &b, both)),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn q(source: EnvSource, per: &[(u32, u64)], each: Option<u64>) -> EnvQuota {
+        EnvQuota {
+            source,
+            per_gpu: per
+                .iter()
+                .map(|(i, b)| (DeviceRef::Index(*i), b * GIB))
+                .collect(),
+            each_gpu: each.map(|b| b * GIB),
+        }
+    }
+
+    fn kubelet(per: &[(u32, u64)], each: Option<u64>) -> EnvQuota {
+        q(EnvSource::Kubelet, per, each)
+    }
+
+    fn env(per: &[(u32, u64)], each: Option<u64>) -> EnvQuota {
+        q(EnvSource::Hami, per, each)
+    }
+
+    fn merged(a: &EnvQuota, b: &EnvQuota) -> EnvQuota {
+        smallest(a, b, EnvSource::KubeletAndEnv)
+    }
+
+    #[test]
+    fn a_grant_beats_a_larger_environment_value_and_a_smaller_one_beats_the_grant() {
+        // Grant 2 GiB on GPU 0; the environment says 8 GiB there: the grant binds.
+        let m = merged(&kubelet(&[(0, 2)], None), &env(&[(0, 8)], None));
+        assert_eq!(m, kubelet(&[(0, 2)], None));
+        // The environment says 1 GiB: it binds, and the source says so.
+        let m = merged(&kubelet(&[(0, 2)], None), &env(&[(0, 1)], None));
+        assert_eq!(m, env(&[(0, 1)], None));
+        // Equal: the trusted source is named.
+        let m = merged(&kubelet(&[(0, 2)], None), &env(&[(0, 2)], None));
+        assert_eq!(m.source, EnvSource::Kubelet);
+    }
+
+    #[test]
+    fn every_gpu_limits_bound_named_devices_and_neither_lifts_the_other() {
+        // Grant on every GPU (no GPU index known) 2 GiB; env names GPU 1 with 6 GiB.
+        let m = merged(&kubelet(&[], Some(2)), &env(&[(1, 6)], None));
+        assert_eq!(m, kubelet(&[(1, 2)], Some(2)));
+        // Env on every GPU 1 GiB; grant names GPU 0 with 4 GiB.
+        let m = merged(&kubelet(&[(0, 4)], None), &env(&[], Some(1)));
+        assert_eq!(m, env(&[(0, 1)], Some(1)));
+        // Each binds somewhere: both named.
+        let m = merged(&kubelet(&[(0, 2)], Some(9)), &env(&[(1, 3)], Some(5)));
+        assert_eq!(m, q(EnvSource::KubeletAndEnv, &[(0, 2), (1, 3)], Some(5)));
+        // A device only one names keeps its limit there; the other's absence lifts nothing.
+        let m = merged(&kubelet(&[(0, 2)], None), &env(&[(1, 3)], None));
+        assert_eq!(m, q(EnvSource::KubeletAndEnv, &[(0, 2), (1, 3)], None));
+        // The every-GPU limits: the smaller, either way round.
+        assert_eq!(
+            merged(&kubelet(&[], Some(3)), &env(&[], Some(4))).each_gpu,
+            Some(3 * GIB)
+        );
+        assert_eq!(
+            merged(&kubelet(&[], Some(4)), &env(&[], Some(3))).each_gpu,
+            Some(3 * GIB)
+        );
+        assert_eq!(
+            merged(&kubelet(&[], Some(4)), &env(&[], Some(3))).source,
+            EnvSource::Hami
+        );
+        assert_eq!(
+            merged(&kubelet(&[], None), &env(&[], Some(3))).source,
+            EnvSource::Hami
+        );
+        assert_eq!(
+            merged(&kubelet(&[], Some(3)), &env(&[], None)).source,
+            EnvSource::Kubelet
+        );
+    }
+
+    #[test]
+    fn an_absent_source_changes_nothing() {
+        let k = kubelet(&[(0, 2)], None);
+        let e = env(&[(0, 1)], None);
+        assert_eq!(
+            smallest_of(Some(k.clone()), None, EnvSource::KubeletAndEnv),
+            Some(k.clone())
+        );
+        assert_eq!(
+            smallest_of(None, Some(e.clone()), EnvSource::KubeletAndEnv),
+            Some(e.clone())
+        );
+        assert_eq!(smallest_of(None, None, EnvSource::KubeletAndEnv), None);
+        assert_eq!(
+            smallest_of(Some(k), Some(e.clone()), EnvSource::KubeletAndEnv),
+            Some(e)
+        );
+    }
+
+    proptest::proptest! {
+        /// The result is never above either source on any device or on every other GPU.
+        #[test]
+        fn never_above_either(
+            a in proptest::collection::vec((0u32..3, 1u64..10), 0..3),
+            ae in proptest::option::of(1u64..10),
+            b in proptest::collection::vec((0u32..3, 1u64..10), 0..3),
+            be in proptest::option::of(1u64..10),
+        ) {
+            let dedup = |v: Vec<(u32, u64)>| {
+                let m: BTreeMap<u32, u64> = v.into_iter().collect();
+                m.into_iter().collect::<Vec<_>>()
+            };
+            let (a, b) = (kubelet(&dedup(a), ae), env(&dedup(b), be));
+            let m = merged(&a, &b);
+            for i in 0..4 {
+                let d = DeviceRef::Index(i);
+                let got = limit_on(&m, &d);
+                for src in [&a, &b] {
+                    if let Some(l) = limit_on(src, &d) {
+                        proptest::prop_assert!(got.is_some_and(|g| g <= l));
+                    }
+                }
+            }
+        }
+    }
+}
