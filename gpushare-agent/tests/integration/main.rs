@@ -12,6 +12,7 @@ mod faults;
 mod golden;
 mod identity;
 mod isolation;
+mod kubelet;
 mod launch;
 mod ledger;
 mod nvml;
