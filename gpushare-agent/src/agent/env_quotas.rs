@@ -560,6 +560,138 @@ mod tests {
         assert!(f.reader.disagreements().is_empty());
     }
 
+    /// A pod's container with a CRI-O spec naming it `main`, its env `env` and GPU node `node`.
+    fn crio_pod(f: &Fixture, env: &[&str], node: u32) -> WorkloadId {
+        let d = f.dir.join("crio").join(ID).join("userdata");
+        fs::create_dir_all(&d).unwrap();
+        let spec = serde_json::json!({
+            "process": { "env": env },
+            "linux": { "devices": [ { "path": format!("/dev/nvidia{node}"), "type": "c" } ] },
+            "annotations": { "io.kubernetes.container.name": "main" }
+        });
+        fs::write(d.join("config.json"), spec.to_string()).unwrap();
+        parse_cgroup_path(&format!(
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/crio-{ID}.scope",
+            POD.replace('-', "_")
+        ))
+    }
+
+    const POD: &str = "0d3a8c2e-5f3b-4c1e-9a7d-2b6e8f1c4a90";
+
+    fn view(ids: &[(&str, &[&str])]) -> PodResourcesView {
+        use crate::kube::{
+            devices::container_grant,
+            podresources::{ContainerAssignment, KubeletStatus, PodAssignment},
+        };
+        let mut v = PodResourcesView::empty(
+            KubeletStatus::Answering,
+            &crate::quota::KubernetesSettings::default(),
+        );
+        let grant = container_grant(ids.iter().map(|(r, i)| (*r, i.iter().copied())));
+        let pod = PodAssignment {
+            namespace: "ns".into(),
+            name: "p".into(),
+            containers: [(
+                "main".to_string(),
+                ContainerAssignment { grant, dra: vec![] },
+            )]
+            .into_iter()
+            .collect(),
+        };
+        v.by_uid.insert(POD.into(), std::sync::Arc::new(pod));
+        v
+    }
+
+    fn two_gpus() -> Vec<GpuInfo> {
+        (0..2)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                memory_total: 80 * GIB,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_kubelets_grant_and_the_environment_the_smallest_applies() {
+        let mut f = Fixture::new("kubelet");
+        let w = crio_pod(
+            &f,
+            &["ALIYUN_COM_GPU_MEM_CONTAINER=8", "ALIYUN_COM_GPU_MEM_IDX=0"],
+            0,
+        );
+        let two = view(&[("aliyun.com/gpu-mem", &["GPU-0-_-0", "GPU-1-_-5"])]);
+        let (q, t) = f
+            .reader
+            .quota_with(&w, GpuShareUnit::GiB, &two_gpus(), Some(&two))
+            .unwrap();
+        assert_eq!(
+            (q.source, q.per_gpu, t),
+            (
+                EnvSource::Kubelet,
+                vec![(DeviceRef::Index(0), 2 * GIB)],
+                Trust::Kubelet
+            ),
+            "two units beat the environment's 8"
+        );
+        assert_eq!(f.reader.trust_of(&w.key()), Some(Trust::Kubelet));
+        let ten: Vec<String> = (0..10).map(|i| format!("GPU-0-_-{i}")).collect();
+        let ten: Vec<&str> = ten.iter().map(String::as_str).collect();
+        let big = view(&[("aliyun.com/gpu-mem", &ten)]);
+        let (q, t) = f
+            .reader
+            .quota_with(&w, GpuShareUnit::GiB, &two_gpus(), Some(&big))
+            .unwrap();
+        assert_eq!(
+            (q.source, q.per_gpu, t),
+            (
+                EnvSource::GpuShare,
+                vec![(DeviceRef::Index(0), 8 * GIB)],
+                Trust::RuntimeSpec
+            ),
+            "the environment's 8 beats ten units"
+        );
+        // Without the view: the environment alone.
+        let (q, _) = f
+            .reader
+            .quota_for(&w, GpuShareUnit::GiB, &two_gpus())
+            .unwrap();
+        assert_eq!(q.per_gpu, vec![(DeviceRef::Index(0), 8 * GIB)]);
+        // Another container of the pod, or another pod: nothing from the kubelet.
+        let other = view(&[]);
+        let (q, _) = f
+            .reader
+            .quota_with(&w, GpuShareUnit::GiB, &two_gpus(), Some(&other))
+            .unwrap();
+        assert_eq!(q.source, EnvSource::GpuShare);
+    }
+
+    #[test]
+    fn kubelet_devices_that_disagree_with_the_spec_bound_both_and_are_counted_once() {
+        let mut f = Fixture::new("kubelet-devices");
+        let w = crio_pod(&f, &["CUDA_DEVICE_MEMORY_LIMIT_0=1024m"], 0);
+        let v = view(&[("nvidia.com/gpu", &["GPU-1"])]);
+        for _ in 0..3 {
+            let (q, _) = f
+                .reader
+                .quota_with(&w, GpuShareUnit::GiB, &two_gpus(), Some(&v))
+                .unwrap();
+            assert_eq!(
+                q.per_gpu,
+                vec![(DeviceRef::Index(0), GIB), (DeviceRef::Index(1), GIB)],
+                "ordinal 0 is GPU 0 by the spec and GPU 1 by the kubelet: both bound"
+            );
+        }
+        assert_eq!(f.reader.disagreements_total(), vec![("kubelet_devices", 1)]);
+        // Agreeing: only the GPU given.
+        let v = view(&[("nvidia.com/gpu", &["GPU-0::2"])]);
+        let (q, _) = f
+            .reader
+            .quota_with(&w, GpuShareUnit::GiB, &two_gpus(), Some(&v))
+            .unwrap();
+        assert_eq!(q.per_gpu, vec![(DeviceRef::Index(0), GIB)]);
+    }
+
     #[test]
     fn units_and_plain_cgroups_never_get_environment_quotas() {
         let mut f = Fixture::new("kinds");

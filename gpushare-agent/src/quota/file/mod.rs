@@ -456,6 +456,51 @@ ladder = []
         assert!(e.message.contains("did you mean `signal`?"), "{e}");
     }
 
+    #[test]
+    fn the_kubernetes_table_names_the_kubelets_socket_and_log_directories() {
+        use crate::quota::KubernetesSettings;
+        let set = QuotaSet::parse("", "q.toml").unwrap();
+        assert_eq!(set.kubernetes(), &KubernetesSettings::default());
+        assert_eq!(
+            set.kubernetes().pod_resources_socket,
+            None,
+            "off unless set"
+        );
+        let set = QuotaSet::parse(
+            "[kubernetes]\npod_resources_socket = \"/var/lib/kubelet/pod-resources/kubelet.sock\"\npod_logs_dir = \"/host/var/log/pods\"\n",
+            "q.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            set.kubernetes(),
+            &KubernetesSettings {
+                pod_resources_socket: Some("/var/lib/kubelet/pod-resources/kubelet.sock".into()),
+                pod_logs_dir: "/host/var/log/pods".into(),
+            }
+        );
+        let e = first_error("[kubernetes]\npod_resources_socket = \"kubelet.sock\"\n");
+        assert_eq!((e.location.line, e.location.col), (2, 24), "{e}");
+        assert!(e.message.contains("absolute path"), "{e}");
+        let e = first_error("[kubernetes]\npod_logs_dir = 3\n");
+        assert!(e.message.contains("a path in quotes"), "{e}");
+        let e = first_error("[kubernetes]\nsocket = \"/x\"\n");
+        assert!(
+            e.message.contains("unknown key `socket`")
+                && e.message.contains("`pod_resources_socket`"),
+            "{e}"
+        );
+        let e = first_error("[kubernetes]\npod_log_dir = \"/x\"\n");
+        assert!(e.message.contains("did you mean `pod_logs_dir`"), "{e}");
+        // Main file only.
+        let main = parse_str("", "main.toml").unwrap();
+        let dropin = parse_str("[kubernetes]\npod_logs_dir = \"/x\"\n", "d.toml").unwrap();
+        let errors = QuotaSet::build(main, vec![dropin]).unwrap_err();
+        assert!(
+            errors[0].message.contains("only allowed in the main file"),
+            "{errors:?}"
+        );
+    }
+
     proptest! {
         #[test]
         fn parse_never_panics(text in "(\\[\\[quota\\]\\]\n|\\[defaults\\]\n|[a-z_]{1,14} = (\"[^\"\n]{0,12}\"|-?[0-9]{1,4}|\\[\\]|\\{ action = \"[a-z]{0,7}\" \\})\n|.{0,10}\n){0,8}") {
