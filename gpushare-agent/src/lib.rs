@@ -19,6 +19,7 @@
 //! - [`nvml`]: GPU memory per process from NVML.
 //! - [`quota`]: quota files, environment quotas, selectors, sizes and durations (pure).
 //! - [`attribution`]: which workload each GPU task belongs to (eBPF events, `/proc`).
+//! - [`kube`]: the kubelet's pod-resources API, read in the background (a quota source).
 //!
 //! Deciding and acting:
 //! - [`policy`]: the pure policy core: state, samples, quotas -> state, actions.

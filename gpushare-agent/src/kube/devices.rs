@@ -271,8 +271,14 @@ mod tests {
             &[a.clone(), b.clone()],
             &[b.clone(), a.clone()]
         ));
-        assert!(devices_disagree(&[a.clone()], &[a.clone(), b.clone()]));
-        assert!(devices_disagree(&[a.clone(), b.clone()], &[a.clone()]));
+        assert!(devices_disagree(
+            std::slice::from_ref(&a),
+            &[a.clone(), b.clone()]
+        ));
+        assert!(devices_disagree(
+            &[a.clone(), b.clone()],
+            std::slice::from_ref(&a)
+        ));
         assert!(!devices_disagree(&[], &[]));
     }
 }

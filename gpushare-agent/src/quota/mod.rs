@@ -358,7 +358,8 @@ impl Default for KubernetesSettings {
     fn default() -> Self {
         Self {
             pod_resources_socket: None,
-            pod_logs_dir: crate::attribution::k8s_names::POD_LOG_ROOT.into(),
+            // The kubelet's (`attribution::k8s_names::POD_LOG_ROOT`).
+            pod_logs_dir: "/var/log/pods".into(),
         }
     }
 }
