@@ -172,7 +172,16 @@ mod tests {
                 "{id}"
             );
         }
-        for bad in [UUID, "-_-3", "GPU-x-_-", "GPU-x-_-a", "GPU-x-_--1", ""] {
+        // `+1` parses as a number but is no id a plugin writes.
+        for bad in [
+            UUID,
+            "-_-3",
+            "GPU-x-_-",
+            "GPU-x-_-a",
+            "GPU-x-_--1",
+            "GPU-x-_-+1",
+            "",
+        ] {
             assert!(parse_device_id(GPUSHARE_MEMORY, bad).is_err(), "{bad}");
         }
     }
@@ -214,6 +223,8 @@ mod tests {
             "gpu0",
             "",
             "-1",
+            "+1",
+            &format!("{UUID}::+1"),
             &format!("{UUID}::"),
             &format!("{UUID}::x"),
             "MIG-",
