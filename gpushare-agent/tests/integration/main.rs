@@ -9,6 +9,7 @@ mod driver_limits;
 mod enforce;
 mod enforce_loop;
 mod faults;
+mod forged;
 mod golden;
 mod identity;
 mod isolation;
