@@ -20,5 +20,6 @@ mod prometheus;
 mod suspend;
 mod suspend_room;
 mod tenant;
+mod upgrade;
 mod util;
 mod utilization;
