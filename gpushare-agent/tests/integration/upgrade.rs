@@ -23,7 +23,7 @@ use gpushare_testkit::{
 use serde_json::{Value, json};
 
 use crate::suspend::{GIB, WAIT, cuda_args, cuda_state, scenario};
-use crate::util::{AgentProcess, agent_dir, needs_root, sleeping, workload};
+use crate::util::{AgentProcess, agent_dir, counter_value, needs_root, sleeping, workload};
 
 /// The path of the agent built from d504d15 (set by `cargo xtask test`).
 pub const UPGRADE_BASE_ENV: &str = "GPUSHARE_UPGRADE_BASE_AGENT";
@@ -311,6 +311,28 @@ fn an_upgrade_from_the_agent_before_the_key_change_keeps_what_is_still_over_quot
         workload(&s, &unit_key(&unit_f), "all").is_some_and(|r| r.state == "ok"),
         "{:?}",
         workload(&s, &unit_key(&unit_f), "all")
+    );
+    // Not even for a moment: a resume restores the footprint onto the GPU (and one suspended
+    // again right after moves it twice), a thaw lets the workload run on.
+    let log = agent.log();
+    let acted: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("resuming ") || l.contains("thawed "))
+        .filter(|l| !l.contains(unit_f.rel_path()))
+        .collect();
+    assert!(
+        acted.is_empty(),
+        "resumed or thawed while still over quota:\n{}\n{}",
+        acted.join("\n"),
+        why()
+    );
+    assert_eq!(
+        counter_value(
+            &agent.get("/metrics").1,
+            "gpushare_resume_duration_seconds_count",
+            ""
+        ),
+        0.0
     );
     let ledger = std::fs::read_to_string(agent.ledger()).unwrap();
     for (k, _) in &kept {
