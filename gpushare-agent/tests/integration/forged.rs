@@ -63,6 +63,9 @@ enum Shape {
     Docker,
     /// `kubepods/pod<uid>/<id>` after a container at `/kubepods/pod<uid>/<id>`.
     Pod,
+    /// `docker/<id>` after a container at `/docker/<id>` whose quota is in its environment
+    /// (GPUShare's `ALIYUN_COM_GPU_MEM_CONTAINER`, Docker's record of it), with no file entry.
+    DockerEnv,
 }
 
 /// Removes the kubelet-shaped parents Docker made for a `--cgroup-parent` (it leaves them), in
@@ -96,8 +99,10 @@ fn forged_group_never_reaches_the_real_container(test: &str, shape: Shape) {
     let parent = format!("/kubepods/pod{uid}");
     let _kube = matches!(shape, Shape::Pod).then(|| KubeParents(format!("pod{uid}")));
     let mut args = vec!["-v", mount.as_str()];
-    if matches!(shape, Shape::Pod) {
-        args.extend(["--cgroup-parent", parent.as_str()]);
+    match shape {
+        Shape::Pod => args.extend(["--cgroup-parent", parent.as_str()]),
+        Shape::DockerEnv => args.extend(["-e", "ALIYUN_COM_GPU_MEM_CONTAINER=4"]),
+        Shape::Docker => {}
     }
     let victim = Container::run(dk, "victim", &args, &["sh", "-c", TRAPPER]).unwrap();
     let vpid = victim.host_pid().unwrap();
@@ -107,12 +112,20 @@ fn forged_group_never_reaches_the_real_container(test: &str, shape: Shape) {
         Shape::Docker => (
             format!("/docker/{}", victim.id()),
             format!("docker/{}", victim.id()),
-            format!("container = \"{}\"", victim.id()),
+            format!(
+                "\n[[quota]]\ncontainer = \"{}\"\ngpu_memory = \"4GiB\"\n",
+                victim.id()
+            ),
+        ),
+        Shape::DockerEnv => (
+            format!("/docker/{}", victim.id()),
+            format!("docker/{}", victim.id()),
+            String::new(),
         ),
         Shape::Pod => (
             format!("{parent}/{}", victim.id()),
             format!("kubepods/pod{uid}/{}", victim.id()),
-            format!("pod_uid = \"{uid}\""),
+            format!("\n[[quota]]\npod_uid = \"{uid}\"\ngpu_memory = \"4GiB\"\n"),
         ),
     };
     assert_eq!(vrel, expected, "the victim is at its runtime's place");
@@ -132,7 +145,7 @@ fn forged_group_never_reaches_the_real_container(test: &str, shape: Shape) {
     .unwrap();
     // The first container-shaped group below the unit is what `status` shows as nested.
     let nested = match shape {
-        Shape::Docker => forged.rel_path().to_string(),
+        Shape::Docker | Shape::DockerEnv => forged.rel_path().to_string(),
         Shape::Pod => format!("{}/kubepods", unit.rel_path()),
     };
     let tenant_log = out.join("tenant-signals");
@@ -141,8 +154,7 @@ fn forged_group_never_reaches_the_real_container(test: &str, shape: Shape) {
     let unit_name = unit.rel_path().rsplit('/').next().unwrap().to_string();
     let unit_key = format!("unit://{}", unit.rel_path());
     let quotas = format!(
-        "{LADDER}\n[[quota]]\n{victim_quota}\ngpu_memory = \"4GiB\"\n\
-         \n[[quota]]\nunit = \"{unit_name}\"\ngpu_memory = \"2GiB\"\n"
+        "{LADDER}{victim_quota}\n[[quota]]\nunit = \"{unit_name}\"\ngpu_memory = \"2GiB\"\n"
     );
     // The tenant: 4 GiB, over its unit's 2 GiB; summed into the container's 1 GiB it would put
     // the container over its 4 GiB. On a GPU of its own: a workload's all-GPU quota is a driver
@@ -208,24 +220,27 @@ fn forged_group_never_reaches_the_real_container(test: &str, shape: Shape) {
         }
         let Some(s) = s else { return };
         match s.processes.iter().find(|p| p.pid == vpid) {
-            Some(p) => match workload(s, &p.workload, "all") {
-                Some(row) => {
-                    if (row.state.as_str(), row.used_bytes, row.quota_bytes)
-                        != ("ok", GIB, Some(4 * GIB))
-                        || row.cgroup_path != vrel
-                    {
-                        fail(format!(
-                            "the real container's row: {} {} used {} quota {:?} at {}",
-                            row.workload,
-                            row.state,
-                            row.used_bytes,
-                            row.quota_bytes,
-                            row.cgroup_path
-                        ));
+            // A file quota's row is the all-GPU one, an environment quota's the GPU's.
+            Some(p) => {
+                match workload(s, &p.workload, "all").or_else(|| workload(s, &p.workload, GPU)) {
+                    Some(row) => {
+                        if (row.state.as_str(), row.used_bytes, row.quota_bytes)
+                            != ("ok", GIB, Some(4 * GIB))
+                            || row.cgroup_path != vrel
+                        {
+                            fail(format!(
+                                "the real container's row: {} {} used {} quota {:?} at {}",
+                                row.workload,
+                                row.state,
+                                row.used_bytes,
+                                row.quota_bytes,
+                                row.cgroup_path
+                            ));
+                        }
                     }
+                    None => fail(format!("no row under its quota for {}", p.workload)),
                 }
-                None => fail(format!("no row under its quota for {}", p.workload)),
-            },
+            }
             None => fail("the real container's process not listed".into()),
         }
         if let Some(p) = s.processes.iter().find(|p| p.pid == tpid)
@@ -240,6 +255,11 @@ fn forged_group_never_reaches_the_real_container(test: &str, shape: Shape) {
                 || !row.container_id.is_empty())
         {
             fail(format!("the unit's row: {row:?}"));
+        }
+        if let Some(row) = workload(s, &unit_key, TENANT_GPU)
+            && (row.quota_bytes.is_some() || row.quota_source.contains("env"))
+        {
+            fail(format!("a quota on the unit's GPU row: {row:?}"));
         }
     };
 
@@ -300,5 +320,13 @@ fn a_pod_shaped_group_never_brings_an_action_onto_the_real_container() {
     forged_group_never_reaches_the_real_container(
         "a_pod_shaped_group_never_brings_an_action_onto_the_real_container",
         Shape::Pod,
+    );
+}
+
+#[test]
+fn a_docker_shaped_group_takes_no_environment_quota_from_the_real_container() {
+    forged_group_never_reaches_the_real_container(
+        "a_docker_shaped_group_takes_no_environment_quota_from_the_real_container",
+        Shape::DockerEnv,
     );
 }
