@@ -68,6 +68,10 @@ enum Cmd {
         #[arg(long)]
         fast: bool,
     },
+    /// Build (once) the agent an upgrade starts from (commit d504d15, before the workload-key
+    /// change) into target/upgrade-base/ and print its path: what `test` does for the upgrade
+    /// test. By hand: `GPUSHARE_UPGRADE_BASE_AGENT=$(cargo xtask upgrade-base) cargo test ...`.
+    UpgradeBase,
     /// Build the Debian package target/deb/gpushare-agent_<version>_<arch>.deb (dpkg-deb).
     Deb {
         /// Then install it here without starting the service, remove and purge it, and check
@@ -273,6 +277,10 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Structure => structure::check(&root),
+        Cmd::UpgradeBase => {
+            println!("{}", upgrade_base::build(&root)?.display());
+            Ok(())
+        }
         Cmd::Deb { test } => {
             let deb = deb::build(&root)?;
             if test {
