@@ -17,6 +17,7 @@ mod deb;
 mod demo;
 mod image;
 mod structure;
+mod upgrade_base;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "gpushare developer commands")]
@@ -67,6 +68,10 @@ enum Cmd {
         #[arg(long)]
         fast: bool,
     },
+    /// Build (once) the agent an upgrade starts from (commit d504d15, before the workload-key
+    /// change) into target/upgrade-base/ and print its path: what `test` does for the upgrade
+    /// test. By hand: `GPUSHARE_UPGRADE_BASE_AGENT=$(cargo xtask upgrade-base) cargo test ...`.
+    UpgradeBase,
     /// Build the Debian package target/deb/gpushare-agent_<version>_<arch>.deb (dpkg-deb).
     Deb {
         /// Then install it here without starting the service, remove and purge it, and check
@@ -180,11 +185,25 @@ fn run(cli: Cli) -> Result<()> {
             // Before the tests: gpushare-agent/tests/image.rs runs the archive in Docker.
             step("image: release build, the archive built twice (one digest)");
             run_step("image", image::build_checked(&root).map(drop));
+            // Before the tests: the upgrade test starts from the agent of the main before the key
+            // change of issue 20.
+            step("the agent an upgrade starts from (d504d15; built once into target/upgrade-base)");
+            let base = upgrade_base::build(&root);
+            let base = match base {
+                Ok(bin) => Some(bin),
+                Err(e) => {
+                    run_step("the upgrade's base agent", Err(e));
+                    None
+                }
+            };
             step("tests");
             let mut test = vec!["test", "--no-fail-fast"];
             test.extend(args.iter().map(String::as_str));
             let mut cmd = Command::new("cargo");
             cmd.current_dir(&root).args(&test);
+            if let Some(bin) = &base {
+                cmd.env(upgrade_base::ENV, bin);
+            }
             if is_root() {
                 // Where everything can run (root, as CI), a test that skips fails instead.
                 cmd.env(gpushare_testkit::skip::REQUIRE_ENV, "1");
@@ -258,6 +277,10 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Structure => structure::check(&root),
+        Cmd::UpgradeBase => {
+            println!("{}", upgrade_base::build(&root)?.display());
+            Ok(())
+        }
         Cmd::Deb { test } => {
             let deb = deb::build(&root)?;
             if test {

@@ -130,7 +130,25 @@ impl Agent {
             slowest_rate: None,
         };
         agent.take_over_earlier_keys();
+        agent.track_suspended_processes();
         agent
+    }
+
+    /// The processes of the suspensions recorded by an earlier run are the agent's GPU tasks again
+    /// (see [`Tracker::track_processes`]): a suspension that still applies is kept, not resumed
+    /// as a workload that vanished and suspended again.
+    fn track_suspended_processes(&mut self) {
+        let ids: Vec<_> = self
+            .enforcer
+            .records()
+            .into_iter()
+            .filter_map(|r| r.suspended)
+            .flat_map(|s| s.processes)
+            .collect();
+        let n = self.tracker.track_processes(&ids);
+        if n > 0 {
+            info!("tracking {n} suspended process(es) recorded by an earlier run");
+        }
     }
 
     /// Freezes and suspensions an earlier version recorded under keys that changed (a unit by

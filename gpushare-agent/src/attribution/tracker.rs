@@ -357,6 +357,31 @@ impl Tracker {
         }
         found
     }
+
+    /// Adds the processes `ids` (pid and start time, checked: a reused pid is not taken) to both
+    /// tables, where they still run and are not tracked yet; how many were added. For the
+    /// processes of a suspension an earlier run recorded: a checkpointed process holds no device
+    /// and NVML lists none of it, so neither the kernel, `/proc`'s fds nor a sample brings it back,
+    /// and without it its workload would look gone (and be resumed at once).
+    pub fn track_processes(&mut self, ids: &[super::ProcessIdentity]) -> usize {
+        let mut found = 0;
+        for id in ids {
+            if self.table.get(id.pid).is_some() || !super::procinfo::is_same_process(*id) {
+                continue;
+            }
+            let Some(entry) = self.table.attribute_pid(id.pid).cloned() else {
+                continue;
+            };
+            if entry.identity != *id {
+                continue; // replaced between the two reads
+            }
+            found += 1;
+            if let Some(kernel) = self.kernel.as_mut() {
+                kernel.track_task(id.pid, entry.cgroup_id, &entry.comm);
+            }
+        }
+        found
+    }
 }
 
 /// Whether `/proc/<pid>/fd` holds a link to `/dev/nvidia*`; adds the entries read to `fd_entries`.

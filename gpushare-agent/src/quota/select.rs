@@ -364,6 +364,65 @@ pub(super) mod tests {
         assert!(Selector::Unit("train.service".into()).matches(&unit));
     }
 
+    /// Container-name selectors name containers only: a pod-level group carrying a container's
+    /// name in its metadata is not that container.
+    #[test]
+    fn container_name_selectors_name_containers_only() {
+        let pod_level = WorkloadMeta {
+            id: parse_cgroup_path(&format!("/kubepods/burstable/pod{UID}")),
+            ..pod_container()
+        };
+        assert!(Selector::PodUid(UID.into()).matches(&pod_level));
+        assert!(!Selector::ContainerName("main".into()).matches(&pod_level));
+        let by_pod = Selector::PodContainer {
+            pod: PodRef::Uid(UID.into()),
+            container_name: "main".into(),
+        };
+        assert!(!by_pod.matches(&pod_level));
+    }
+
+    /// A selector reads as it is written in a quota file (the duplicate-entry error and a
+    /// quota's source in `status` quote it).
+    #[test]
+    fn selectors_describe_themselves_as_written() {
+        let by_name = PodRef::Name {
+            namespace: "ml".into(),
+            name: "trainer-0".into(),
+        };
+        let cases = [
+            (
+                Selector::PodContainer {
+                    pod: PodRef::Uid(UID.into()),
+                    container_name: "main".into(),
+                },
+                format!("pod_uid = \"{UID}\" container_name = \"main\""),
+            ),
+            (
+                Selector::PodContainer {
+                    pod: by_name,
+                    container_name: "main".into(),
+                },
+                "pod = \"ml/trainer-0\" container_name = \"main\"".to_string(),
+            ),
+            (Selector::PodUid(UID.into()), format!("pod_uid = \"{UID}\"")),
+        ];
+        for (s, want) in cases {
+            assert_eq!(s.describe(), want);
+        }
+    }
+
+    /// Globs are equal when their patterns are (selectors and protect patterns compare so).
+    #[test]
+    fn globs_are_equal_when_their_patterns_are() {
+        let a = PathGlob::cgroup("/kubepods/*").unwrap();
+        assert_eq!(a, PathGlob::cgroup("/kubepods/*").unwrap());
+        assert_ne!(a, PathGlob::cgroup("/kubepods/**").unwrap());
+        assert_ne!(
+            Selector::Cgroup(a),
+            Selector::Cgroup(PathGlob::cgroup("/docker/*").unwrap())
+        );
+    }
+
     #[test]
     fn an_exact_cgroup_path_beats_globs_and_longer_prefixes_beat_shorter() {
         let exact = Selector::Cgroup(PathGlob::cgroup("/gpushare.slice/train.scope").unwrap());

@@ -186,6 +186,33 @@ fn procfs_fallback_attributes_pids_and_reconcile_forgets_dead_ones() {
     );
 }
 
+/// A suspension's checkpointed process holds no device and NVML lists none of it: the next agent
+/// tracks it from the record, by pid and start time (a reused pid is not taken).
+#[test]
+fn a_recorded_process_without_a_device_is_tracked_only_under_its_own_start_time() {
+    needs_root!("a_recorded_process_without_a_device_is_tracked");
+    let root = cgroupfs::find_cgroup2_mount().unwrap();
+    let mut tracker = Tracker::procfs_only(CgroupResolver::new(root), "test".into());
+    let cg = group("recorded");
+    let p = crate::util::sleeping(&cg);
+    let id = gpushare_agent::attribution::procinfo::snapshot(p.pid())
+        .unwrap()
+        .identity;
+    let reused = gpushare_agent::attribution::ProcessIdentity {
+        start_ticks: id.start_ticks + 1,
+        ..id
+    };
+    assert_eq!(tracker.track_processes(&[reused]), 0, "another process");
+    assert!(tracker.table().get(p.pid()).is_none());
+    assert_eq!(tracker.track_processes(&[id]), 1);
+    let entry = tracker.table().get(p.pid()).expect("tracked");
+    assert_eq!(entry.identity, id);
+    assert_eq!(entry.cgroup_path.as_deref(), Some(cg.rel_path()));
+    assert_eq!(tracker.track_processes(&[id]), 0, "tracked already");
+    assert!(tracker.reconcile().removed.is_empty(), "kept while it runs");
+    assert!(tracker.table().get(p.pid()).is_some());
+}
+
 #[test]
 fn reconcile_recovers_a_gpu_task_whose_open_event_was_missed() {
     needs_root!("reconcile_recovers");

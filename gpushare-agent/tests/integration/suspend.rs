@@ -395,6 +395,14 @@ fn a_sigkilled_agents_suspensions_are_kept_or_resumed_at_the_next_start() {
         "still applies: kept"
     );
     assert!(keep.is_frozen());
+    // Kept all along: not resumed as a workload that vanished (its checkpointed process holds no
+    // device and NVML lists none of it) and suspended again.
+    let log = agent.log();
+    let resumed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("resuming ") && l.contains(keep.rel_path()))
+        .collect();
+    assert!(resumed.is_empty(), "{}", resumed.join("\n"));
     // SIGTERM resumes what the agent suspended.
     assert_eq!(agent.stop(), Some(0));
     assert_eq!(cuda_state(&sc, pk.pid()), "running");
