@@ -61,15 +61,18 @@ pub struct CacheStats {
 struct FormatCache {
     workloads: RowCache<WorkloadRow<'static>>,
     processes: RowCache<ProcessRow<'static>>,
+    /// Sizes of the last scrape's encoded message and output, to allocate once.
+    last_message: usize,
+    last_output: usize,
 }
 
 /// The registry and the histograms the agent loop observes into.
 pub struct Metrics {
     registry: Registry,
     snapshot: SharedSnapshot,
-    compat: Compat,
+    compat: Arc<Compat>,
     process_series: bool,
-    families: Vec<Family>,
+    families: Arc<[Family]>,
     /// Prometheus text, OpenMetrics.
     caches: [Mutex<FormatCache>; 2],
     rows_encoded: AtomicU64,
@@ -130,9 +133,9 @@ impl Metrics {
         Self {
             registry,
             snapshot,
-            compat,
+            compat: Arc::new(compat),
             process_series,
-            families,
+            families: families.into(),
             caches: Default::default(),
             rows_encoded: AtomicU64::new(0),
             sample_duration,
@@ -170,31 +173,33 @@ impl Metrics {
     /// Forgets every cached row: the next scrapes encode everything, as the first one does.
     pub fn clear_cache(&self) {
         for c in &self.caches {
-            *lock(c) = FormatCache::default();
+            let mut c = lock(c);
+            c.workloads = RowCache::default();
+            c.processes = RowCache::default();
         }
     }
 
     fn render(&self, openmetrics: bool) -> String {
-        let mut out = String::with_capacity(64 * 1024);
+        let snap = latest(&self.snapshot);
+        let mut cache = lock(&self.caches[usize::from(openmetrics)]);
+        let mut out = String::with_capacity(cache.last_output.max(64 * 1024));
         let _ = if openmetrics {
             prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)
         } else {
             prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
         };
-        let snap = latest(&self.snapshot);
-        let mut cache = lock(&self.caches[usize::from(openmetrics)]);
         self.encode_snapshot(&snap, &mut cache, openmetrics, &mut out);
-        drop(cache);
         if openmetrics {
             let _ = prometheus_client::encoding::text::encode_eof(&mut out);
         }
+        cache.last_output = out.len();
         out
     }
 
     /// Appends `snap`'s families to `out`, re-encoding the rows `cache` does not hold.
     fn encode_snapshot(
         &self,
-        snap: &Snapshot,
+        snap: &Arc<Snapshot>,
         cache: &mut FormatCache,
         om: bool,
         out: &mut String,
@@ -213,73 +218,51 @@ impl Metrics {
         let fresh = |found: &[Option<usize>]| -> Vec<usize> {
             (0..found.len()).filter(|&i| found[i].is_none()).collect()
         };
-        let (wfresh, pfresh) = (fresh(&wfound), fresh(&pfound));
-        self.rows_encoded
-            .fetch_add((wfresh.len() + pfresh.len()) as u64, Ordering::Relaxed);
-        // Every family's job; for the emitted ones, how many series each part holds.
-        let mut jobs = Vec::with_capacity(self.families.len());
-        let (mut each_counts, mut row_counts) = (Vec::new(), Vec::new());
-        // Per family: its row kind and index among that kind's families.
-        let mut slots = Vec::with_capacity(self.families.len());
-        let (mut wslot, mut pslot) = (0, 0);
-        for fam in &self.families {
-            let mut series = Series::new();
-            if let Some(each) = fam.each {
-                each(snap, &self.compat, &mut series);
-            }
-            let n_each = series.len();
-            let mut counts = Vec::new();
-            let mut push = |series: &mut Series, f: &dyn Fn(&mut Series)| {
-                let before = series.len();
-                f(series);
-                counts.push(series.len() - before);
-            };
-            let cached = match fam.rows {
-                Rows::None => {
-                    slots.push(Slot::None);
-                    false
-                }
-                Rows::Workload(f) => {
-                    for &i in &wfresh {
-                        push(&mut series, &|s| f(&wrows[i], &self.compat, s));
-                    }
-                    slots.push(Slot::Workload(wslot));
-                    wslot += 1;
-                    let slot = wslot - 1;
-                    wfound
+        // Per family: its row kind and index among that kind's families, and whether rows
+        // found in the cache have series in it.
+        let (mut slots, mut cached) = (Vec::new(), Vec::new());
+        let (mut wslots, mut pslots) = (0, 0);
+        for fam in self.families.iter() {
+            let (slot, has) = match fam.rows {
+                Rows::None => (Slot::None, false),
+                Rows::Workload(_) => {
+                    wslots += 1;
+                    let has = wfound
                         .iter()
                         .flatten()
-                        .any(|&j| !cache.workloads.text(slot, j).is_empty())
+                        .any(|&j| !cache.workloads.text(wslots - 1, j).is_empty());
+                    (Slot::Workload(wslots - 1), has)
                 }
-                Rows::Process(f) => {
-                    for &i in &pfresh {
-                        push(&mut series, &|s| f(&prows[i], s));
-                    }
-                    slots.push(Slot::Process(pslot));
-                    pslot += 1;
-                    let slot = pslot - 1;
-                    pfound
+                Rows::Process(_) => {
+                    pslots += 1;
+                    let has = pfound
                         .iter()
                         .flatten()
-                        .any(|&j| !cache.processes.text(slot, j).is_empty())
+                        .any(|&j| !cache.processes.text(pslots - 1, j).is_empty());
+                    (Slot::Process(pslots - 1), has)
                 }
             };
-            let emitted = fam.counter || !series.is_empty() || cached;
-            if emitted {
-                each_counts.push(n_each);
-                row_counts.push(counts);
-            }
-            jobs.push(cache::Job {
-                name: fam.name,
-                help: fam.help,
-                counter: fam.counter,
-                emitted,
-                series,
-            });
+            slots.push(slot);
+            cached.push(has);
         }
-        let emitted: Vec<bool> = jobs.iter().map(|j| j.emitted).collect();
-        let text = cache::encode(jobs, om);
-        let Some(cuts) = cache::cut(&text, &each_counts, &row_counts) else {
+        let message = Arc::new(cache::Message {
+            snap: Arc::clone(snap),
+            families: Arc::clone(&self.families),
+            compat: Arc::clone(&self.compat),
+            fresh_workloads: fresh(&wfound),
+            fresh_processes: fresh(&pfound),
+            cached,
+            counts: Mutex::default(),
+        });
+        self.rows_encoded.fetch_add(
+            (message.fresh_workloads.len() + message.fresh_processes.len()) as u64,
+            Ordering::Relaxed,
+        );
+        let text = cache::encode(&message, om, cache.last_message);
+        cache.last_message = text.len();
+        let counts = std::mem::take(&mut *message.counts.lock().unwrap_or_else(|p| p.into_inner()));
+        let (each, rows): (Vec<usize>, Vec<Vec<usize>>) = counts.iter().flatten().cloned().unzip();
+        let Some(cuts) = cache::cut(&text, &each, &rows) else {
             // Not expected (every series is one line); encode everything afresh.
             debug_assert!(false, "unexpected encoding: {text}");
             log::warn!("/metrics: encoded series not one per line; encoding every row afresh");
@@ -291,18 +274,20 @@ impl Metrics {
             out.push_str(&text);
             return;
         };
-        // The fresh rows' pieces per family of each kind, in slot order.
-        let (mut wpieces, mut ppieces) = (vec![Vec::new(); wslot], vec![Vec::new(); pslot]);
-        let mut emitted_cuts = cuts.iter();
-        let mut cut_of = Vec::with_capacity(slots.len());
-        for (slot, emitted) in slots.iter().zip(&emitted) {
-            let c = if *emitted { emitted_cuts.next() } else { None };
+        // Each family's cut (`None`: left out), and the fresh rows' pieces per family of each
+        // kind, in slot order.
+        let mut cuts = cuts.into_iter();
+        let cut_of: Vec<Option<cache::Cut>> = counts
+            .iter()
+            .map(|c| c.as_ref().and_then(|_| cuts.next()))
+            .collect();
+        let (mut wpieces, mut ppieces) = (vec![Vec::new(); wslots], vec![Vec::new(); pslots]);
+        for (slot, c) in slots.iter().zip(&cut_of) {
             match (slot, c) {
                 (Slot::Workload(s), Some(c)) => wpieces[*s] = c.rows.clone(),
                 (Slot::Process(s), Some(c)) => ppieces[*s] = c.rows.clone(),
                 _ => {}
             }
-            cut_of.push(c);
         }
         if !cache.workloads.unchanged(&wfound) {
             cache.workloads.update(&wrows, &wfound, &wpieces);
@@ -346,7 +331,7 @@ pub(crate) type Labels = Vec<(&'static str, String)>;
 pub(crate) type Each = fn(&Snapshot, &Compat, &mut Series);
 
 /// Series of one row, cached with it.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) enum Rows {
     None,
     Workload(fn(&WorkloadRow, &Compat, &mut Series)),
@@ -355,6 +340,7 @@ pub(crate) enum Rows {
 
 /// One metric family: its descriptor, then its series encoded every scrape, then its rows'.
 /// A gauge without a series is left out; a counter is always there.
+#[derive(Debug)]
 pub(crate) struct Family {
     name: &'static str,
     help: &'static str,

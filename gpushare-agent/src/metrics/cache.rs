@@ -11,15 +11,18 @@
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::{
     collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet},
+    encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet},
     metrics::{MetricType, gauge::ConstGauge},
     registry::Registry,
 };
 
-use super::Labels;
+use super::rows::{ProcessRow, WorkloadRow};
+use super::{Compat, Family, Labels, Rows};
+use crate::snapshot::Snapshot;
 
 /// A series' value: a gauge's float or a counter's integer (which encode differently).
 #[derive(Clone, Copy, Debug)]
@@ -103,10 +106,14 @@ impl<O> RowCache<O> {
         rows.iter()
             .enumerate()
             .map(|(i, r)| {
-                if let Some(c) = self.rows.get(i)
-                    && r.same(c)
-                {
-                    return Some(i);
+                if let Some(c) = self.rows.get(i) {
+                    if r.same(c) {
+                        return Some(i);
+                    }
+                    // The same row with other values: changed in place, no need to search.
+                    if R::cached_key(c) == r.key() {
+                        return None;
+                    }
                 }
                 let by_key = by_key.get_or_insert_with(|| {
                     self.rows
@@ -146,33 +153,45 @@ impl<O> RowCache<O> {
 
     /// Rebuilds the cache for `rows`: a row found (`found[i]`) keeps its cached text, the
     /// others take theirs from `fresh[f]` (per family, the unfound rows' texts in order). Rows
-    /// no longer in `rows` leave the cache.
+    /// no longer in `rows` leave the cache. Where no row moved, a family whose new texts are as
+    /// long as the ones they replace is patched in place (no copy of the others).
     pub fn update<R: Row<Owned = O>>(
         &mut self,
         rows: &[R],
         found: &[Option<usize>],
         fresh: &[Vec<&str>],
     ) {
-        let mut texts = Vec::with_capacity(fresh.len());
-        let mut ends = Vec::with_capacity(fresh.len());
-        for (f, fresh) in fresh.iter().enumerate() {
-            let mut fresh = fresh.iter();
-            let mut pieces = Vec::with_capacity(found.len());
-            for found in found {
-                pieces.push(match found {
-                    Some(j) => self.text(f, *j),
-                    None => fresh.next().copied().unwrap_or_default(),
-                });
+        let in_place = rows.len() == self.rows.len()
+            && self.texts.len() == fresh.len()
+            && found
+                .iter()
+                .enumerate()
+                .all(|(i, f)| f.is_none_or(|j| j == i));
+        if in_place {
+            let changed: Vec<usize> = (0..found.len()).filter(|&i| found[i].is_none()).collect();
+            for (f, fresh) in fresh.iter().enumerate() {
+                let same_len = changed.len() == fresh.len()
+                    && changed
+                        .iter()
+                        .zip(fresh)
+                        .all(|(&i, p)| self.text(f, i).len() == p.len());
+                if same_len {
+                    for (&i, p) in changed.iter().zip(fresh) {
+                        let end = self.ends[f][i];
+                        self.texts[f].replace_range(end - p.len()..end, p);
+                    }
+                } else {
+                    (self.texts[f], self.ends[f]) = self.build(f, found, fresh);
+                }
             }
-            let mut text = String::with_capacity(pieces.iter().map(|p| p.len()).sum());
-            let mut end = Vec::with_capacity(pieces.len());
-            for p in pieces {
-                text.push_str(p);
-                end.push(text.len());
+            for &i in &changed {
+                self.rows[i] = rows[i].to_cached();
             }
-            texts.push(text);
-            ends.push(end);
+            return;
         }
+        let (texts, ends) = (0..fresh.len())
+            .map(|f| self.build(f, found, &fresh[f]))
+            .unzip();
         let mut old: Vec<Option<O>> = std::mem::take(&mut self.rows)
             .into_iter()
             .map(Some)
@@ -187,6 +206,25 @@ impl<O> RowCache<O> {
             .collect();
         self.texts = texts;
         self.ends = ends;
+    }
+
+    /// Family `f`'s text and ends for rows `found` (cached) or fresh (in `fresh`'s order).
+    fn build(&self, f: usize, found: &[Option<usize>], fresh: &[&str]) -> (String, Vec<usize>) {
+        let mut fresh = fresh.iter();
+        let pieces: Vec<&str> = found
+            .iter()
+            .map(|found| match found {
+                Some(j) => self.text(f, *j),
+                None => fresh.next().copied().unwrap_or_default(),
+            })
+            .collect();
+        let mut text = String::with_capacity(pieces.iter().map(|p| p.len()).sum());
+        let mut ends = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            text.push_str(p);
+            ends.push(text.len());
+        }
+        (text, ends)
     }
 
     /// Rows cached.
@@ -207,50 +245,108 @@ impl<O> RowCache<O> {
     }
 }
 
-/// One family of a scrape's message: its descriptor and the series to encode now.
+/// How many series a family's every-scrape part and each fresh row got.
+pub(crate) type Counts = (usize, Vec<usize>);
+
+/// A scrape's message: every family's descriptor, its series encoded every scrape, and the
+/// series of the rows the cache does not hold (`fresh_*`, indices into the snapshot's rows),
+/// encoded as they are made (nothing held but one row's series). Records how many series each
+/// part got, for [`cut`].
 #[derive(Debug)]
-pub(crate) struct Job {
-    pub name: &'static str,
-    pub help: &'static str,
-    pub counter: bool,
-    /// Whether the family is in the output (a gauge without a single series is left out).
-    pub emitted: bool,
-    pub series: Series,
+pub(crate) struct Message {
+    pub snap: Arc<Snapshot>,
+    pub families: Arc<[Family]>,
+    pub compat: Arc<Compat>,
+    pub fresh_workloads: Vec<usize>,
+    pub fresh_processes: Vec<usize>,
+    /// Per family: whether cached rows have series in it (it is there even without fresh ones).
+    pub cached: Vec<bool>,
+    /// Per family, once encoded: `None` where left out (a gauge without a series), else the
+    /// number of series encoded every scrape and of each fresh row.
+    pub counts: Mutex<Vec<Option<Counts>>>,
 }
 
-#[derive(Debug)]
-struct JobCollector(Vec<Job>);
+impl Message {
+    /// Fresh row `k`'s series of `rows` into `s`.
+    fn row(&self, rows: Rows, k: usize, s: &mut Series) {
+        match rows {
+            Rows::None => {}
+            Rows::Workload(f) => {
+                let w = &self.snap.workloads[self.fresh_workloads[k]];
+                f(&WorkloadRow::of(w, &self.snap.gpus), &self.compat, s)
+            }
+            Rows::Process(f) => f(
+                &ProcessRow::of(&self.snap.processes[self.fresh_processes[k]]),
+                s,
+            ),
+        }
+    }
 
-impl Collector for JobCollector {
+    fn fresh(&self, rows: Rows) -> usize {
+        match rows {
+            Rows::None => 0,
+            Rows::Workload(_) => self.fresh_workloads.len(),
+            Rows::Process(_) => self.fresh_processes.len(),
+        }
+    }
+}
+
+fn encode_series(m: &mut MetricEncoder, series: &mut Series) -> std::fmt::Result {
+    for (labels, value) in series.drain(..) {
+        let mut fam = m.encode_family(&labels)?;
+        match value {
+            Value::Gauge(v) => ConstGauge::new(v).encode(fam)?,
+            Value::Counter(v) => fam.encode_counter::<NoLabelSet, _, f64>(&v, None)?,
+        }
+    }
+    Ok(())
+}
+
+impl Collector for Message {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for job in self.0.iter().filter(|j| j.emitted) {
-            let ty = if job.counter {
+        let mut counts = Vec::with_capacity(self.families.len());
+        let mut buf = Series::new();
+        for (fam, cached) in self.families.iter().zip(&self.cached) {
+            buf.clear();
+            if let Some(each) = fam.each {
+                each(&self.snap, &self.compat, &mut buf);
+            }
+            let each = buf.len();
+            // Rows up to the first with a series: the descriptor goes out once there is one.
+            let (fresh, mut rows) = (self.fresh(fam.rows), Vec::new());
+            while buf.is_empty() && rows.len() < fresh {
+                self.row(fam.rows, rows.len(), &mut buf);
+                rows.push(buf.len());
+            }
+            if buf.is_empty() && !fam.counter && !cached {
+                counts.push(None);
+                continue;
+            }
+            let ty = if fam.counter {
                 MetricType::Counter
             } else {
                 MetricType::Gauge
             };
-            let mut m = e.encode_descriptor(job.name, job.help, None, ty)?;
-            for (labels, value) in &job.series {
-                let fam = m.encode_family(labels)?;
-                match *value {
-                    Value::Gauge(v) => ConstGauge::new(v).encode(fam)?,
-                    Value::Counter(v) => {
-                        let mut fam = fam;
-                        fam.encode_counter::<NoLabelSet, _, f64>(&v, None)?
-                    }
-                }
+            let mut m = e.encode_descriptor(fam.name, fam.help, None, ty)?;
+            encode_series(&mut m, &mut buf)?;
+            while rows.len() < fresh {
+                self.row(fam.rows, rows.len(), &mut buf);
+                rows.push(buf.len());
+                encode_series(&mut m, &mut buf)?;
             }
+            counts.push(Some((each, rows)));
         }
+        *self.counts.lock().unwrap_or_else(|p| p.into_inner()) = counts;
         Ok(())
     }
 }
 
-/// Encodes `jobs` with prometheus-client, in the Prometheus text format or OpenMetrics (without
-/// its `# EOF`).
-pub(crate) fn encode(jobs: Vec<Job>, openmetrics: bool) -> String {
+/// Encodes `message` with prometheus-client, in the Prometheus text format or OpenMetrics
+/// (without its `# EOF`), into a string of `capacity`.
+pub(crate) fn encode(message: &Arc<Message>, openmetrics: bool, capacity: usize) -> String {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(JobCollector(jobs)));
-    let mut out = String::new();
+    registry.register_collector(Box::new(Arc::clone(message)));
+    let mut out = String::with_capacity(capacity);
     let _ = if openmetrics {
         prometheus_client::encoding::text::encode_registry(&mut out, &registry)
     } else {
