@@ -452,6 +452,15 @@ fn only_changed_rows_are_re_encoded_and_removed_rows_leave_the_cache() {
     assert!(text.contains(
         r#"gpushare_workload_gpu_memory_used_bytes{gpu_uuid="GPU-a",workload="docker://100","#
     ));
+    // The first row goes, every other moves up: found where they went, none re-encoded; a row
+    // put in front is the only one encoded.
+    s.workloads.remove(0);
+    *live.write().unwrap() = Arc::new(s.clone());
+    assert_eq!(scrape().1, 0, "moved rows are found");
+    s.workloads.insert(0, s.workloads[5].clone());
+    s.workloads[0].workload = "docker://new".into();
+    *live.write().unwrap() = Arc::new(s.clone());
+    assert_eq!(scrape().1, 1, "one new row");
     // Half the rows go: the cache shrinks with them.
     s.workloads.truncate(500);
     s.processes.truncate(500);
