@@ -1,5 +1,9 @@
 //! Time to render /metrics with 1,000 workloads and 10,000 processes, in both text formats, next to
-//! the size of what is rendered. Run: `cargo bench -p gpushare-agent --bench metrics_render`.
+//! the size of what is rendered: cold (the scrape cache emptied first: every row encoded), after
+//! 1 % of the workload and process rows changed since the last scrape (the steady state of a
+//! node), and unchanged (the same content republished). Then the same with per-process series
+//! (`--process-metrics`), and what the cache holds.
+//! Run: `cargo bench -p gpushare-agent --bench metrics_render`.
 
 use std::sync::Arc;
 
@@ -13,7 +17,7 @@ const PROCESSES: usize = 10_000;
 const GPUS: usize = 8;
 const ITERS: usize = 30;
 
-fn main() {
+fn snapshot() -> Snapshot {
     let mut s = Snapshot::default();
     for g in 0..GPUS {
         s.gpus.push(GpuView {
@@ -53,34 +57,103 @@ fn main() {
             ..Default::default()
         });
     }
-    let shared: SharedSnapshot = Arc::new(std::sync::RwLock::new(Arc::new(s)));
-    let m = Metrics::new(
-        shared,
+    s
+}
+
+/// `s` with 1 % of its workload and process rows using 1 MiB more.
+fn one_percent_changed(s: &Snapshot) -> Snapshot {
+    let mut s = s.clone();
+    for w in s.workloads.iter_mut().step_by(100) {
+        w.used_bytes += 1 << 20;
+    }
+    for p in s.processes.iter_mut().step_by(100) {
+        p.used_bytes = p.used_bytes.map(|b| b + (1 << 20));
+    }
+    s
+}
+
+fn ms(v: &[f64]) -> String {
+    format!(
+        "median {:.2} ms, max {:.2} ms",
+        v[v.len() / 2] / 1e3,
+        v[v.len() - 1] / 1e3
+    )
+}
+
+fn run(process_series: bool) {
+    let a = Arc::new(snapshot());
+    let b = Arc::new(one_percent_changed(&a));
+    // Equal to `a`, another allocation: what the agent publishes when nothing changed.
+    let a2 = Arc::new((*a).clone());
+    let shared: SharedSnapshot = Arc::new(std::sync::RwLock::new(a.clone()));
+    let m = Metrics::with_options(
+        shared.clone(),
         Compat {
             hami: true,
             ..Default::default()
         },
+        process_series,
     );
-    for (name, f) in [
-        (
-            "prometheus text",
-            Box::new(|| m.render_prometheus()) as Box<dyn Fn() -> String>,
-        ),
-        ("openmetrics text", Box::new(|| m.render_openmetrics())),
-    ] {
-        let bytes = f().len();
-        let lines = f().lines().count();
-        // `GPUSHARE_BENCH_QUICK=1`: a few iterations, figures not to be judged (a smoke run).
-        let v: Vec<f64> =
-            gpushare_testkit::bench::sorted_us(gpushare_testkit::bench::iters(ITERS, 3), &f)
-                .into_iter()
-                .map(|us| us / 1e3)
-                .collect();
+    let publish = |s: &Arc<Snapshot>| *shared.write().unwrap() = s.clone();
+    let series = if process_series {
+        " with --process-metrics"
+    } else {
+        ""
+    };
+    // `GPUSHARE_BENCH_QUICK=1`: a few iterations, figures not to be judged (a smoke run).
+    let iters = gpushare_testkit::bench::iters(ITERS, 3);
+    for (name, openmetrics) in [("prometheus text", false), ("openmetrics text", true)] {
+        let render = || {
+            if openmetrics {
+                m.render_openmetrics()
+            } else {
+                m.render_prometheus()
+            }
+        };
+        publish(&a);
+        let text = render();
+        let (bytes, lines) = (text.len(), text.lines().count());
+        let cold = gpushare_testkit::bench::sorted_us(iters, || {
+            m.clear_cache();
+            render()
+        });
+        // Each scrape sees the other snapshot: 1 % of the rows changed since the last one.
+        let mut flip = false;
+        let changed = gpushare_testkit::bench::sorted_us(iters, || {
+            flip = !flip;
+            publish(if flip { &b } else { &a });
+            render()
+        });
+        let mut flip = false;
+        let unchanged = gpushare_testkit::bench::sorted_us(iters, || {
+            flip = !flip;
+            publish(if flip { &a2 } else { &a });
+            render()
+        });
+        let what = format!(
+            "/metrics ({name}) with {WORKLOADS} workloads, {PROCESSES} processes, {GPUS} GPUs{series}"
+        );
         println!(
-            "/metrics ({name}) with {WORKLOADS} workloads, {PROCESSES} processes, {GPUS} GPUs: median {:.1} ms, max {:.1} ms ({lines} lines, {:.1} MiB)",
-            v[v.len() / 2],
-            v[v.len() - 1],
+            "{what}: cold {} ({lines} lines, {:.1} MiB)",
+            ms(&cold),
             bytes as f64 / (1 << 20) as f64
         );
+        println!("{what}: 1 % of rows changed {}", ms(&changed));
+        println!("{what}: unchanged {}", ms(&unchanged));
     }
+    // Both formats cached (each format's cold runs emptied both).
+    publish(&a);
+    m.render_prometheus();
+    m.render_openmetrics();
+    let stats = m.cache_stats();
+    println!(
+        "scrape cache{series}, both formats scraped: {} rows, {:.1} MiB",
+        stats.rows,
+        stats.cached_bytes as f64 / (1 << 20) as f64
+    );
+}
+
+fn main() {
+    run(false);
+    run(true);
 }

@@ -11,10 +11,9 @@
 //!   memory and utilization also per workload, with `namespace`, `pod`, `container` only on those
 //!   (dcgm-exporter copies a device's values to every pod on it; gpushare does not).
 
-use prometheus_client::encoding::DescriptorEncoder;
-
-use super::{Labels, gauge};
-use crate::snapshot::{GpuView, Snapshot, WorkloadView};
+use super::rows::WorkloadRow;
+use super::{Family, Labels, push};
+use crate::snapshot::GpuView;
 
 /// Which other systems' names to export, and the node name some of them carry.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -70,281 +69,331 @@ fn percent(r: f64) -> f64 {
     (r * 100.0).round()
 }
 
-/// The GPU a per-GPU workload row is on (`all` rows and GPUs not in the sample have none).
-fn gpu_of<'a>(snap: &'a Snapshot, w: &WorkloadView) -> Option<&'a GpuView> {
-    snap.gpus.iter().find(|g| g.uuid == w.gpu_uuid)
-}
-
 /// HAMi's `pod` is a pod's name; a workload outside Kubernetes shows its short name.
-fn pod_or_name(w: &WorkloadView) -> String {
+fn pod_or_name(w: &WorkloadRow) -> String {
     if w.pod.is_empty() {
-        w.name.clone()
+        w.name.to_string()
     } else {
-        w.pod.clone()
+        w.pod.to_string()
     }
 }
 
-/// Encodes the series of every system `c` turns on.
-pub fn encode(c: &Compat, snap: &Snapshot, e: &mut DescriptorEncoder) -> std::fmt::Result {
+/// The families of every system `c` turns on, in the order they are exported.
+pub(crate) fn families(c: &Compat) -> Vec<Family> {
+    let mut f = Vec::new();
     if c.hami {
-        hami(c, snap, e)?;
+        f.extend(hami());
     }
     if c.volcano {
-        volcano(snap, e)?;
+        f.extend(volcano());
     }
     if c.dcgm {
-        dcgm(c, snap, e)?;
+        f.extend(dcgm());
     }
-    Ok(())
+    f
 }
 
-fn hami(c: &Compat, snap: &Snapshot, e: &mut DescriptorEncoder) -> std::fmt::Result {
-    let device_type = |g: &GpuView| format!("NVIDIA-{}", g.name);
-    let host = |g: &GpuView| -> Labels {
-        vec![
-            ("node", c.node.clone()),
-            ("device_index", g.index.to_string()),
-            ("device_uuid", g.uuid.clone()),
-            ("device_type", device_type(g)),
-        ]
-    };
-    gauge(
-        e,
-        "hami_host_gpu_memory_used_bytes",
-        "HAMi-compatible: GPU device memory usage in bytes",
-        snap.gpus
-            .iter()
-            .map(|g| (host(g), g.memory_used_bytes as f64)),
-    )?;
-    gauge(
-        e,
-        "hami_host_gpu_utilization_ratio",
-        "HAMi-compatible: GPU core utilization ratio (0-100)",
-        snap.gpus
-            .iter()
-            .filter_map(|g| Some((host(g), percent(g.utilization?)))),
-    )?;
-    gauge(
-        e,
-        "hami_host_gpu_memory_controller_utilization_ratio",
-        "HAMi-compatible: GPU memory controller utilization ratio (0-100)",
-        snap.gpus.iter().filter_map(|g| {
-            let labels = vec![
-                ("device_index", g.index.to_string()),
-                ("device_uuid", g.uuid.clone()),
-                ("device_type", device_type(g)),
-            ];
-            Some((labels, percent(g.memory_utilization?)))
+fn device_type(g: &GpuView) -> String {
+    format!("NVIDIA-{}", g.name)
+}
+
+fn hami_host(c: &Compat, g: &GpuView) -> Labels {
+    vec![
+        ("node", c.node.clone()),
+        ("device_index", g.index.to_string()),
+        ("device_uuid", g.uuid.clone()),
+        ("device_type", device_type(g)),
+    ]
+}
+
+/// HAMi exports per device: one series per container per GPU, so a sum over devices is the
+/// container's total. Rows of all-GPU quotas (`gpu_uuid="all"`, the sum of the per-GPU rows)
+/// and rows of a GPU not in the sample have no device and are left out; an all-GPU quota has
+/// no per-device limit.
+fn hami_ctr(w: &WorkloadRow) -> Option<Labels> {
+    let (index, _) = w.gpu.as_ref()?;
+    Some(vec![
+        ("namespace", w.namespace.to_string()),
+        ("pod", pod_or_name(w)),
+        ("container", w.container.to_string()),
+        ("vdevice_index", index.to_string()),
+        ("device_uuid", w.gpu_uuid.to_string()),
+    ])
+}
+
+fn hami() -> Vec<Family> {
+    vec![
+        Family::gauge(
+            "hami_host_gpu_memory_used_bytes",
+            "HAMi-compatible: GPU device memory usage in bytes",
+        )
+        .each(|snap, c, s| {
+            for g in &snap.gpus {
+                push(s, hami_host(c, g), g.memory_used_bytes as f64);
+            }
         }),
-    )?;
-    // HAMi exports per device: one series per container per GPU, so a sum over devices is the
-    // container's total. Rows of all-GPU quotas (`gpu_uuid="all"`, the sum of the per-GPU rows)
-    // and rows of a GPU not in the sample have no device and are left out; an all-GPU quota has
-    // no per-device limit.
-    let ctr = |w: &WorkloadView| -> Option<Labels> {
-        let gpu = gpu_of(snap, w)?;
-        Some(vec![
-            ("namespace", w.namespace.clone()),
-            ("pod", pod_or_name(w)),
-            ("container", w.container.clone()),
-            ("vdevice_index", gpu.index.to_string()),
-            ("device_uuid", gpu.uuid.clone()),
-        ])
-    };
-    gauge(
-        e,
-        "hami_vgpu_memory_used_bytes",
-        "HAMi-compatible: GPU memory used by a container on one GPU",
-        snap.workloads
-            .iter()
-            .filter_map(|w| Some((ctr(w)?, w.used_bytes as f64))),
-    )?;
-    gauge(
-        e,
-        "hami_vgpu_memory_limit_bytes",
-        "HAMi-compatible: GPU memory limit of a container on one GPU (per-GPU quotas)",
-        snap.workloads
-            .iter()
-            .filter_map(|w| Some((ctr(w)?, w.quota_bytes? as f64))),
-    )?;
-    gauge(
-        e,
-        "hami_container_device_memory_bytes",
-        "HAMi-compatible: container device memory usage in bytes",
-        snap.workloads
-            .iter()
-            .filter_map(|w| Some((ctr(w)?, w.used_bytes as f64))),
-    )?;
-    gauge(
-        e,
-        "hami_container_device_utilization_ratio",
-        "HAMi-compatible: container device SM utilization ratio (0-100)",
-        snap.workloads
-            .iter()
-            .filter_map(|w| Some((ctr(w)?, percent(w.utilization?)))),
-    )
+        Family::gauge(
+            "hami_host_gpu_utilization_ratio",
+            "HAMi-compatible: GPU core utilization ratio (0-100)",
+        )
+        .each(|snap, c, s| {
+            for g in &snap.gpus {
+                if let Some(u) = g.utilization {
+                    push(s, hami_host(c, g), percent(u));
+                }
+            }
+        }),
+        Family::gauge(
+            "hami_host_gpu_memory_controller_utilization_ratio",
+            "HAMi-compatible: GPU memory controller utilization ratio (0-100)",
+        )
+        .each(|snap, _, s| {
+            for g in &snap.gpus {
+                if let Some(u) = g.memory_utilization {
+                    let labels = vec![
+                        ("device_index", g.index.to_string()),
+                        ("device_uuid", g.uuid.clone()),
+                        ("device_type", device_type(g)),
+                    ];
+                    push(s, labels, percent(u));
+                }
+            }
+        }),
+        Family::gauge(
+            "hami_vgpu_memory_used_bytes",
+            "HAMi-compatible: GPU memory used by a container on one GPU",
+        )
+        .workloads(|w, _, s| {
+            if let Some(l) = hami_ctr(w) {
+                push(s, l, w.used_bytes as f64);
+            }
+        }),
+        Family::gauge(
+            "hami_vgpu_memory_limit_bytes",
+            "HAMi-compatible: GPU memory limit of a container on one GPU (per-GPU quotas)",
+        )
+        .workloads(|w, _, s| {
+            if let (Some(l), Some(q)) = (hami_ctr(w), w.quota_bytes) {
+                push(s, l, q as f64);
+            }
+        }),
+        Family::gauge(
+            "hami_container_device_memory_bytes",
+            "HAMi-compatible: container device memory usage in bytes",
+        )
+        .workloads(|w, _, s| {
+            if let Some(l) = hami_ctr(w) {
+                push(s, l, w.used_bytes as f64);
+            }
+        }),
+        Family::gauge(
+            "hami_container_device_utilization_ratio",
+            "HAMi-compatible: container device SM utilization ratio (0-100)",
+        )
+        .workloads(|w, _, s| {
+            if let (Some(l), Some(u)) = (hami_ctr(w), w.utilization) {
+                push(s, l, percent(u.0));
+            }
+        }),
+    ]
 }
 
-fn volcano(snap: &Snapshot, e: &mut DescriptorEncoder) -> std::fmt::Result {
-    let zone = || ("zone", "vGPU".to_string());
-    let host = |g: &GpuView| -> Labels {
-        vec![
-            ("deviceidx", g.index.to_string()),
-            ("deviceuuid", g.uuid.clone()),
-            zone(),
-        ]
-    };
-    gauge(
-        e,
-        "HostGPUMemoryUsage",
-        "Volcano-compatible: GPU device memory usage",
-        snap.gpus
-            .iter()
-            .map(|g| (host(g), g.memory_used_bytes as f64)),
-    )?;
-    gauge(
-        e,
-        "HostCoreUtilization",
-        "Volcano-compatible: GPU core utilization",
-        snap.gpus
-            .iter()
-            .filter_map(|g| Some((host(g), percent(g.utilization?)))),
-    )?;
-    let ctr = |w: &WorkloadView| -> Option<Labels> {
-        let gpu = gpu_of(snap, w)?;
-        Some(vec![
-            ("podnamespace", w.namespace.clone()),
-            ("podname", pod_or_name(w)),
-            ("ctrname", w.container.clone()),
-            ("vdeviceid", gpu.index.to_string()),
-            ("deviceuuid", gpu.uuid.clone()),
-            zone(),
-        ])
-    };
-    gauge(
-        e,
-        "vGPU_device_memory_usage_in_bytes",
-        "Volcano-compatible: vGPU device usage",
-        snap.workloads
-            .iter()
-            .filter_map(|w| Some((ctr(w)?, w.used_bytes as f64))),
-    )?;
-    gauge(
-        e,
-        "vGPU_device_memory_limit_in_bytes",
-        "Volcano-compatible: vGPU device limit",
-        snap.workloads
-            .iter()
-            .filter_map(|w| Some((ctr(w)?, w.quota_bytes? as f64))),
-    )?;
-    gauge(
-        e,
-        "Device_utilization_desc_of_container",
-        "Volcano-compatible: container device utilization (0-100)",
-        snap.workloads
-            .iter()
-            .filter_map(|w| Some((ctr(w)?, percent(w.utilization?)))),
-    )
+fn volcano_host(g: &GpuView) -> Labels {
+    vec![
+        ("deviceidx", g.index.to_string()),
+        ("deviceuuid", g.uuid.clone()),
+        ("zone", "vGPU".to_string()),
+    ]
+}
+
+fn volcano_ctr(w: &WorkloadRow) -> Option<Labels> {
+    let (index, _) = w.gpu.as_ref()?;
+    Some(vec![
+        ("podnamespace", w.namespace.to_string()),
+        ("podname", pod_or_name(w)),
+        ("ctrname", w.container.to_string()),
+        ("vdeviceid", index.to_string()),
+        ("deviceuuid", w.gpu_uuid.to_string()),
+        ("zone", "vGPU".to_string()),
+    ])
+}
+
+fn volcano() -> Vec<Family> {
+    vec![
+        Family::gauge(
+            "HostGPUMemoryUsage",
+            "Volcano-compatible: GPU device memory usage",
+        )
+        .each(|snap, _, s| {
+            for g in &snap.gpus {
+                push(s, volcano_host(g), g.memory_used_bytes as f64);
+            }
+        }),
+        Family::gauge(
+            "HostCoreUtilization",
+            "Volcano-compatible: GPU core utilization",
+        )
+        .each(|snap, _, s| {
+            for g in &snap.gpus {
+                if let Some(u) = g.utilization {
+                    push(s, volcano_host(g), percent(u));
+                }
+            }
+        }),
+        Family::gauge(
+            "vGPU_device_memory_usage_in_bytes",
+            "Volcano-compatible: vGPU device usage",
+        )
+        .workloads(|w, _, s| {
+            if let Some(l) = volcano_ctr(w) {
+                push(s, l, w.used_bytes as f64);
+            }
+        }),
+        Family::gauge(
+            "vGPU_device_memory_limit_in_bytes",
+            "Volcano-compatible: vGPU device limit",
+        )
+        .workloads(|w, _, s| {
+            if let (Some(l), Some(q)) = (volcano_ctr(w), w.quota_bytes) {
+                push(s, l, q as f64);
+            }
+        }),
+        Family::gauge(
+            "Device_utilization_desc_of_container",
+            "Volcano-compatible: container device utilization (0-100)",
+        )
+        .workloads(|w, _, s| {
+            if let (Some(l), Some(u)) = (volcano_ctr(w), w.utilization) {
+                push(s, l, percent(u.0));
+            }
+        }),
+    ]
 }
 
 const MIB: f64 = (1u64 << 20) as f64;
 
-fn dcgm(c: &Compat, snap: &Snapshot, e: &mut DescriptorEncoder) -> std::fmt::Result {
-    let device = |g: &GpuView| -> Labels {
-        vec![
-            ("gpu", g.index.to_string()),
-            ("UUID", g.uuid.clone()),
-            ("device", format!("nvidia{}", g.index)),
-            ("modelName", g.name.clone()),
-            // dcgm-exporter said `Hostname` until 2026 and `hostname` since: dashboards of
-            // either kind select on theirs.
-            ("Hostname", c.node.clone()),
-            ("hostname", c.node.clone()),
-        ]
-    };
-    // A workload's series: the device's labels plus who it is. Only memory and utilization are
-    // attributed; nothing else is copied to a workload.
-    let attributed = |w: &WorkloadView| -> Option<Labels> {
-        let mut l = device(gpu_of(snap, w)?);
-        l.push(("namespace", w.namespace.clone()));
-        l.push(("pod", pod_or_name(w)));
-        l.push(("container", w.container.clone()));
-        Some(l)
-    };
-    gauge(
-        e,
-        "DCGM_FI_DEV_FB_USED",
-        "dcgm-exporter-compatible: framebuffer memory used (in MiB); with namespace/pod/container: \
-         that workload's",
-        snap.gpus
-            .iter()
-            .map(|g| (device(g), (g.memory_used_bytes as f64 / MIB).floor()))
-            .chain(
-                snap.workloads
-                    .iter()
-                    .filter_map(|w| Some((attributed(w)?, (w.used_bytes as f64 / MIB).floor()))),
-            ),
-    )?;
-    gauge(
-        e,
-        "DCGM_FI_DEV_FB_FREE",
-        "dcgm-exporter-compatible: framebuffer memory free (in MiB)",
-        snap.gpus
-            .iter()
-            .map(|g| (device(g), (g.memory_free_bytes as f64 / MIB).floor())),
-    )?;
-    gauge(
-        e,
-        "DCGM_FI_DEV_GPU_UTIL",
-        "dcgm-exporter-compatible: GPU utilization (in %); with namespace/pod/container: that \
-         workload's SM utilization",
-        snap.gpus
-            .iter()
-            .filter_map(|g| Some((device(g), percent(g.utilization?))))
-            .chain(
-                snap.workloads
-                    .iter()
-                    .filter_map(|w| Some((attributed(w)?, percent(w.utilization?)))),
-            ),
-    )?;
-    gauge(
-        e,
-        "DCGM_FI_DEV_MEM_COPY_UTIL",
-        "dcgm-exporter-compatible: memory utilization (in %); with namespace/pod/container: that \
-         workload's",
-        snap.gpus
-            .iter()
-            .filter_map(|g| Some((device(g), percent(g.memory_utilization?))))
-            .chain(
-                snap.workloads
-                    .iter()
-                    .filter_map(|w| Some((attributed(w)?, percent(w.memory_utilization?)))),
-            ),
-    )?;
-    gauge(
-        e,
-        "DCGM_FI_DEV_GPU_TEMP",
-        "dcgm-exporter-compatible: GPU temperature (in C)",
-        snap.gpus
-            .iter()
-            .filter_map(|g| Some((device(g), f64::from(g.temperature_celsius?)))),
-    )?;
-    gauge(
-        e,
-        "DCGM_FI_DEV_POWER_USAGE",
-        "dcgm-exporter-compatible: power draw (in W)",
-        snap.gpus
-            .iter()
-            .filter_map(|g| Some((device(g), g.power_watts?))),
-    )?;
-    gauge(
-        e,
-        "DCGM_FI_DEV_SM_CLOCK",
-        "dcgm-exporter-compatible: SM clock frequency (in MHz)",
-        snap.gpus
-            .iter()
-            .filter_map(|g| Some((device(g), f64::from(g.sm_clock_mhz?)))),
-    )
+fn dcgm_device(c: &Compat, index: u32, uuid: &str, name: &str) -> Labels {
+    vec![
+        ("gpu", index.to_string()),
+        ("UUID", uuid.to_string()),
+        ("device", format!("nvidia{index}")),
+        ("modelName", name.to_string()),
+        // dcgm-exporter said `Hostname` until 2026 and `hostname` since: dashboards of
+        // either kind select on theirs.
+        ("Hostname", c.node.clone()),
+        ("hostname", c.node.clone()),
+    ]
+}
+
+fn dcgm_gpu(c: &Compat, g: &GpuView) -> Labels {
+    dcgm_device(c, g.index, &g.uuid, &g.name)
+}
+
+/// A workload's series: the device's labels plus who it is. Only memory and utilization are
+/// attributed; nothing else is copied to a workload.
+fn dcgm_attributed(c: &Compat, w: &WorkloadRow) -> Option<Labels> {
+    let (index, name) = w.gpu.as_ref()?;
+    let mut l = dcgm_device(c, *index, &w.gpu_uuid, name);
+    l.push(("namespace", w.namespace.to_string()));
+    l.push(("pod", pod_or_name(w)));
+    l.push(("container", w.container.to_string()));
+    Some(l)
+}
+
+fn dcgm() -> Vec<Family> {
+    vec![
+        Family::gauge(
+            "DCGM_FI_DEV_FB_USED",
+            "dcgm-exporter-compatible: framebuffer memory used (in MiB); with namespace/pod/container: \
+             that workload's",
+        )
+        .each(|snap, c, s| {
+            for g in &snap.gpus {
+                push(s, dcgm_gpu(c, g), (g.memory_used_bytes as f64 / MIB).floor());
+            }
+        })
+        .workloads(|w, c, s| {
+            if let Some(l) = dcgm_attributed(c, w) {
+                push(s, l, (w.used_bytes as f64 / MIB).floor());
+            }
+        }),
+        Family::gauge(
+            "DCGM_FI_DEV_FB_FREE",
+            "dcgm-exporter-compatible: framebuffer memory free (in MiB)",
+        )
+        .each(|snap, c, s| {
+            for g in &snap.gpus {
+                push(s, dcgm_gpu(c, g), (g.memory_free_bytes as f64 / MIB).floor());
+            }
+        }),
+        Family::gauge(
+            "DCGM_FI_DEV_GPU_UTIL",
+            "dcgm-exporter-compatible: GPU utilization (in %); with namespace/pod/container: that \
+             workload's SM utilization",
+        )
+        .each(|snap, c, s| {
+            for g in &snap.gpus {
+                if let Some(u) = g.utilization {
+                    push(s, dcgm_gpu(c, g), percent(u));
+                }
+            }
+        })
+        .workloads(|w, c, s| {
+            if let (Some(l), Some(u)) = (dcgm_attributed(c, w), w.utilization) {
+                push(s, l, percent(u.0));
+            }
+        }),
+        Family::gauge(
+            "DCGM_FI_DEV_MEM_COPY_UTIL",
+            "dcgm-exporter-compatible: memory utilization (in %); with namespace/pod/container: that \
+             workload's",
+        )
+        .each(|snap, c, s| {
+            for g in &snap.gpus {
+                if let Some(u) = g.memory_utilization {
+                    push(s, dcgm_gpu(c, g), percent(u));
+                }
+            }
+        })
+        .workloads(|w, c, s| {
+            if let (Some(l), Some(u)) = (dcgm_attributed(c, w), w.memory_utilization) {
+                push(s, l, percent(u.0));
+            }
+        }),
+        Family::gauge(
+            "DCGM_FI_DEV_GPU_TEMP",
+            "dcgm-exporter-compatible: GPU temperature (in C)",
+        )
+        .each(|snap, c, s| {
+            for g in &snap.gpus {
+                if let Some(t) = g.temperature_celsius {
+                    push(s, dcgm_gpu(c, g), f64::from(t));
+                }
+            }
+        }),
+        Family::gauge(
+            "DCGM_FI_DEV_POWER_USAGE",
+            "dcgm-exporter-compatible: power draw (in W)",
+        )
+        .each(|snap, c, s| {
+            for g in &snap.gpus {
+                if let Some(p) = g.power_watts {
+                    push(s, dcgm_gpu(c, g), p);
+                }
+            }
+        }),
+        Family::gauge(
+            "DCGM_FI_DEV_SM_CLOCK",
+            "dcgm-exporter-compatible: SM clock frequency (in MHz)",
+        )
+        .each(|snap, c, s| {
+            for g in &snap.gpus {
+                if let Some(m) = g.sm_clock_mhz {
+                    push(s, dcgm_gpu(c, g), f64::from(m));
+                }
+            }
+        }),
+    ]
 }
 
 #[cfg(test)]
@@ -353,6 +402,7 @@ mod tests {
 
     use super::*;
     use crate::metrics::{Metrics, SharedSnapshot};
+    use crate::snapshot::{Snapshot, WorkloadView};
 
     fn render(snap: Snapshot, compat: Compat) -> String {
         let shared: SharedSnapshot = Arc::new(RwLock::new(Arc::new(snap)));
