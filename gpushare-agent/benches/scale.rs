@@ -5,15 +5,17 @@
 //! 2. The per-step cost of utilization sampling at 1,000 GPU processes on 8 GPUs: agent steps
 //!    with every process sampled (fresh per-process samples each step) next to steps on GPUs that
 //!    answer NOT_SUPPORTED, alternating in one run.
-//! 3. Agent footprint with 1,000 GPU processes in 200 workloads sampled every second (the release
-//!    binary against the mock NVML): CPU share of one core and RSS, over 30 s.
+//! 3. Agent footprint with 1,000 GPU processes in 200 workloads (and 10,000 in 2,000) sampled every
+//!    second (the release binary against the mock NVML): CPU share of one core and RSS, over 30 s.
 //!
 //! Needs root and `cargo build --release` (for the agent) and `cargo build` (mock, fake process).
 //! Run: `cargo bench -p gpushare-agent --bench scale` or `cargo xtask bench`. Arguments after `--`
 //! pick parts: `attribution`, `step`, `utilization`, `footprint` (default: all). `GPUSHARE_BENCH_AGENT_BIN=A[:B..]`
 //! measures other agent binaries (e.g. before and after a change) in alternating rounds over the
 //! same processes, `GPUSHARE_BENCH_FOOTPRINT_ROUNDS=N` of them (the median is shown);
-//! `GPUSHARE_BENCH_STEP_PROCS=N` runs one size of the step part (`..._STEP_COUNT=N` steps);
+//! `GPUSHARE_BENCH_STEP_PROCS=N` runs one size of the step part (`..._STEP_COUNT=N` steps), and
+//! `GPUSHARE_BENCH_FOOTPRINT_PROCS=N` one size of the footprint part (1000 or 10000);
+//! `GPUSHARE_BENCH_STEP_CHURN=0` leaves out the steps with 1% of the usage changed;
 //! `GPUSHARE_BENCH_FOOTPRINT_SECS=N` widens the footprint's window (to profile the agent meanwhile).
 //! `GPUSHARE_BENCH_QUICK=1`: small sizes and a short window, figures not to be judged.
 
@@ -95,7 +97,9 @@ fn mock_nvml() -> std::path::PathBuf {
 }
 
 /// One agent step (sample through the mock, attribute, decide, publish) as processes and workloads
-/// grow, in-process, median over 20 steps.
+/// grow, in-process, median over 20 steps: steady (nothing changes between steps), and with 1% of
+/// the processes changing their usage before each step (the scenario is rewritten and re-read by
+/// the mock outside the timed step).
 fn per_sample_cost() {
     let lib = mock_nvml();
     if !lib.exists() {
@@ -106,13 +110,13 @@ fn per_sample_cost() {
     let node = FakeDeviceNode::create(&unique("step")).unwrap();
     println!("one agent step (sample 8 GPUs, attribute, decide, publish), median of the steps");
     println!(
-        "{:>10} {:>10} {:>14} {:>16}",
-        "processes", "workloads", "step (ms)", "per process (us)"
+        "{:>10} {:>10} {:>14} {:>16} {:>18}",
+        "processes", "workloads", "step (ms)", "per process (us)", "1% changed (ms)"
     );
     let sizes: &[(usize, usize)] = if quick() {
         &[(100, 20)]
     } else {
-        &[(100, 20), (1_000, 200), (4_000, 800)]
+        &[(100, 20), (1_000, 200), (4_000, 800), (10_000, 2_000)]
     };
     // GPUSHARE_BENCH_STEP_PROCS=N: only the size with N processes (e.g. to profile one).
     let only: Option<usize> = std::env::var("GPUSHARE_BENCH_STEP_PROCS")
@@ -121,7 +125,8 @@ fn per_sample_cost() {
     for &(procs_n, workloads_n) in sizes.iter().filter(|(p, _)| only.is_none_or(|o| o == *p)) {
         let (parent, cgs) = workload_groups(&root, "step", workloads_n);
         let procs = spawn_gpu_procs(procs_n, node.path(), &cgs);
-        let sc = scenario_of(&procs);
+        let pids: Vec<u32> = procs.0.iter().map(|c| c.id()).collect();
+        let sc = Scenario::create(&usage_scenario(&pids, &[])).unwrap();
         unsafe { std::env::set_var(SCENARIO_ENV, sc.path()) };
         let dir = agent_dir("step-agent", &parent);
         let (mut agent, snapshot) = bench_agent(&lib, &root, &dir);
@@ -145,10 +150,32 @@ fn per_sample_cost() {
             .collect();
         v.sort_by(|a, b| a.total_cmp(b));
         let med = v[v.len() / 2];
+        // 1% of the processes (the next ones in turn) change their usage before each step.
+        let poke = nvml_wrapper::Nvml::builder()
+            .lib_path(lib.as_os_str())
+            .init()
+            .expect("the mock NVML");
+        let changing = (procs_n / 100).max(1);
+        // GPUSHARE_BENCH_STEP_CHURN=0: steady steps only (e.g. to count their instructions).
+        let churn = std::env::var("GPUSHARE_BENCH_STEP_CHURN").map_or(true, |v| v != "0");
+        let mut c: Vec<f64> = (0..if churn { steps } else { 1 })
+            .map(|i| {
+                let from = (i * changing) % procs_n;
+                let bumped: Vec<usize> = (from..from + changing).map(|j| j % procs_n).collect();
+                sc.write(&usage_scenario(&pids, &bumped)).unwrap();
+                poke.device_count().unwrap();
+                let t = Instant::now();
+                agent.tick(None);
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        c.sort_by(|a, b| a.total_cmp(b));
+        let changed = c[c.len() / 2];
         println!(
-            "{procs_n:>10} {workloads_n:>10} {med:>14.2} {:>16.1}",
+            "{procs_n:>10} {workloads_n:>10} {med:>14.2} {:>16.1} {changed:>18.2}",
             med * 1e3 / procs_n as f64
         );
+        drop(poke);
         drop(agent);
         drop(procs);
         let _ = std::fs::remove_dir_all(&dir);
@@ -315,6 +342,26 @@ fn workload_groups(root: &Path, tag: &str, n: usize) -> (TestCgroup, Vec<TestCgr
     (parent, cgs)
 }
 
+/// 8 GPUs of 80 GiB, the processes (`pids`) dealt out in turn, 256 MiB each, those at the
+/// positions in `bumped` 320 MiB.
+fn usage_scenario(pids: &[u32], bumped: &[usize]) -> serde_json::Value {
+    let devices: Vec<_> = (0..8)
+        .map(|d| {
+            let list: Vec<_> = pids
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % 8 == d)
+                .map(|(i, p)| {
+                    let mib: u64 = if bumped.contains(&i) { 320 } else { 256 };
+                    json!({ "pid": p, "used_memory": mib << 20 })
+                })
+                .collect();
+            json!({ "uuid": format!("GPU-{d}"), "name": "NVIDIA Fake", "memory_total": 80u64 << 30, "compute_processes": list })
+        })
+        .collect();
+    json!({ "devices": devices })
+}
+
 /// The mock's scenario: 8 GPUs of 80 GiB, the processes dealt out in turn, 256 MiB each.
 fn scenario_of(procs: &Procs) -> Scenario {
     let devices: Vec<_> = (0..8)
@@ -349,6 +396,17 @@ fn spawn_gpu_procs(n: usize, node: &std::path::Path, cgs: &[TestCgroup]) -> Proc
             .arg(format!("exec 3<>{}; exec sleep 600", node.display()))
             .stdin(Stdio::null());
         v.push(cgs[i % cgs.len()].spawn(&mut cmd).expect("spawn"));
+    }
+    // Until every one runs `sleep`: thousands of shells starting would otherwise share the CPUs
+    // with the first measured steps (on a busy machine for tens of seconds).
+    let deadline = Instant::now() + Duration::from_secs(300);
+    for c in &v {
+        let comm = format!("/proc/{}/comm", c.id());
+        while std::fs::read_to_string(&comm).is_ok_and(|s| s.trim() != "sleep")
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
     Procs(v)
 }
@@ -458,18 +516,29 @@ fn footprint_once(
         .unwrap();
     std::thread::sleep(Duration::from_secs(5)); // start-up and first samples
     let pid = agent.id() as i32;
-    // Only a working agent's figure counts: it must see every workload.
-    let seen = gpushare_agent::client::request(
-        &gpushare_agent::client::Endpoint::Unix(&dir.join("agent.sock")),
-        "GET",
-        "/api/v1/state",
-        None,
-    )
-    .ok()
-    .and_then(|(code, body)| (code == 200).then_some(body))
-    .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
-    .and_then(|v| v["workloads"].as_array().map(|w| w.len()))
-    .unwrap_or(0);
+    // Only a working agent's figure counts: it must see every workload (thousands of processes
+    // take a while to attribute at start).
+    let shown = || {
+        gpushare_agent::client::request(
+            &gpushare_agent::client::Endpoint::Unix(&dir.join("agent.sock")),
+            "GET",
+            "/api/v1/state",
+            None,
+        )
+        .ok()
+        .and_then(|(code, body)| (code == 200).then_some(body))
+        .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["workloads"].as_array().map(|w| w.len()))
+        .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut seen = shown();
+    while seen < workloads_n && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_secs(1));
+        seen = shown();
+    }
+    // Past the start-up's attribution.
+    std::thread::sleep(Duration::from_secs(2));
     if seen < workloads_n {
         unsafe { libc::kill(pid, libc::SIGTERM) };
         panic!(
@@ -498,11 +567,22 @@ fn footprint_once(
 }
 
 fn footprint() {
-    let (procs_n, workloads_n, secs) = if quick() {
-        (100, 20, 3)
+    // GPUSHARE_BENCH_FOOTPRINT_PROCS=N: only the size with N processes.
+    let only: Option<usize> = std::env::var("GPUSHARE_BENCH_FOOTPRINT_PROCS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let sizes: &[(usize, usize, u64)] = if quick() {
+        &[(100, 20, 3)]
     } else {
-        (1_000, 200, 30)
+        &[(1_000, 200, 30), (10_000, 2_000, 30)]
     };
+    for &(procs_n, workloads_n, secs) in sizes.iter().filter(|s| only.is_none_or(|o| o == s.0)) {
+        footprint_of(procs_n, workloads_n, secs);
+    }
+}
+
+/// The footprint of `procs_n` GPU processes in `workloads_n` workloads over `secs` seconds.
+fn footprint_of(procs_n: usize, workloads_n: usize, secs: u64) {
     // A longer window (e.g. to profile the agent meanwhile): GPUSHARE_BENCH_FOOTPRINT_SECS.
     let secs = std::env::var("GPUSHARE_BENCH_FOOTPRINT_SECS")
         .ok()

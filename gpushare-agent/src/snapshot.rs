@@ -383,12 +383,11 @@ impl Publisher {
                 .map(|d| d.uuid.clone())
                 .unwrap_or_default()
         };
-        // Each process's workload key, built once.
-        let keyed: Vec<(String, &AttributedProcess)> =
-            r.processes.iter().map(|p| (p.workload.key(), p)).collect();
-        let by_pid: HashMap<u32, &str> = keyed
+        // Each process's workload key, shared by attribution.
+        let by_pid: HashMap<u32, &str> = r
+            .processes
             .iter()
-            .map(|(k, p)| (p.identity.pid, k.as_str()))
+            .map(|p| (p.identity.pid, p.key()))
             .collect();
         // ioctl totals per workload (monotonic while the workload has tasks).
         // Updated in place: no string is built for a task or workload already known.
@@ -419,10 +418,10 @@ impl Publisher {
         self.ioctl_totals
             .retain(|k, _| live_workloads.contains(k.as_str()));
 
-        let mut usage: BTreeMap<(&str, &str), (u64, Vec<u32>)> = BTreeMap::new();
-        let mut busy: BTreeMap<(&str, &str), Busy> = BTreeMap::new();
+        // Per (workload, GPU): bytes, pids, utilization.
+        let mut usage: BTreeMap<(&str, &str), (u64, Vec<u32>, Busy)> = BTreeMap::new();
         let mut unattributed: BTreeMap<String, u64> = BTreeMap::new();
-        let mut processes = Vec::new();
+        let mut processes = Vec::with_capacity(sample.processes.len());
         for p in &sample.processes {
             let key = by_pid.get(&p.pid).copied();
             match key {
@@ -430,9 +429,7 @@ impl Publisher {
                     let e = usage.entry((k, p.device_uuid.as_str())).or_default();
                     e.0 += p.used_bytes.unwrap_or(0);
                     e.1.push(p.pid);
-                    busy.entry((k, p.device_uuid.as_str()))
-                        .or_default()
-                        .add(p.utilization);
+                    e.2.add(p.utilization);
                 }
                 None => {
                     *unattributed.entry(p.device_uuid.clone()).or_default() +=
@@ -449,9 +446,10 @@ impl Publisher {
                 memory_utilization: p.utilization.map(|u| ratio(u.memory)),
             });
         }
-        let metas: HashMap<&str, &crate::quota::WorkloadMeta> = keyed
+        let metas: HashMap<&str, &crate::quota::WorkloadMeta> = r
+            .processes
             .iter()
-            .map(|(k, p)| (k.as_str(), &p.workload))
+            .map(|p| (p.key(), &*p.workload))
             .collect();
         let view = |key: &str, gpu: String| -> WorkloadView {
             let meta = metas.get(key);
@@ -479,14 +477,12 @@ impl Publisher {
             }
         };
         let mut rows: BTreeMap<(String, String), WorkloadView> = BTreeMap::new();
-        for ((key, gpu), (bytes, pids)) in usage {
+        for ((key, gpu), (bytes, pids, busy)) in usage {
             let mut v = view(key, gpu.to_string());
             v.used_bytes = bytes;
             v.pids = pids;
             v.ioctls = *self.ioctl_totals.get(key).unwrap_or(&0);
-            if let Some(b) = busy.get(&(key, gpu)) {
-                (v.utilization, v.memory_utilization) = b.ratios();
-            }
+            (v.utilization, v.memory_utilization) = busy.ratios();
             rows.insert((key.to_string(), gpu.to_string()), v);
         }
         for (key, ws) in &r.policy.workloads {
@@ -678,10 +674,8 @@ mod tests {
         let mut table = Attribution::new(CgroupResolver::new("/sys/fs/cgroup".into()));
         let identity = table.attribute_pid(me).expect("this process").identity;
         let counts = |calls| gpushare_common::maps::IoctlCounts { calls, allocs: 0 };
-        let proc_in = |path: &str| AttributedProcess {
-            identity,
-            workload: WorkloadMeta::new(parse_cgroup_path(path)),
-            env_quota: None,
+        let proc_in = |path: &str| {
+            AttributedProcess::new(identity, WorkloadMeta::new(parse_cgroup_path(path)), None)
         };
         let (a, b) = (proc_in("/jobs/a"), proc_in("/jobs/b"));
         let (ka, kb) = (a.workload.id.key(), b.workload.id.key());

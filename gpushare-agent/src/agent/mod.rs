@@ -314,7 +314,12 @@ impl Agent {
         self.tracker.refresh_ioctl_counts();
         let started_boot_ns = boot_time_ns();
         let t0 = Instant::now();
-        let mut sample = self.sampler.sample();
+        // A pid attribution holds a pidfd for is known to exist: no syscall to ask (its exit, if
+        // it exited meanwhile, is seen by the identity check below).
+        let table = self.tracker.table();
+        let mut sample = self
+            .sampler
+            .sample_knowing(&|pid| table.get(pid).is_some_and(|t| t.pidfd.is_some()));
         self.metrics
             .sample_duration
             .observe(t0.elapsed().as_secs_f64());

@@ -13,7 +13,10 @@
 //! to (and is isolated with) the named one. An unnamed plain cgroup stays rooted at itself and is
 //! protected by the policy anyway.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::{
+    collections::{BTreeSet, HashMap, HashSet},
+    sync::Arc,
+};
 
 use log::warn;
 
@@ -128,6 +131,24 @@ pub struct Workloads {
     conflicts: HashSet<String>,
     mismatches: HashSet<String>,
     events: Vec<IdentityEvent>,
+    /// Per leaf group seen at the last step: what its path says (placement only) and its
+    /// workload as last built, shared with every process of it while it stays equal.
+    leaves: HashMap<String, Leaf>,
+    /// The quota set the leaves' roots were found under (a root depends on its globs).
+    rooted_under: Option<QuotaSet>,
+}
+
+/// What the last steps found for one leaf group: the pure parts are kept while the quota set is
+/// the same, the workload while it is equal to what the step builds.
+struct Leaf {
+    /// `parse_cgroup_path_in(leaf, placement)` (placement is fixed for the agent's life).
+    parsed: WorkloadId,
+    /// `path_rooted` of `parse_without_runtime(leaf)` and of `parsed`, under `rooted_under`.
+    rooted: Option<(WorkloadId, WorkloadId)>,
+    /// The workload and its key as last built.
+    meta: Option<(Arc<WorkloadMeta>, Arc<str>)>,
+    /// Seen at this step.
+    live: bool,
 }
 
 impl Workloads {
@@ -156,6 +177,8 @@ impl Workloads {
             conflicts: HashSet::new(),
             mismatches: HashSet::new(),
             events: Vec::new(),
+            leaves: HashMap::new(),
+            rooted_under: None,
         }
     }
 
@@ -204,12 +227,33 @@ impl Workloads {
 
     /// The workload of the group `leaf`: at its runtime's place and confirmed by its record
     /// where one can be read; else its unit (or an inner group a quota names by its path), or
-    /// the plain path rooted by the quotas' `cgroup` globs.
+    /// the plain path rooted by the quotas' `cgroup` globs. What depends on the path and the quota
+    /// set only is worked out once per leaf (while the quota set is the same).
     fn identify(&mut self, leaf: &str, quotas: &QuotaSet) -> (WorkloadId, Option<Identity>) {
-        let w = parse_cgroup_path_in(leaf, &self.placement);
-        let w = match &w.kind {
-            WorkloadKind::Container { .. } => match self.records.check(&w) {
-                Some(Verdict::Confirmed) => return (w, Some(Identity::Runtime)),
+        if !self.leaves.contains_key(leaf) {
+            let parsed = parse_cgroup_path_in(leaf, &self.placement);
+            self.leaves.insert(
+                leaf.to_string(),
+                Leaf {
+                    parsed,
+                    rooted: None,
+                    meta: None,
+                    live: true,
+                },
+            );
+        }
+        let memo = self.leaves.get_mut(leaf).expect("inserted above");
+        memo.live = true;
+        let rooted = memo.rooted.get_or_insert_with(|| {
+            (
+                path_rooted(parse_without_runtime(leaf), leaf, quotas),
+                path_rooted(memo.parsed.clone(), leaf, quotas),
+            )
+        });
+        let w = &memo.parsed;
+        match &w.kind {
+            WorkloadKind::Container { .. } => match self.records.check(w) {
+                Some(Verdict::Confirmed) => (w.clone(), Some(Identity::Runtime)),
                 Some(Verdict::Elsewhere(there)) => {
                     let key = w.key();
                     if self.mismatches.insert(format!("{key} {}", w.cgroup_path)) {
@@ -220,14 +264,13 @@ impl Workloads {
                         );
                         self.events.push(IdentityEvent::Mismatch);
                     }
-                    parse_without_runtime(leaf)
+                    (rooted.0.clone(), None)
                 }
-                _ => return (w, Some(Identity::Placement)),
+                _ => (w.clone(), Some(Identity::Placement)),
             },
-            WorkloadKind::Pod { .. } => return (w, Some(Identity::Placement)),
-            _ => w,
-        };
-        (path_rooted(w, leaf, quotas), None)
+            WorkloadKind::Pod { .. } => (w.clone(), Some(Identity::Placement)),
+            _ => (rooted.1.clone(), None),
+        }
     }
 
     /// The key the group at `path` (a workload's root, as the ledger records it) has now, by its
@@ -237,7 +280,9 @@ impl Workloads {
     }
 
     /// One [`AttributedProcess`] per task with a known workload, each workload at its root, with
-    /// the environment quota its runtime gave it (one lookup per workload per step).
+    /// the environment quota its runtime gave it (one lookup per workload per step). A workload
+    /// equal to the one built at the last step is shared (the same `Arc`), so a steady step
+    /// copies no string per process.
     pub fn attribute<'a>(
         &mut self,
         tasks: impl Iterator<Item = &'a GpuTaskEntry>,
@@ -248,6 +293,15 @@ impl Workloads {
         let unit = quotas.defaults().gpushare_unit;
         self.sync_kubelet(quotas.kubernetes());
         let kubelet_view = self.kubelet.as_ref().map(PodResourcesSource::view);
+        if self.rooted_under.as_ref() != Some(quotas) {
+            for l in self.leaves.values_mut() {
+                l.rooted = None;
+            }
+            self.rooted_under = Some(quotas.clone());
+        }
+        for l in self.leaves.values_mut() {
+            l.live = false;
+        }
         let tasks: Vec<&GpuTaskEntry> = tasks
             .filter(|t| t.workload.is_some() && t.cgroup_path.is_some())
             .collect();
@@ -261,14 +315,15 @@ impl Workloads {
             }
         }
         self.one_root_per_identity(&mut of_leaf);
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(tasks.len());
         let mut env_of = HashMap::new();
-        let mut metas: HashMap<&str, (WorkloadMeta, Option<_>)> = HashMap::new();
+        type Built = (Arc<WorkloadMeta>, Arc<str>, Option<crate::quota::EnvQuota>);
+        let mut metas: HashMap<&str, Built> = HashMap::new();
         self.notes.clear();
         for t in &tasks {
             let leaf = t.cgroup_path.as_deref().unwrap_or("/");
-            let (id, identity) = &of_leaf[leaf];
-            let (workload, env) = metas.entry(leaf).or_insert_with(|| {
+            if !metas.contains_key(leaf) {
+                let (id, identity) = &of_leaf[leaf];
                 let claimed = !matches!(identity, None | Some(Identity::Conflict));
                 let env = env_of
                     .entry(id.key())
@@ -306,14 +361,30 @@ impl Workloads {
                     note.nested.push(nested);
                     note.nested.sort();
                 }
-                (meta, env)
-            });
-            out.push(AttributedProcess {
-                identity: t.identity,
-                workload: workload.clone(),
-                env_quota: env.clone(),
-            });
+                let shared = self.leaves.get_mut(leaf).map(|l| match &l.meta {
+                    Some((m, k)) if **m == meta => (m.clone(), k.clone()),
+                    _ => {
+                        let key: Arc<str> = meta.key().into();
+                        let m = Arc::new(meta.clone());
+                        l.meta = Some((m.clone(), key.clone()));
+                        (m, key)
+                    }
+                });
+                let (meta, key) = shared.unwrap_or_else(|| {
+                    let key = meta.key().into();
+                    (Arc::new(meta), key)
+                });
+                metas.insert(leaf, (meta, key, env));
+            }
+            let (meta, key, env) = &metas[leaf];
+            out.push(AttributedProcess::sharing(
+                t.identity,
+                meta.clone(),
+                key.clone(),
+                env.clone(),
+            ));
         }
+        self.leaves.retain(|_, l| l.live);
         let live_keys: HashSet<String> = env_of.keys().cloned().collect();
         self.env_quotas.retain(&live_keys);
         self.names.retain(&live_keys);
@@ -323,7 +394,7 @@ impl Workloads {
             k.retain(|u| uids.contains(u));
         }
         self.quota_trust.clear();
-        for (workload, env) in metas.values() {
+        for (workload, _, env) in metas.values() {
             let key = workload.id.key();
             if self.quota_trust.contains_key(&key) {
                 continue;
@@ -631,5 +702,222 @@ mod tests {
             "{out}"
         );
         assert!(!out.contains("note: pod://p"), "{out}");
+    }
+
+    /// The incremental path (one `Workloads` kept across steps: leaves' identities and roots
+    /// kept while the quota set is the same, workloads shared while equal) and the from-scratch
+    /// path (a new `Workloads` every step), driven by one random sequence of attribution changes
+    /// (tasks appearing, leaving, moving between groups), quota changes, samples, reports and the
+    /// clock, give identical processes, notes, trust, decisions and snapshots at every step.
+    mod incremental_equals_from_scratch {
+        use std::{collections::BTreeMap, time::Duration};
+
+        use proptest::prelude::*;
+
+        use super::*;
+        use crate::{
+            attribution::{Attribution, cgroupfs::CgroupResolver},
+            policy::{self, ActionKind, PolicyInput, PolicyState, Report},
+            sample::{DeviceHealth, DeviceSample, GpuSample, ProcessSample},
+            snapshot::{Counters, Health, Publisher, Snapshot, StepReport},
+        };
+
+        const UNIT: &str = "/user.slice/user-1000.slice/user@1000.service";
+
+        fn leaves() -> Vec<String> {
+            vec![
+                format!("/docker/{ID}"),
+                format!("/docker/{ID}/init"),
+                format!("/kubepods/pod{UID}/{ID}"),
+                "/jobs/a/worker".into(),
+                "/jobs/a".into(),
+                "/jobs/b/x/y".into(),
+                "/system.slice/train.service/sub".into(),
+                format!("{UNIT}/app.slice/x"),
+                format!("{UNIT}/user.slice/libpod-{ID}.scope/container"),
+                "/other/c".into(),
+            ]
+        }
+
+        fn quota_sets() -> Vec<QuotaSet> {
+            [
+                String::new(),
+                "[[quota]]\ncgroup = \"/jobs/*\"\ngpu_memory = \"1GiB\"\ngrace = \"0s\"\n".into(),
+                format!(
+                    "[[quota]]\ncgroup = \"{UNIT}/app.slice\"\ngpu_memory = \"1GiB\"\n\
+                     [[quota]]\ncgroup = \"/jobs/**\"\ngpu_memory = \"2GiB\"\ngrace = \"0s\"\n\
+                     ladder = [{{ action = \"freeze\" }}]\n"
+                ),
+                format!(
+                    "[[quota]]\ncontainer = \"{ID}\"\ngpu_memory = \"1GiB\"\ngrace = \"0s\"\n\
+                     [[quota]]\nunit = \"train.service\"\ngpu_memory = \"1GiB\"\n"
+                ),
+            ]
+            .iter()
+            .map(|t| QuotaSet::parse(t, "q.toml").unwrap())
+            .collect()
+        }
+
+        fn sample(usage: &[(u32, u32, u64)]) -> GpuSample {
+            GpuSample {
+                taken_at: None,
+                devices: (0..2)
+                    .map(|i| DeviceSample {
+                        index: i,
+                        uuid: format!("GPU-{i}"),
+                        name: "Fake".into(),
+                        memory_total: 80 << 30,
+                        memory_free: 40 << 30,
+                        ..Default::default()
+                    })
+                    .collect(),
+                health: (0..2).map(|i| (i, DeviceHealth::Ok)).collect(),
+                processes: usage
+                    .iter()
+                    .map(|&(pid, dev, mib)| ProcessSample {
+                        pid,
+                        device_index: dev,
+                        device_uuid: format!("GPU-{dev}"),
+                        used_bytes: Some(mib << 20),
+                        utilization: None,
+                    })
+                    .collect(),
+                problems: Vec::new(),
+            }
+        }
+
+        /// One step: each pid's group (or none), the quota set, usage, reports, time passing.
+        type StepSpec = (Vec<Option<usize>>, usize, Vec<(u32, u32, u64)>, bool, u64);
+
+        fn steps() -> impl Strategy<Value = Vec<StepSpec>> {
+            let step = (
+                proptest::collection::vec(proptest::option::weighted(0.8, 0usize..10), 8),
+                0usize..4,
+                proptest::collection::vec((1u32..9, 0u32..2, 0u64..3000), 0..10),
+                any::<bool>(),
+                0u64..3000,
+            );
+            proptest::collection::vec(step, 1..10)
+        }
+
+        /// A snapshot without what depends on the wall clock.
+        fn comparable(mut s: Snapshot) -> String {
+            s.taken_at_unix = 0.0;
+            for w in &mut s.workloads {
+                w.state_for_secs = 0.0;
+            }
+            serde_json::to_string(&s).unwrap()
+        }
+
+        struct Path {
+            workloads: Option<Workloads>,
+            policy: PolicyState,
+            publisher: Publisher,
+        }
+
+        impl Path {
+            #[allow(clippy::too_many_arguments)]
+            fn step(
+                &mut self,
+                dir: &std::path::Path,
+                tasks: &[GpuTaskEntry],
+                quotas: &QuotaSet,
+                s: &GpuSample,
+                report: bool,
+                now: Duration,
+                table: &Attribution,
+            ) -> String {
+                let mut fresh;
+                let w = match self.workloads.as_mut() {
+                    Some(w) => w,
+                    None => {
+                        fresh = workloads(dir);
+                        &mut fresh
+                    }
+                };
+                let processes = w.attribute(tasks.iter(), quotas, &[]);
+                let observed = BTreeMap::new();
+                let decision = policy::evaluate(
+                    &self.policy,
+                    &PolicyInput {
+                        now,
+                        sample: s,
+                        processes: &processes,
+                        quotas,
+                        releases: &[],
+                        agent_pid: None,
+                        dry_run: false,
+                        observe_only: false,
+                        observed: &observed,
+                    },
+                );
+                let reports: Vec<Report> = decision
+                    .actions
+                    .iter()
+                    .filter(|a| report && a.kind == ActionKind::Freeze)
+                    .map(|a| Report::Done {
+                        workload: a.workload.clone(),
+                        kind: a.kind,
+                    })
+                    .collect();
+                let out = format!("{:?}\n{:?}", processes, decision);
+                self.policy = policy::fold_reports(decision.state, &reports);
+                let snap = self.publisher.build(StepReport {
+                    sample: s,
+                    table,
+                    processes: &processes,
+                    policy: &self.policy,
+                    names: w.names(),
+                    quota_trust: w.quota_trust(),
+                    identity: w.identity_notes(),
+                    health: Health::default(),
+                    counters: Counters::default(),
+                    quotas: Vec::new(),
+                    now,
+                    backends: BTreeMap::new(),
+                    driver_limits: Vec::new(),
+                });
+                let mut trust: Vec<_> = w.quota_trust().iter().collect();
+                trust.sort();
+                let mut notes: Vec<_> = w.identity_notes().iter().collect();
+                notes.sort_by(|a, b| a.0.cmp(b.0));
+                format!("{out}\n{trust:?}\n{notes:?}\n{}", comparable(snap))
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+            #[test]
+            fn identical_at_every_step(spec in steps()) {
+                let dir = tempfile::tempdir().unwrap();
+                let leaves = leaves();
+                let quotas = quota_sets();
+                let table = Attribution::new(CgroupResolver::new(dir.path().join("cgroup")));
+                let mut incremental = Path {
+                    workloads: Some(workloads(dir.path())),
+                    policy: PolicyState::default(),
+                    publisher: Publisher::default(),
+                };
+                let mut scratch = Path {
+                    workloads: None,
+                    policy: PolicyState::default(),
+                    publisher: Publisher::default(),
+                };
+                let mut now = Duration::ZERO;
+                for (i, (groups, q, usage, report, dt)) in spec.iter().enumerate() {
+                    now += Duration::from_millis(*dt);
+                    let tasks: Vec<GpuTaskEntry> = groups
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(pid, g)| g.map(|g| task(pid as u32 + 1, &leaves[g])))
+                        .collect();
+                    let s = sample(usage);
+                    let a = incremental.step(dir.path(), &tasks, &quotas[*q], &s, *report, now, &table);
+                    let b = scratch.step(dir.path(), &tasks, &quotas[*q], &s, *report, now, &table);
+                    prop_assert_eq!(a, b, "step {}", i);
+                }
+            }
+        }
     }
 }

@@ -138,6 +138,10 @@ pub struct Attribution {
     /// (the kernel drops the entry when the last thread exits, and a new one has a new time), so
     /// the next reconcile needs no `/proc` read for it.
     confirmed: std::collections::HashMap<u32, (ProcessIdentity, u64)>,
+    /// The entries' pidfds, watched for exits in one `epoll_wait` a step.
+    exits: pidfd::ExitWatch,
+    /// Tasks whose pidfd could not be watched: polled every step.
+    unwatched: std::collections::BTreeSet<u32>,
 }
 
 impl Attribution {
@@ -148,6 +152,8 @@ impl Attribution {
             resolver,
             stats: AttributionStats::default(),
             confirmed: std::collections::HashMap::new(),
+            exits: pidfd::ExitWatch::default(),
+            unwatched: std::collections::BTreeSet::new(),
         }
     }
 
@@ -196,7 +202,7 @@ impl Attribution {
                     Source::Ebpf,
                 ) {
                     Some(entry) => {
-                        self.tasks.insert(ev.tgid, entry);
+                        self.insert(ev.tgid, entry);
                         Change::Added(ev.tgid)
                     }
                     None => Change::None,
@@ -301,16 +307,34 @@ impl Attribution {
         }
     }
 
-    /// Drops every entry whose process has exited (one `poll` over the pidfds; a start-time check
-    /// for entries without one). Returns the pids dropped, so the caller can clear kernel state.
+    /// Drops every entry whose process has exited (the pidfds an `epoll_wait` reports readable,
+    /// confirmed by one `poll`; every pidfd when the epoll set cannot say; a start-time check for
+    /// entries without one). Returns the pids dropped, so the caller can clear kernel state.
     pub fn drop_exited(&mut self) -> Vec<u32> {
         // Before the checks: every survivor was alive at this time or later.
         let checked_at = crate::ebpf::boot_time_ns();
-        let with_fd: Vec<(u32, &Pidfd)> = self
-            .tasks
-            .values()
-            .filter_map(|t| t.pidfd.as_ref().map(|fd| (t.identity.pid, fd)))
-            .collect();
+        // The watched pidfds that became readable, and those that are not watched; every one
+        // when the watch cannot say.
+        let ready = self.exits.ready(self.tasks.len() + 1);
+        let with_fd: Vec<(u32, &Pidfd)> = match &ready {
+            Some(fds) => {
+                let by_fd: std::collections::HashSet<std::os::fd::RawFd> =
+                    fds.iter().copied().collect();
+                self.tasks
+                    .values()
+                    .filter_map(|t| t.pidfd.as_ref().map(|fd| (t.identity.pid, fd)))
+                    .filter(|(pid, fd)| {
+                        self.unwatched.contains(pid)
+                            || by_fd.contains(&std::os::fd::AsRawFd::as_raw_fd(*fd))
+                    })
+                    .collect()
+            }
+            None => self
+                .tasks
+                .values()
+                .filter_map(|t| t.pidfd.as_ref().map(|fd| (t.identity.pid, fd)))
+                .collect(),
+        };
         let fds: Vec<&Pidfd> = with_fd.iter().map(|(_, fd)| *fd).collect();
         let mut dead: Vec<u32> = with_fd
             .iter()
@@ -327,11 +351,26 @@ impl Attribution {
         for pid in &dead {
             self.tasks.remove(pid);
         }
+        if !self.unwatched.is_empty() {
+            let tasks = &self.tasks;
+            self.unwatched.retain(|p| tasks.contains_key(p));
+        }
         for t in self.tasks.values_mut() {
             t.alive_at_boot_ns = checked_at;
         }
         self.stats.exited_dropped += dead.len() as u64;
         dead
+    }
+
+    /// Puts `entry` in the table under `pid`, its pidfd watched for the exit.
+    fn insert(&mut self, pid: u32, entry: GpuTaskEntry) {
+        let watched = entry.pidfd.as_ref().is_some_and(|fd| self.exits.watch(fd));
+        if watched || entry.pidfd.is_none() {
+            self.unwatched.remove(&pid);
+        } else {
+            self.unwatched.insert(pid);
+        }
+        self.tasks.insert(pid, entry);
     }
 
     /// Decides whether the record of `pid` in a sample that began at `sample_started_boot_ns`
@@ -388,7 +427,7 @@ impl Attribution {
         }
         let entry = self.verified_entry(pid, 0, None, Source::Procfs)?;
         self.stats.procfs_added += 1;
-        self.tasks.insert(pid, entry);
+        self.insert(pid, entry);
         self.tasks.get(&pid)
     }
 
@@ -452,7 +491,7 @@ impl Attribution {
                     if entry.comm.is_empty() {
                         entry.comm = comm_to_string(&task.comm);
                     }
-                    self.tasks.insert(*tgid, entry);
+                    self.insert(*tgid, entry);
                     self.stats.reconciled_added += 1;
                     report.added.push(*tgid);
                 }
@@ -472,4 +511,50 @@ pub struct ReconcileReport {
     pub added: Vec<u32>,
     /// Kernel entries whose process is gone: the caller removes them from the kernel table.
     pub stale_kernel_entries: Vec<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sleeper() -> std::process::Child {
+        std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap()
+    }
+
+    /// Exits are found through the watched pidfds: a reaped process and a zombie are dropped
+    /// (each once), a live one stays, and a pid attributed again after its exit is watched anew.
+    #[test]
+    fn drop_exited_finds_exits_through_the_watched_pidfds() {
+        let mut table = Attribution::new(CgroupResolver::new("/sys/fs/cgroup".into()));
+        let (mut a, mut b, mut c) = (sleeper(), sleeper(), sleeper());
+        for p in [&a, &b, &c] {
+            let e = table.attribute_pid(p.id()).expect("a live child");
+            assert!(e.pidfd.is_some(), "this kernel gives pidfds");
+        }
+        assert!(table.unwatched.is_empty(), "every pidfd is watched");
+        assert_eq!(table.drop_exited(), Vec::<u32>::new(), "nobody exited");
+        a.kill().unwrap();
+        a.wait().unwrap();
+        b.kill().unwrap();
+        // b stays a zombie until waited for: it has exited all the same.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut dropped = Vec::new();
+        while dropped.len() < 2 && std::time::Instant::now() < deadline {
+            dropped.extend(table.drop_exited());
+        }
+        dropped.sort();
+        let mut want = vec![a.id(), b.id()];
+        want.sort();
+        assert_eq!(dropped, want);
+        assert!(table.get(c.id()).is_some());
+        assert_eq!(table.drop_exited(), Vec::<u32>::new(), "each exit once");
+        b.wait().unwrap();
+        c.kill().unwrap();
+        c.wait().unwrap();
+        assert_eq!(table.drop_exited(), vec![c.id()]);
+        assert_eq!(table.tasks().count(), 0);
+    }
 }

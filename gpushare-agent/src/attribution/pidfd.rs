@@ -3,7 +3,8 @@
 //! Design note: every GPU task the agent tracks holds a pidfd opened when the task was discovered
 //! and verified against `/proc` right after (see [`super::procinfo::open_verified`]). From then on
 //! the pidfd *is* the task: it becomes readable when the process exits, so an exit can never be
-//! missed (one `poll(2)` over all of them per step, [`exited`]), and a signal sent through it can
+//! missed (one `epoll_wait(2)` over all of them per step, [`ExitWatch`], confirmed by [`exited`]),
+//! and a signal sent through it can
 //! only reach that process, never a newcomer with the same pid. The alternative, re-reading
 //! `/proc/<pid>/stat` and comparing start times, has clock-tick resolution (10 ms) and costs an
 //! open, a read and a parse per process per step; a held pidfd costs one fd.
@@ -88,6 +89,73 @@ pub fn exited(fds: &[&Pidfd]) -> Vec<bool> {
         .iter()
         .map(|p| p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0)
         .collect()
+}
+
+/// An epoll set of pidfds: which processes exited since they were added, in one `epoll_wait(2)`
+/// whose cost grows with the exits, not with the pidfds held (a `poll(2)` over all of them costs
+/// each one every step). A pidfd leaves the set when its last copy is closed.
+pub struct ExitWatch {
+    epoll: Option<OwnedFd>,
+    events: Vec<libc::epoll_event>,
+    watched: usize,
+}
+
+impl Default for ExitWatch {
+    fn default() -> Self {
+        // SAFETY: plain syscall; the result is a new fd or -1.
+        let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        Self {
+            // SAFETY: raw is a fresh fd nobody else owns.
+            epoll: (raw >= 0).then(|| unsafe { OwnedFd::from_raw_fd(raw) }),
+            events: Vec::new(),
+            watched: 0,
+        }
+    }
+}
+
+impl ExitWatch {
+    /// Adds `fd` to the set; false when it could not be (the caller polls it instead).
+    pub fn watch(&mut self, fd: &Pidfd) -> bool {
+        let Some(ep) = &self.epoll else {
+            return false;
+        };
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd.as_raw_fd() as u64,
+        };
+        // SAFETY: a valid epoll fd, a valid fd, a valid event.
+        let rc = unsafe {
+            libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd(), &mut ev)
+        };
+        if rc == 0 {
+            self.watched += 1;
+        }
+        rc == 0
+    }
+
+    /// The raw fds of the watched pidfds that are readable now (level-triggered: an exited one
+    /// is reported until it is closed), at most `room` of them; `None` when the set cannot be
+    /// read or more than `room` are ready (the caller then polls every pidfd).
+    pub fn ready(&mut self, room: usize) -> Option<Vec<RawFd>> {
+        let ep = self.epoll.as_ref()?;
+        let room = room.clamp(1, i32::MAX as usize);
+        if self.events.len() < room {
+            self.events
+                .resize(room, libc::epoll_event { events: 0, u64: 0 });
+        }
+        // SAFETY: a valid epoll fd and a buffer of `room` events; timeout 0 never blocks.
+        let n =
+            unsafe { libc::epoll_wait(ep.as_raw_fd(), self.events.as_mut_ptr(), room as i32, 0) };
+        if n < 0 || n as usize >= room {
+            return None;
+        }
+        Some(
+            self.events[..n as usize]
+                .iter()
+                .map(|e| e.u64 as RawFd)
+                .collect(),
+        )
+    }
 }
 
 /// Raises the soft limit of open files to the hard limit: the agent holds one pidfd per GPU task.

@@ -167,6 +167,13 @@ impl NvmlSampler {
 
     /// Reads every GPU now.
     pub fn sample(&mut self) -> GpuSample {
+        self.sample_knowing(&|_| false)
+    }
+
+    /// Reads every GPU now; a listed pid for which `known` answers true (a process attribution
+    /// holds a pidfd for) is taken to have a `/proc` entry without asking the kernel: a record
+    /// whose process exited meanwhile is dropped by attribution's identity check instead.
+    pub fn sample_knowing(&mut self, known: &dyn Fn(u32) -> bool) -> GpuSample {
         let mut sample = GpuSample {
             taken_at: Some(Instant::now()),
             devices: Vec::new(),
@@ -183,7 +190,10 @@ impl NvmlSampler {
         match nvml.device_count() {
             Ok(count) => {
                 self.recovered("count");
-                let pids = PidCache::default();
+                let pids = PidCache {
+                    known,
+                    asked: Default::default(),
+                };
                 for index in 0..count {
                     let health = match self.sample_device(&nvml, index, &mut sample, &pids) {
                         Ok(()) => {
@@ -385,14 +395,20 @@ impl NvmlSampler {
     }
 }
 
-/// `/proc/<pid>` existence, asked once per pid per sample (a process is often on several GPUs).
-#[derive(Default)]
-struct PidCache(std::cell::RefCell<std::collections::HashMap<u32, bool>>);
+/// `/proc/<pid>` existence, asked once per pid per sample (a process is often on several GPUs),
+/// and not at all for a pid the caller knows.
+struct PidCache<'a> {
+    known: &'a dyn Fn(u32) -> bool,
+    asked: std::cell::RefCell<std::collections::HashMap<u32, bool>>,
+}
 
-impl PidCache {
+impl PidCache<'_> {
     fn exists(&self, pid: u32) -> bool {
+        if pid != 0 && (self.known)(pid) {
+            return true;
+        }
         *self
-            .0
+            .asked
             .borrow_mut()
             .entry(pid)
             .or_insert_with(|| pid_exists(pid))

@@ -2,7 +2,7 @@
 //! groups the agent froze or wants frozen (and their suspensions), and the scopes a liability
 //! is measured over.
 
-use std::{collections::BTreeMap, fmt, time::Duration};
+use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
 
 use crate::{
     attribution::ProcessIdentity,
@@ -11,14 +11,64 @@ use crate::{
 };
 
 /// One verified GPU process and who it belongs to.
+///
+/// The workload and its key are shared (`Arc`) by every process of the workload and, in the
+/// agent, across steps while the workload is unchanged: a step copies no string per process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AttributedProcess {
     /// pid + start time, verified by attribution.
     pub identity: ProcessIdentity,
     /// Its workload.
-    pub workload: WorkloadMeta,
+    pub workload: Arc<WorkloadMeta>,
     /// The quota in its environment, if any (see [`crate::quota::env`]).
     pub env_quota: Option<EnvQuota>,
+    /// `workload.key()`, built once (by [`Self::new`] or shared by [`Self::sharing`]).
+    key: Arc<str>,
+}
+
+impl AttributedProcess {
+    /// A process of `workload`, its key built here.
+    pub fn new(
+        identity: ProcessIdentity,
+        workload: impl Into<Arc<WorkloadMeta>>,
+        env_quota: Option<EnvQuota>,
+    ) -> Self {
+        let workload = workload.into();
+        let key = workload.key().into();
+        Self {
+            identity,
+            workload,
+            env_quota,
+            key,
+        }
+    }
+
+    /// A process of `workload` whose key `key` the caller built from it (`workload.key()`), shared
+    /// with the other processes of the workload.
+    pub fn sharing(
+        identity: ProcessIdentity,
+        workload: Arc<WorkloadMeta>,
+        key: Arc<str>,
+        env_quota: Option<EnvQuota>,
+    ) -> Self {
+        debug_assert_eq!(*key, workload.key());
+        Self {
+            identity,
+            workload,
+            env_quota,
+            key,
+        }
+    }
+
+    /// Its workload's key (`docker://<id>`, ...), without building it.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The same, shared.
+    pub fn shared_key(&self) -> &Arc<str> {
+        &self.key
+    }
 }
 
 /// What the kernel says about a workload's root group.

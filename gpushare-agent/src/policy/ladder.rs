@@ -116,7 +116,7 @@ pub(super) fn climb(
                         // A frozen process cannot handle the signal: thaw it first.
                         ws.frozen = None;
                     }
-                    (ActionKind::Kill(sig), cx.all_targets.clone())
+                    (ActionKind::Kill(sig), cx.all_targets())
                 }
             };
             out.actions.push(cx.act(
@@ -226,7 +226,7 @@ pub(super) fn escalate_kill(
             out.actions.push(cx.act(
                 k.scope,
                 ActionKind::Kill(Signal::KILL),
-                cx.all_targets.clone(),
+                cx.all_targets(),
                 Some(l.usage),
                 Some(l.limit),
                 format!(

@@ -156,7 +156,8 @@ impl Out {
 struct Cx<'a> {
     key: &'a str,
     cgroup_path: &'a str,
-    all_targets: Vec<ProcessIdentity>,
+    /// Its processes (none for a workload without any).
+    group: Option<&'a usage::Group<'a>>,
     input: &'a PolicyInput<'a>,
     released: bool,
     /// Its usage per GPU.
@@ -171,16 +172,18 @@ impl<'a> Cx<'a> {
         Self {
             key,
             cgroup_path,
-            all_targets: step
-                .workloads
-                .groups
-                .get(key)
-                .map(|g| g.identities.iter().copied().collect())
-                .unwrap_or_default(),
+            group: step.workloads.groups.get(key),
             input: step.input,
             released: step.releases.contains(key),
             dev_usage: step.usage.get(key).unwrap_or(&NO_USAGE),
         }
+    }
+
+    /// Every process of the workload, in identity order: the targets of a step on all of it.
+    fn all_targets(&self) -> Vec<ProcessIdentity> {
+        self.group
+            .map(|g| g.identities.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     fn act(

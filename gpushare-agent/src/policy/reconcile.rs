@@ -75,7 +75,7 @@ pub(super) fn reconcile_suspension(
     ws: &mut WorkloadState,
     observed: Option<&ObservedGroup>,
     suspend_on: Option<(u64, u64, BTreeMap<u32, u64>)>,
-    why: &str,
+    why: &dyn std::fmt::Display,
     actions: &mut Vec<Action>,
 ) -> bool {
     let now = cx.input.now;
@@ -115,10 +115,10 @@ pub(super) fn reconcile_suspension(
                 let a = cx.act(
                     scope,
                     ActionKind::Resume,
-                    cx.all_targets.clone(),
+                    cx.all_targets(),
                     Some(total),
                     None,
-                    why.replace("thawed because", "resumed because"),
+                    why.to_string().replace("thawed because", "resumed because"),
                 );
                 actions.push(issue(ws, now, ActionKind::Resume, a));
             }
@@ -136,7 +136,7 @@ pub(super) fn reconcile_suspension(
                 let mut a = cx.act(
                     scope,
                     ActionKind::Suspend,
-                    cx.all_targets.clone(),
+                    cx.all_targets(),
                     Some(usage),
                     Some(limit),
                     why.to_string(),
@@ -159,7 +159,7 @@ pub(super) fn reconcile(
     mut ws: WorkloadState,
     observed: Option<&ObservedGroup>,
     freeze_on: Option<Option<(u64, u64)>>,
-    why: &str,
+    why: &dyn std::fmt::Display,
     actions: &mut Vec<Action>,
 ) -> Option<WorkloadState> {
     let now = cx.input.now;
@@ -210,14 +210,7 @@ pub(super) fn reconcile(
             .frozen
             .or(observed.and_then(|o| o.frozen_by))
             .unwrap_or(super::GpuScope::All);
-        let mut a = cx.act(
-            scope,
-            transition,
-            cx.all_targets.clone(),
-            usage,
-            limit,
-            reason,
-        );
+        let mut a = cx.act(scope, transition, cx.all_targets(), usage, limit, reason);
         a.attempt = attempts;
         actions.push(a);
         ws.retry = Some(Retry {

@@ -42,11 +42,7 @@ fn ident(pid: u32) -> ProcessIdentity {
 }
 
 fn attributed(pid: u32, w: &WorkloadMeta) -> AttributedProcess {
-    AttributedProcess {
-        identity: ident(pid),
-        workload: w.clone(),
-        env_quota: None,
-    }
+    AttributedProcess::new(ident(pid), w.clone(), None)
 }
 
 /// `(index, free bytes, healthy)` per GPU; `(pid, gpu, used)` per process sample.
@@ -1508,14 +1504,16 @@ fn replay(w: &World) -> Replay {
     let processes: Vec<AttributedProcess> = w
         .procs
         .iter()
-        .map(|&(pid, wi, env)| AttributedProcess {
-            identity: ident(pid),
-            workload: pool[wi].clone(),
-            env_quota: env.map(|g| EnvQuota {
-                source: EnvSource::GpuShare,
-                per_gpu: Vec::new(),
-                each_gpu: Some(g * GIB),
-            }),
+        .map(|&(pid, wi, env)| {
+            AttributedProcess::new(
+                ident(pid),
+                pool[wi].clone(),
+                env.map(|g| EnvQuota {
+                    source: EnvSource::GpuShare,
+                    per_gpu: Vec::new(),
+                    each_gpu: Some(g * GIB),
+                }),
+            )
         })
         .collect();
     let mut state = PolicyState::default();

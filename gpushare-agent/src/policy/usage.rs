@@ -74,21 +74,21 @@ pub(super) struct DevUsage {
 pub(super) type Usage<'a> = BTreeMap<&'a str, BTreeMap<u32, DevUsage>>;
 
 /// One process with its workload key and its position in the input.
-pub(super) type Keyed<'a> = (String, usize, &'a AttributedProcess);
+pub(super) type Keyed<'a> = (&'a str, usize, &'a AttributedProcess);
 
 /// The processes with their workload keys, in a fixed order.
 pub(super) fn keyed(processes: &[AttributedProcess]) -> Vec<Keyed<'_>> {
     let mut procs: Vec<Keyed> = processes
         .iter()
         .enumerate()
-        .map(|(i, p)| (p.workload.key(), i, p))
+        .map(|(i, p)| (p.key(), i, p))
         .collect();
-    procs.sort_by(|a, b| (&a.0, a.2.identity).cmp(&(&b.0, b.2.identity)));
+    procs.sort_by(|a, b| (a.0, a.2.identity).cmp(&(b.0, b.2.identity)));
     procs
 }
 
-/// The processes grouped by workload, and who owns each pid. Keyed by the keys in `procs`: no
-/// string is copied per process.
+/// The processes grouped by workload, and who owns each pid. Keyed by the processes' shared keys:
+/// no string is copied per process.
 pub(super) struct Workloads<'a> {
     pub groups: BTreeMap<&'a str, Group<'a>>,
     owners: BTreeMap<u32, BTreeSet<(&'a str, ProcessIdentity)>>,
@@ -102,7 +102,7 @@ impl<'a> Workloads<'a> {
         let mut owners: BTreeMap<u32, BTreeSet<(&str, ProcessIdentity)>> = BTreeMap::new();
         let mut last_owner: BTreeMap<u32, (usize, &str)> = BTreeMap::new();
         for (key, at, p) in procs {
-            let g = groups.entry(key.as_str()).or_insert_with(|| Group {
+            let g = groups.entry(*key).or_insert_with(|| Group {
                 meta: &p.workload,
                 identities: BTreeSet::new(),
                 env: None,
@@ -114,10 +114,10 @@ impl<'a> Workloads<'a> {
             owners
                 .entry(p.identity.pid)
                 .or_default()
-                .insert((key.as_str(), p.identity));
-            let last = last_owner.entry(p.identity.pid).or_insert((*at, key));
+                .insert((*key, p.identity));
+            let last = last_owner.entry(p.identity.pid).or_insert((*at, *key));
             if *at >= last.0 {
-                *last = (*at, key);
+                *last = (*at, *key);
             }
         }
         Self {

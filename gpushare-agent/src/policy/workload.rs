@@ -9,7 +9,7 @@
 //! nothing in that evaluation; its clock starts afresh, so it gets the whole grace period and ladder
 //! again before it could be frozen again.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, fmt};
 
 use super::{
     Cx, Out, Step,
@@ -75,20 +75,25 @@ pub(super) fn decide(step: &Step, key: &str, plan: &Plan, out: &mut Out) {
     let freeze_reason = climb(&cx, &mut ws, prev_ws.as_ref(), liabilities, quota, out);
     let thaw_why = holding(&mut ws, liabilities, quota, cx.released);
     escalate_kill(&cx, &mut ws, liabilities, quota, out);
-    let why = thaw_why
-        .or(freeze_reason)
-        .unwrap_or_else(|| format!("{}", quota.source));
+    // In words only when an action carries it: the quota's source is not formatted otherwise.
+    let said = thaw_why.or(freeze_reason);
+    let why: &dyn fmt::Display = match &said {
+        Some(s) => s,
+        None => &quota.source,
+    };
+    let external;
     let why = if thawed_externally(step.prev, key, observed) {
         out.stats.external_thaws += 1;
-        if ws.frozen.is_some() {
+        external = if ws.frozen.is_some() {
             format!("thawed behind the agent's back, freezing it again: {why}")
         } else {
             format!("thawed behind the agent's back: {why}")
-        }
+        };
+        &external
     } else {
         why
     };
-    if let Some(ws) = settle(&cx, ws, observed, liabilities, &why, out)
+    if let Some(ws) = settle(&cx, ws, observed, liabilities, why, out)
         && (!ws.scopes.is_empty()
             || ws.frozen.is_some()
             || ws.ours
@@ -109,12 +114,12 @@ pub(super) fn unwind(
     why: &str,
     actions: &mut Vec<super::Action>,
 ) -> Option<WorkloadState> {
-    if reconcile_suspension(cx, &mut ws, Some(o), None, why, actions) {
+    if reconcile_suspension(cx, &mut ws, Some(o), None, &why, actions) {
         ws.observed = Some(o.state);
         ws.ours = o.ours;
         return Some(ws);
     }
-    reconcile(cx, ws, Some(o), None, why, actions)
+    reconcile(cx, ws, Some(o), None, &why, actions)
 }
 
 /// The previous state to go on from: none when the group it is about is gone or was replaced,
@@ -188,7 +193,7 @@ fn settle(
     mut ws: WorkloadState,
     observed: Option<&ObservedGroup>,
     liabilities: &[Liability],
-    why: &str,
+    why: &dyn fmt::Display,
     out: &mut Out,
 ) -> Option<WorkloadState> {
     // The liability holding the scope, when its data is good and it is liable: a freeze or
