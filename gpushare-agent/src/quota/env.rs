@@ -1647,6 +1647,116 @@ mod tests {
     }
 
     #[test]
+    fn a_malformed_size_is_said_to_be_malformed_not_too_large() {
+        // An empty or non-numeric value is a format error, whatever the parser would make of it.
+        for (var, value) in [
+            ("CUDA_DEVICE_MEMORY_LIMIT", ""),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "12x"),
+            (NV_LIMIT, ""),
+            (NV_LIMITS, "1024,"),
+            (NV_LIMIT, "4G"),
+        ] {
+            let r = report(&[(var, value)], GpuShareUnit::GiB);
+            assert_eq!(r.problems.len(), 1, "{var}={value}: {r:?}");
+            let reason = &r.problems[0].reason;
+            assert!(reason.starts_with("expected"), "{var}={value}: {reason}");
+        }
+    }
+
+    #[test]
+    fn each_source_and_trust_has_its_own_name() {
+        let sources = [
+            (EnvSource::GpuShare, "gpushare"),
+            (EnvSource::Hami, "hami"),
+            (EnvSource::Nvidia, "nvidia"),
+            (EnvSource::Mps, "mps"),
+            (EnvSource::Both, "several"),
+            (EnvSource::Kubelet, "kubelet"),
+            (EnvSource::KubeletAndEnv, "kubelet and env"),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for (s, word) in sources {
+            assert!(s.as_str().contains(word), "{s:?}: {}", s.as_str());
+            assert!(seen.insert(s.as_str()), "{s:?} shares its name");
+        }
+        // A trust's label value is the name the state API serializes it as.
+        for t in [Trust::RuntimeSpec, Trust::InitEnviron, Trust::Kubelet] {
+            assert_eq!(serde_json::to_value(t).unwrap(), t.as_str(), "{t:?}");
+        }
+    }
+
+    #[test]
+    fn a_unit_check_speaks_only_when_it_disagrees() {
+        for quiet in [
+            UnitCheck::NotApplicable,
+            UnitCheck::Unknown,
+            UnitCheck::Agrees,
+        ] {
+            assert!(!quiet.disagrees(), "{quiet:?}");
+            assert_eq!(quiet.describe(), None, "{quiet:?}");
+        }
+        let odd = UnitCheck::Unexplained {
+            dev: 12345,
+            gpu_bytes: 80 * GIB,
+        };
+        assert!(odd.disagrees());
+        let said = odd.describe().expect("said");
+        assert!(said.contains("ALIYUN_COM_GPU_MEM_DEV=12345"), "{said}");
+        assert!(said.contains("neither"), "{said}");
+    }
+
+    #[test]
+    fn the_unit_is_checked_against_the_gpu_the_index_names() {
+        // GPU 0 holds 80 GiB, GPU 1 40 GiB; the plugin says the device holds 40 (GiB) on GPU 0:
+        // that is GPU 1's size, not GPU 0's, so nothing explains it.
+        let mut gpus = gpus();
+        gpus[1].memory_total = 40 * GIB;
+        let env = [
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "4"),
+            ("ALIYUN_COM_GPU_MEM_IDX", "0"),
+            ("ALIYUN_COM_GPU_MEM_DEV", "40"),
+        ];
+        let r = env_quota(env.iter().copied(), GpuShareUnit::GiB, &gpus);
+        assert!(
+            matches!(r.unit_check, UnitCheck::Unexplained { dev: 40, gpu_bytes } if gpu_bytes == 80 * GIB),
+            "{:?}",
+            r.unit_check
+        );
+        let env = [
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "4"),
+            ("ALIYUN_COM_GPU_MEM_IDX", "1"),
+            ("ALIYUN_COM_GPU_MEM_DEV", "40"),
+        ];
+        let r = env_quota(env.iter().copied(), GpuShareUnit::GiB, &gpus);
+        assert_eq!(r.unit_check, UnitCheck::Agrees);
+    }
+
+    #[test]
+    fn a_disagreement_names_the_devices_the_runtime_gave() {
+        let r = report_on(&[("CUDA_DEVICE_MEMORY_LIMIT_3", "1g")], &[G1]);
+        assert_eq!(kinds(&r), vec![DisagreementKind::BeyondGranted]);
+        assert!(
+            r.disagreements[0].said.contains("(GPU 1)"),
+            "{:?}",
+            r.disagreements
+        );
+        let r = report_on(
+            &[
+                ("ALIYUN_COM_GPU_MEM_CONTAINER", "1"),
+                ("ALIYUN_COM_GPU_MEM_IDX", "0"),
+            ],
+            &[G1, DeviceRef::Uuid("GPU-elsewhere".into())],
+        );
+        assert_eq!(kinds(&r), vec![DisagreementKind::NotGranted]);
+        assert!(
+            r.disagreements[0].said.contains("(GPU 1, GPU-elsewhere)"),
+            "{:?}",
+            r.disagreements
+        );
+    }
+
+    #[test]
     fn the_device_size_tells_which_unit_the_plugin_uses() {
         let mib_plugin = [
             ("ALIYUN_COM_GPU_MEM_CONTAINER", "4096"),
