@@ -47,6 +47,7 @@ pub mod crash;
 pub mod cuda;
 pub mod ebpf;
 pub mod enforce;
+pub mod kube;
 pub mod launch;
 pub mod metrics;
 pub mod nvml;

@@ -524,6 +524,14 @@ impl Collector for SnapshotCollector {
                 .iter()
                 .map(|(k, v)| (vec![("kind", k.clone())], *v)),
         )?;
+        counter(
+            &mut e,
+            "gpushare_kubernetes",
+            "The API server's reads and Kubernetes Events, by what (api_reads, api_errors, annotation_edits_ignored, events_created, events_patched, events_skipped, events_dropped, events_errors)",
+            c.kubernetes
+                .iter()
+                .map(|(k, v)| (vec![("what", k.clone())], *v)),
+        )?;
         gauge(
             &mut e,
             "gpushare_env_quota_unit_mismatch",

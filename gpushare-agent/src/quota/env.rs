@@ -106,6 +106,10 @@ pub enum EnvSource {
     Mps,
     /// Several conventions' variables set limits; the smallest applies per device.
     Both,
+    /// A DRA ResourceClaim's consumed capacity (`memory`), from the API server.
+    Dra,
+    /// Pod annotations (kai-gpu-fractioning's, GPUShare's), from the API server: they only lower.
+    Annotation,
 }
 
 impl EnvSource {
@@ -117,6 +121,8 @@ impl EnvSource {
             Self::Nvidia => "nvidia env",
             Self::Mps => "mps env",
             Self::Both => "several plugins' env (the smallest applies)",
+            Self::Dra => "dra",
+            Self::Annotation => "annotation",
         }
     }
 }

@@ -21,7 +21,19 @@ impl QuotaSet {
             defaults.gpushare_unit = patch.gpushare_unit.unwrap_or(defaults.gpushare_unit);
             defaults.env_quotas = patch.env_quotas.unwrap_or(defaults.env_quotas);
         }
+        if let Some((_, k)) = &main.kubernetes {
+            defaults.kubernetes.apply(k);
+        }
         for d in &dropins {
+            if let Some((at, _)) = &d.kubernetes {
+                errors.push(LocatedError {
+                    location: at.clone(),
+                    message: format!(
+                        "[kubernetes] is only allowed in the main file ({}): move it there",
+                        main.origin
+                    ),
+                });
+            }
             if let Some((at, _)) = &d.defaults {
                 errors.push(LocatedError {
                     location: at.clone(),

@@ -46,6 +46,7 @@
 //! freeze, kill) with non-decreasing `after`; `after` defaults to `0s`, and `0s` is allowed.
 
 mod explain;
+mod kube_api;
 mod load;
 mod selectors;
 pub mod spec;
@@ -117,6 +118,21 @@ pub struct DefaultsPatch {
     pub env_quotas: Option<bool>,
 }
 
+/// A validated `[kubernetes]` table: only the keys written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KubernetesPatch {
+    /// `api`.
+    pub api: Option<bool>,
+    /// `events`.
+    pub events: Option<bool>,
+    /// `node_name`.
+    pub node_name: Option<String>,
+    /// `service_account_dir`.
+    pub service_account_dir: Option<std::path::PathBuf>,
+    /// `api_server`.
+    pub api_server: Option<String>,
+}
+
 /// A validated `[[quota]]` entry whose enforcement is not yet merged with the defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EntryDraft {
@@ -143,6 +159,8 @@ pub struct QuotaFile {
     pub origin: String,
     /// `[defaults]` with its location, if present.
     pub defaults: Option<(Location, DefaultsPatch)>,
+    /// `[kubernetes]` with its location, if present.
+    pub kubernetes: Option<(Location, KubernetesPatch)>,
     /// `protect`.
     pub protect: Vec<ProtectPattern>,
     /// `[[quota]]` entries in order.
@@ -155,6 +173,7 @@ impl QuotaFile {
         Self {
             origin: origin.to_string(),
             defaults: None,
+            kubernetes: None,
             protect: Vec::new(),
             entries: Vec::new(),
         }
@@ -212,6 +231,10 @@ pub fn parse_str(text: &str, origin: &str) -> Result<QuotaFile, Vec<LocatedError
         };
         (at, patch)
     });
+    let kubernetes = spec.kubernetes.as_ref().map(|k| {
+        let at = cx.at(&k.span());
+        (at, kube_api::patch(&mut cx, k.get_ref()))
+    });
     let mut entries = Vec::new();
     for entry in &spec.quota {
         let span = entry.span();
@@ -252,6 +275,7 @@ pub fn parse_str(text: &str, origin: &str) -> Result<QuotaFile, Vec<LocatedError
         Ok(QuotaFile {
             origin: origin.to_string(),
             defaults,
+            kubernetes,
             protect,
             entries,
         })

@@ -12,6 +12,19 @@ pub(super) struct FileSpec {
     pub(super) defaults: Option<Spanned<DefaultsSpec>>,
     #[serde(default)]
     pub(super) quota: Vec<Spanned<EntrySpec>>,
+    pub(super) kubernetes: Option<Spanned<KubernetesSpec>>,
+}
+
+/// `[kubernetes]`: the agent's sources in the cluster (main file only).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct KubernetesSpec {
+    // ---- the API server (issue 22b: DRA claims, pod annotations, Events) ----
+    pub(super) api: Option<Spanned<bool>>,
+    pub(super) events: Option<Spanned<bool>>,
+    pub(super) node_name: Option<Spanned<String>>,
+    pub(super) service_account_dir: Option<Spanned<String>>,
+    pub(super) api_server: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
