@@ -410,7 +410,11 @@ impl Agent {
         let mut reports = Vec::new();
         for a in &decision.actions {
             let outcome = self.execute(a, obs.trigger, &mut reports);
-            if matches!(outcome, ExecOutcome::Ok | ExecOutcome::DryRun) {
+            // Pending: requested, the kernel applies it (a freeze settles in a later poll).
+            if matches!(
+                outcome,
+                ExecOutcome::Ok | ExecOutcome::Pending | ExecOutcome::DryRun
+            ) {
                 self.pod_event(a, obs);
             }
             if outcome == ExecOutcome::Ok && matches!(a.kind, ActionKind::Freeze | ActionKind::Thaw)

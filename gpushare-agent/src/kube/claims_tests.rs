@@ -314,7 +314,11 @@ fn the_smallest_applies_on_each_gpu_and_names_its_source() {
     let m = smallest(Some(a.clone()), Some(ann(Some(8 * GI), &[]))).unwrap();
     assert_eq!(m.per_gpu, vec![(DeviceRef::Index(0), 4 * GI)]);
     assert_eq!(m.each_gpu, Some(8 * GI));
-    assert_eq!(m.source, EnvSource::Dra, "the claim binds on the GPU it names");
+    assert_eq!(
+        m.source,
+        EnvSource::Dra,
+        "the claim binds on the GPU it names"
+    );
     let m = smallest(Some(a.clone()), Some(ann(None, &[(0, 8 * GI)]))).unwrap();
     assert_eq!(m, a, "the claim's limits are kept");
     let m = smallest(Some(a.clone()), Some(ann(None, &[(1, GI)]))).unwrap();
