@@ -91,7 +91,8 @@ impl KubeView {
         let (q, ids) = self.shared.get(pod_uid)?;
         ids.iter()
             .filter_map(|id| self.containers.get(id)?.annotation.clone())
-            .fold(Some(q.clone()), |acc, a| smallest(acc, Some(a)))
+            .fold(q.clone(), min_of)
+            .into()
     }
 }
 
@@ -118,10 +119,14 @@ pub fn dra_device(driver: &str, device: &str) -> Option<DeviceRef> {
 /// the other's (its limit for that GPU, else its each-GPU limit); the each-GPU limit is the smaller
 /// of the two. The source is the one whose limits are kept, or [`EnvSource::Both`].
 pub fn smallest(a: Option<EnvQuota>, b: Option<EnvQuota>) -> Option<EnvQuota> {
-    let (a, b) = match (a, b) {
-        (None, x) | (x, None) => return x,
-        (Some(a), Some(b)) => (a, b),
-    };
+    match (a, b) {
+        (None, x) | (x, None) => x,
+        (Some(a), Some(b)) => Some(min_of(a, b)),
+    }
+}
+
+/// [`smallest`] of two quotas.
+fn min_of(a: EnvQuota, b: EnvQuota) -> EnvQuota {
     let limit_on = |q: &EnvQuota, d: &DeviceRef| {
         q.per_gpu
             .iter()
@@ -162,7 +167,7 @@ pub fn smallest(a: Option<EnvQuota>, b: Option<EnvQuota>) -> Option<EnvQuota> {
     } else if same(&b) {
         q.source = b.source;
     }
-    Some(q)
+    q
 }
 
 /// Per-GPU memory of a claim's results (those of `request` only, when a container names one),
