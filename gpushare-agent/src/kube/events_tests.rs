@@ -193,6 +193,16 @@ fn the_event_object_is_client_gos() {
     assert_eq!(v["source"]["component"], COMPONENT);
     assert_eq!(v["source"]["host"], "node-1");
     assert_eq!(v["metadata"]["namespace"], "ml");
+    assert_eq!(v["metadata"]["name"], "a.1");
+    assert_eq!(v["involvedObject"]["apiVersion"], "v1");
+    assert_eq!(v["reason"], "GpuMemoryFrozen");
+    assert_eq!(v["message"], "frozen");
+    assert_eq!(v["reportingComponent"], COMPONENT);
+    assert_eq!(v["reportingInstance"], "gpushare-agent-node-1");
+    assert!(
+        v["firstTimestamp"].is_string() && v["lastTimestamp"].is_string(),
+        "{v}"
+    );
     let t = ev("a", "GpuMemoryThawed", "thawed");
     assert_eq!(
         serde_json::to_value(event_object(&t, "a.2", 1, "n")).unwrap()["type"],

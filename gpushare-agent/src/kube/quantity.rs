@@ -141,6 +141,10 @@ mod tests {
             assert!(e.contains(why), "{bad}: {e}");
         }
         assert_eq!(q("18446744073709551615"), Ok(u64::MAX));
+        // At most 30 digits, whatever the exponent brings them down to.
+        assert_eq!(q("123456789012345678901234567890e-30"), Ok(1));
+        let e = q("1234567890123456789012345678901e-30").unwrap_err();
+        assert!(e.contains("too large"), "{e}");
         assert_eq!(q("16Ei").unwrap_err(), "`16Ei` is too large");
         assert_eq!(q("15Ei"), Ok(15 << 60));
     }
