@@ -118,6 +118,25 @@ pub async fn run(args: RunArgs) -> Result<()> {
     );
 
     agent.set_checkpointer(cuda);
+    // The API server (`[kubernetes]`, read at start): grants and Events, never waited on.
+    let defaults = agent.quotas_mut().current().defaults().clone();
+    let k8s = &defaults.kubernetes;
+    if k8s.uses_api_server() {
+        match crate::kube::api::connect(k8s) {
+            Ok(api) => {
+                if k8s.api {
+                    agent.use_kube(crate::kube::api::spawn_watcher(
+                        api.clone(),
+                        defaults.gpushare_unit,
+                    ));
+                }
+                if k8s.events {
+                    agent.use_events(crate::kube::events::spawn_poster(api.client, api.node));
+                }
+            }
+            Err(e) => warn!("[kubernetes]: {e}; the API server is not used (no grants, no Events)"),
+        }
+    }
     agent.use_driver_limits(crate::agent::driver_limits::DriverLimiter::new(
         args.nvml_lib.as_deref(),
         cgroupfs::find_cgroup2_mount()?,

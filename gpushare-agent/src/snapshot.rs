@@ -275,6 +275,11 @@ pub struct Counters {
     /// GPU memory moved off the GPU by suspends since the agent started, bytes.
     #[serde(default)]
     pub suspended_bytes_total: u64,
+    /// The API server's reads and Events: `api_reads`, `api_errors`, `annotation_edits_ignored`,
+    /// `events_created`, `events_patched`, `events_skipped` (spam filter), `events_dropped`
+    /// (queue full), `events_errors`.
+    #[serde(default)]
+    pub kubernetes: BTreeMap<String, u64>,
 }
 
 /// What a workload's identity rests on and the containers nested in it, as the agent found them.

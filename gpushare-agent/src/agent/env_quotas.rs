@@ -585,7 +585,7 @@ mod tests {
         };
         let mut v = PodResourcesView::empty(
             KubeletStatus::Answering,
-            &crate::quota::KubernetesSettings::default(),
+            &crate::quota::KubeletSettings::default(),
         );
         let grant = container_grant(ids.iter().map(|(r, i)| (*r, i.iter().copied())));
         let pod = PodAssignment {

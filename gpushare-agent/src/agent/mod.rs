@@ -20,6 +20,7 @@
 pub mod counters;
 pub mod driver_limits;
 pub mod env_quotas;
+mod events;
 pub mod identity;
 pub mod quota_store;
 pub mod workloads;
@@ -84,6 +85,8 @@ pub struct Agent {
     limiter: Option<DriverLimiter>,
     /// The slowest suspend or resume of this run, bytes per second.
     slowest_rate: Option<f64>,
+    /// Kubernetes Events on pods, when `[kubernetes] events` is on.
+    events: Option<crate::kube::events::EventSender>,
 }
 
 /// What one step saw, for the decision and the report.
@@ -128,6 +131,7 @@ impl Agent {
             ready: false,
             limiter: None,
             slowest_rate: None,
+            events: None,
         };
         agent.take_over_earlier_keys();
         agent.track_suspended_processes();
@@ -429,6 +433,13 @@ impl Agent {
         let mut reports = Vec::new();
         for a in &decision.actions {
             let outcome = self.execute(a, obs.trigger, &mut reports);
+            // Pending: requested, the kernel applies it (a freeze settles in a later poll).
+            if matches!(
+                outcome,
+                ExecOutcome::Ok | ExecOutcome::Pending | ExecOutcome::DryRun
+            ) {
+                self.pod_event(a, obs);
+            }
             if outcome == ExecOutcome::Ok && matches!(a.kind, ActionKind::Freeze | ActionKind::Thaw)
             {
                 reports.push(Report::Done {
@@ -537,6 +548,56 @@ impl Agent {
                     )
                 }
             }
+        }
+    }
+
+    /// Reads the API server's grants from `watch` (DRA claims, pod annotations).
+    pub fn use_kube(&mut self, watch: crate::kube::api::KubeWatch) {
+        self.workloads.set_kube(watch);
+    }
+
+    /// Posts a Kubernetes Event on the pod for each isolation step and its end.
+    pub fn use_events(&mut self, sender: crate::kube::events::EventSender) {
+        self.events = Some(sender);
+    }
+
+    /// The API server's and the Event poster's counters, when they run.
+    fn kube_counters(&self) -> BTreeMap<String, u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut out = BTreeMap::new();
+        if let Some(w) = self.workloads.kube_watch() {
+            let s = w.stats();
+            out.insert("api_reads".into(), s.reads_total.load(Relaxed));
+            out.insert("api_errors".into(), s.errors_total.load(Relaxed));
+            out.insert(
+                "annotation_edits_ignored".into(),
+                s.annotation_edits_total.load(Relaxed),
+            );
+        }
+        if let Some(e) = &self.events {
+            let s = e.stats();
+            out.insert("events_created".into(), s.created_total.load(Relaxed));
+            out.insert("events_patched".into(), s.patched_total.load(Relaxed));
+            out.insert("events_skipped".into(), s.skipped_total.load(Relaxed));
+            out.insert("events_dropped".into(), s.dropped_total.load(Relaxed));
+            out.insert("events_errors".into(), s.errors_total.load(Relaxed));
+        }
+        out
+    }
+
+    /// Queues the Event of an executed action on its pod (never waits).
+    fn pod_event(&self, a: &Action, obs: &Observation) {
+        let Some(events) = &self.events else {
+            return;
+        };
+        let meta = obs
+            .processes
+            .iter()
+            .map(|p| &p.workload)
+            .find(|w| w.id.key() == a.workload);
+        let view = self.workloads.kube_view();
+        if let Some(e) = events::pod_event(a, meta, view.as_deref()) {
+            events.send(e);
         }
     }
 
@@ -756,6 +817,7 @@ impl Agent {
                 .unit_mismatches()
                 .into_iter()
                 .collect(),
+            kubernetes: self.kube_counters(),
             ..snapshot::Counters::default()
         };
         self.counters.render(&mut counters);

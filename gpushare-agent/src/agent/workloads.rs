@@ -27,9 +27,15 @@ use super::{
 pub use crate::attribution::names::{NameCache, WorkloadNames};
 use crate::{
     attribution::{GpuTaskEntry, WorkloadId, WorkloadKind, docker::DAEMON_JSON},
-    kube::podresources::{PodResourcesSource, PodResourcesView},
+    kube::{
+        api::KubeWatch,
+        claims::{KubeView, smallest},
+        podresources::{PodResourcesSource, PodResourcesView},
+    },
     policy::AttributedProcess,
-    quota::{GpuInfo, KubernetesSettings, QuotaSet, QuotaSource, Selector, WorkloadMeta},
+    quota::{
+        EnvQuota, GpuInfo, KubeletSettings, QuotaSet, QuotaSource, Selector, WorkloadMeta,
+    },
     snapshot::IdentityNote,
     workload::{Placement, nested_container, parse_cgroup_path_in, parse_without_runtime},
 };
@@ -136,6 +142,8 @@ pub struct Workloads {
     leaves: HashMap<String, Leaf>,
     /// The quota set the leaves' roots were found under (a root depends on its globs).
     rooted_under: Option<QuotaSet>,
+    /// The API server's grants (DRA claims, pod annotations), when `[kubernetes] api` is on.
+    kube: Option<KubeWatch>,
 }
 
 /// What the last steps found for one leaf group: the pure parts are kept while the quota set is
@@ -149,6 +157,47 @@ struct Leaf {
     meta: Option<(Arc<WorkloadMeta>, Arc<str>)>,
     /// Seen at this step.
     live: bool,
+}
+
+/// A container that shares a DRA claim with another container of its pod belongs to the pod: the
+/// claim bounds their union (see [`crate::kube::claims`]). Only a container at its runtime's place
+/// in that very pod.
+fn sharing_pod(
+    found: (WorkloadId, Option<Identity>),
+    view: &KubeView,
+) -> (WorkloadId, Option<Identity>) {
+    let (w, identity) = &found;
+    if let (
+        WorkloadKind::Container {
+            container_id,
+            pod_uid: Some(uid),
+            qos,
+            ..
+        },
+        Some(Identity::Runtime | Identity::Placement),
+    ) = (&w.kind, identity)
+        && view.pod_of(container_id) == Some(uid.as_str())
+        && let Some((pod_path, _)) = w.cgroup_path.rsplit_once('/')
+    {
+        let pod = WorkloadId {
+            cgroup_path: pod_path.to_string(),
+            kind: WorkloadKind::Pod {
+                pod_uid: uid.clone(),
+                qos: qos.unwrap_or(crate::workload::QosClass::BestEffort),
+            },
+        };
+        return (pod, Some(Identity::Placement));
+    }
+    found
+}
+
+/// The API server's quota for a workload: a container's own, or a sharing pod's.
+fn kube_quota(id: &WorkloadId, view: &KubeView) -> Option<EnvQuota> {
+    match &id.kind {
+        WorkloadKind::Container { container_id, .. } => view.quota_for_container(container_id),
+        WorkloadKind::Pod { pod_uid, .. } => view.quota_for_pod(pod_uid),
+        _ => None,
+    }
 }
 
 impl Workloads {
@@ -179,7 +228,23 @@ impl Workloads {
             events: Vec::new(),
             leaves: HashMap::new(),
             rooted_under: None,
+            kube: None,
         }
+    }
+
+    /// Reads the API server's grants from `watch` from now on.
+    pub fn set_kube(&mut self, watch: KubeWatch) {
+        self.kube = Some(watch);
+    }
+
+    /// The API server's watcher, when it runs.
+    pub fn kube_watch(&self) -> Option<&KubeWatch> {
+        self.kube.as_ref()
+    }
+
+    /// The API server's latest view, when it is read.
+    pub fn kube_view(&self) -> Option<std::sync::Arc<KubeView>> {
+        self.kube.as_ref().map(KubeWatch::current)
     }
 
     /// The name cache (for readers of the snapshot).
@@ -198,7 +263,7 @@ impl Workloads {
     }
 
     /// Starts, restarts or stops the kubelet reader when the `[kubernetes]` settings change.
-    fn sync_kubelet(&mut self, k: &KubernetesSettings) {
+    fn sync_kubelet(&mut self, k: &KubeletSettings) {
         let running = self.kubelet.as_ref().map(PodResourcesSource::settings);
         match (running, &k.pod_resources_socket) {
             (None, None) => {}
@@ -290,8 +355,9 @@ impl Workloads {
         gpus: &[GpuInfo],
     ) -> Vec<AttributedProcess> {
         let env_enabled = quotas.defaults().env_quotas;
+        let view = self.kube_view();
         let unit = quotas.defaults().gpushare_unit;
-        self.sync_kubelet(quotas.kubernetes());
+        self.sync_kubelet(quotas.kubelet());
         let kubelet_view = self.kubelet.as_ref().map(PodResourcesSource::view);
         if self.rooted_under.as_ref() != Some(quotas) {
             for l in self.leaves.values_mut() {
@@ -310,7 +376,10 @@ impl Workloads {
         for t in &tasks {
             let leaf = t.cgroup_path.as_deref().unwrap_or("/");
             if !of_leaf.contains_key(leaf) {
-                let found = self.identify(leaf, quotas);
+                let mut found = self.identify(leaf, quotas);
+                if let Some(v) = &view {
+                    found = sharing_pod(found, v);
+                }
                 of_leaf.insert(leaf, found);
             }
         }
@@ -333,13 +402,19 @@ impl Workloads {
                         {
                             k.want(uid);
                         }
-                        (env_enabled && claimed)
+                        let env = (env_enabled && claimed)
                             .then(|| {
                                 self.env_quotas
                                     .quota_with(id, unit, gpus, kubelet_view.as_deref())
                             })
                             .flatten()
-                            .map(|(q, _)| q)
+                            .map(|(q, _)| q);
+                        // No source lifts another's limit: the smallest per GPU.
+                        let granted = view
+                            .as_ref()
+                            .filter(|_| env_enabled && claimed)
+                            .and_then(|v| kube_quota(id, v));
+                        smallest(env, granted)
                     })
                     .clone();
                 let names = if claimed {
@@ -401,6 +476,14 @@ impl Workloads {
             }
             let trust = match quotas.resolve(workload, env.as_ref()) {
                 Some(q) if matches!(q.source, QuotaSource::File { .. }) => "file",
+                Some(q)
+                    if matches!(
+                        q.source,
+                        QuotaSource::Env(EnvSource::Dra | EnvSource::Annotation)
+                    ) =>
+                {
+                    "api_server"
+                }
                 Some(_) => self.env_quotas.trust_of(&key).map_or("", |t| t.as_str()),
                 None => "",
             };

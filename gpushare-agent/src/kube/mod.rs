@@ -1,12 +1,23 @@
-//! Kubernetes as a source of truth for quotas: what the node's kubelet says each container was
-//! given ([`podresources`], read over its pod-resources socket) and the device ids of its replies
-//! ([`devices`]).
+//! Kubernetes as a source of truth (issue 22): what the cluster grants the node's containers,
+//! and Events on their pods.
+//!
+//! - [`podresources`]: what the node's kubelet says each container was given, read over its
+//!   pod-resources socket, and [`devices`]: the device ids of its replies;
+//! - `quantity`: Kubernetes quantities as bytes;
+//! - `claims`: pods and ResourceClaims → each container's grant (DRA, annotations), pure;
+//! - `api`: the API-server client (in-cluster config) and the watcher that publishes a
+//!   [`claims::KubeView`] the step reads without waiting;
+//! - `events`: Events on the pod for isolation steps, client-go's spam filter and correlator.
 //!
 //! Layer: a source, like [`crate::quota`] and [`crate::attribution`] (which it uses); the agent
 //! reads its published results, never the other way round.
 
+pub mod api;
+pub mod claims;
 pub mod devices;
+pub mod events;
 pub mod podresources;
+pub mod quantity;
 
 /// The kubelet's pod-resources `v1` API, generated at build time from the vendored
 /// `proto/podresources/v1/api.proto` (Apache-2.0, the Kubernetes Authors).

@@ -32,7 +32,7 @@ use super::{
     devices::{ContainerGrant, container_grant},
     proto::{self, pod_resources_lister_client::PodResourcesListerClient},
 };
-use crate::{attribution::k8s_names, quota::KubernetesSettings};
+use crate::{attribution::k8s_names, quota::KubeletSettings};
 
 /// How often the kubelet is asked in full.
 pub const REFRESH: Duration = Duration::from_secs(10);
@@ -152,7 +152,7 @@ pub struct PodResourcesView {
 
 impl PodResourcesView {
     /// A view with nothing in it yet.
-    pub fn empty(status: KubeletStatus, settings: &KubernetesSettings) -> Self {
+    pub fn empty(status: KubeletStatus, settings: &KubeletSettings) -> Self {
         Self {
             status,
             by_uid: HashMap::new(),
@@ -388,7 +388,7 @@ async fn get(
 /// The background reader: started when `[kubernetes] pod_resources_socket` is set, stopped
 /// (its task aborted) when dropped.
 pub struct PodResourcesSource {
-    settings: KubernetesSettings,
+    settings: KubeletSettings,
     rx: watch::Receiver<Arc<PodResourcesView>>,
     wake: Arc<Notify>,
     wanted: Arc<Mutex<Vec<String>>>,
@@ -399,7 +399,7 @@ pub struct PodResourcesSource {
 impl PodResourcesSource {
     /// Starts reading the kubelet per `settings` (pod cgroups looked for under `v2_root`); with
     /// no socket configured, or outside a tokio runtime, nothing runs and the view says why.
-    pub fn start(settings: &KubernetesSettings, v2_root: PathBuf) -> Self {
+    pub fn start(settings: &KubeletSettings, v2_root: PathBuf) -> Self {
         let initial = match (
             &settings.pod_resources_socket,
             tokio::runtime::Handle::try_current(),
@@ -431,7 +431,7 @@ impl PodResourcesSource {
     }
 
     /// The settings it was started with.
-    pub fn settings(&self) -> &KubernetesSettings {
+    pub fn settings(&self) -> &KubeletSettings {
         &self.settings
     }
 
@@ -490,7 +490,7 @@ fn say(last: &mut &'static str, status: &KubeletStatus, socket: &Path) {
 }
 
 async fn run(
-    settings: KubernetesSettings,
+    settings: KubeletSettings,
     v2_root: PathBuf,
     tx: watch::Sender<Arc<PodResourcesView>>,
     wake: Arc<Notify>,

@@ -110,6 +110,10 @@ pub enum EnvSource {
     Kubelet,
     /// The kubelet's grant and the environment each bind on some GPU (the smallest applies).
     KubeletAndEnv,
+    /// A DRA ResourceClaim's consumed capacity (`memory`), from the API server.
+    Dra,
+    /// Pod annotations (kai-gpu-fractioning's, GPUShare's), from the API server: they only lower.
+    Annotation,
 }
 
 impl EnvSource {
@@ -123,6 +127,8 @@ impl EnvSource {
             Self::Both => "several plugins' env (the smallest applies)",
             Self::Kubelet => "kubelet",
             Self::KubeletAndEnv => "kubelet and env (the smallest applies)",
+            Self::Dra => "dra",
+            Self::Annotation => "annotation",
         }
     }
 }

@@ -36,7 +36,7 @@ pub use self::{
         Disagreement, DisagreementKind, EnvQuota, EnvQuotaError, EnvQuotaReport, EnvSource,
         GpuInfo, GpuShareUnit, Trust, UnitCheck, env_quota, env_quota_on, parse_environ,
     },
-    file::{LocatedError, QuotaFile, load_dir_set, parse_str},
+    file::{KubernetesPatch, LocatedError, QuotaFile, load_dir_set, parse_str},
     select::{PathGlob, PodRef, ProtectPattern, Selector, WorkloadMeta},
     size::{ByteSize, SizeError, parse_size},
 };
@@ -329,6 +329,61 @@ pub struct Defaults {
     pub gpushare_unit: GpuShareUnit,
     /// Whether workloads' env quotas are honoured.
     pub env_quotas: bool,
+    /// `[kubernetes]`: the sources in the cluster (read at start; a change needs a restart).
+    pub kubernetes: KubernetesSettings,
+}
+
+/// Where the service account's token and CA are mounted in a pod.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// `[kubernetes]` with the built-in defaults applied.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct KubernetesSettings {
+    // ---- the API server (DRA claims, pod annotations, Events) ----
+    /// Read DRA claims and pod annotations from the API server.
+    pub api: bool,
+    /// Post Kubernetes Events on the pod for each isolation step.
+    pub events: bool,
+    /// This node's name (else `NODE_NAME`, set by the DaemonSet through the downward API).
+    pub node_name: Option<String>,
+    /// Where the service account's `token`, `ca.crt` and `namespace` are.
+    pub service_account_dir: std::path::PathBuf,
+    /// The API server's URL (else `KUBERNETES_SERVICE_HOST`/`_PORT`).
+    pub api_server: Option<String>,
+}
+
+impl Default for KubernetesSettings {
+    fn default() -> Self {
+        Self {
+            api: false,
+            events: false,
+            node_name: None,
+            service_account_dir: SERVICE_ACCOUNT_DIR.into(),
+            api_server: None,
+        }
+    }
+}
+
+impl KubernetesSettings {
+    /// Applies the keys a `[kubernetes]` table wrote.
+    pub fn apply(&mut self, k: &file::KubernetesPatch) {
+        self.api = k.api.unwrap_or(self.api);
+        self.events = k.events.unwrap_or(self.events);
+        if k.node_name.is_some() {
+            self.node_name.clone_from(&k.node_name);
+        }
+        if let Some(d) = &k.service_account_dir {
+            self.service_account_dir.clone_from(d);
+        }
+        if k.api_server.is_some() {
+            self.api_server.clone_from(&k.api_server);
+        }
+    }
+
+    /// Whether the agent talks to the API server at all.
+    pub fn uses_api_server(&self) -> bool {
+        self.api || self.events
+    }
 }
 
 impl Default for Defaults {
@@ -338,13 +393,14 @@ impl Default for Defaults {
             elastic_reserve: 1 << 30,
             gpushare_unit: GpuShareUnit::GiB,
             env_quotas: true,
+            kubernetes: KubernetesSettings::default(),
         }
     }
 }
 
-/// The `[kubernetes]` table of the main quota file.
+/// The kubelet's keys of the `[kubernetes]` table of the main quota file (pod-resources).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct KubernetesSettings {
+pub struct KubeletSettings {
     // ---- pod-resources (the kubelet's socket; issue 22a) ----
     /// `pod_resources_socket`: the kubelet's pod-resources socket; `None` = not read.
     pub pod_resources_socket: Option<std::path::PathBuf>,
@@ -354,7 +410,7 @@ pub struct KubernetesSettings {
     pub pod_logs_dir: std::path::PathBuf,
 }
 
-impl Default for KubernetesSettings {
+impl Default for KubeletSettings {
     fn default() -> Self {
         Self {
             pod_resources_socket: None,
@@ -513,7 +569,7 @@ pub struct QuotaSet {
     defaults: Defaults,
     entries: Vec<QuotaEntry>,
     protect: Vec<ProtectPattern>,
-    kubernetes: KubernetesSettings,
+    kubelet: KubeletSettings,
 }
 
 impl QuotaSet {
@@ -533,19 +589,19 @@ impl QuotaSet {
             defaults,
             entries,
             protect,
-            kubernetes: KubernetesSettings::default(),
+            kubelet: KubeletSettings::default(),
         }
     }
 
-    /// The same set with the `[kubernetes]` settings `k`.
-    pub(crate) fn with_kubernetes(mut self, k: KubernetesSettings) -> Self {
-        self.kubernetes = k;
+    /// The same set with the kubelet's `[kubernetes]` settings `k`.
+    pub(crate) fn with_kubelet(mut self, k: KubeletSettings) -> Self {
+        self.kubelet = k;
         self
     }
 
-    /// The `[kubernetes]` settings.
-    pub fn kubernetes(&self) -> &KubernetesSettings {
-        &self.kubernetes
+    /// The kubelet's `[kubernetes]` settings (the API server's are in [`Defaults::kubernetes`]).
+    pub fn kubelet(&self) -> &KubeletSettings {
+        &self.kubelet
     }
 
     /// Parses and validates one main file given as text (no drop-ins). For tests and `check`.

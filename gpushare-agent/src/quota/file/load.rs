@@ -21,7 +21,10 @@ impl QuotaSet {
             defaults.gpushare_unit = patch.gpushare_unit.unwrap_or(defaults.gpushare_unit);
             defaults.env_quotas = patch.env_quotas.unwrap_or(defaults.env_quotas);
         }
-        let kubernetes = main.kubernetes.clone().map(|(_, k)| k).unwrap_or_default();
+        let kubelet = main.kubelet.clone().map(|(_, k)| k).unwrap_or_default();
+        if let Some((_, k)) = &main.kubernetes {
+            defaults.kubernetes.apply(k);
+        }
         for d in &dropins {
             if let Some((at, _)) = &d.kubernetes {
                 errors.push(LocatedError {
@@ -71,7 +74,7 @@ impl QuotaSet {
             }
         }
         if errors.is_empty() {
-            Ok(QuotaSet::from_parts(defaults, entries, protect).with_kubernetes(kubernetes))
+            Ok(QuotaSet::from_parts(defaults, entries, protect).with_kubelet(kubelet))
         } else {
             Err(errors)
         }

@@ -51,6 +51,7 @@
 //! freeze, kill) with non-decreasing `after`; `after` defaults to `0s`, and `0s` is allowed.
 
 mod explain;
+mod kube_api;
 mod load;
 mod selectors;
 pub mod spec;
@@ -122,6 +123,21 @@ pub struct DefaultsPatch {
     pub env_quotas: Option<bool>,
 }
 
+/// A validated `[kubernetes]` table: only the keys written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KubernetesPatch {
+    /// `api`.
+    pub api: Option<bool>,
+    /// `events`.
+    pub events: Option<bool>,
+    /// `node_name`.
+    pub node_name: Option<String>,
+    /// `service_account_dir`.
+    pub service_account_dir: Option<std::path::PathBuf>,
+    /// `api_server`.
+    pub api_server: Option<String>,
+}
+
 /// A validated `[[quota]]` entry whose enforcement is not yet merged with the defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EntryDraft {
@@ -148,12 +164,14 @@ pub struct QuotaFile {
     pub origin: String,
     /// `[defaults]` with its location, if present.
     pub defaults: Option<(Location, DefaultsPatch)>,
+    /// `[kubernetes]` with its location, if present.
+    pub kubernetes: Option<(Location, KubernetesPatch)>,
     /// `protect`.
     pub protect: Vec<ProtectPattern>,
     /// `[[quota]]` entries in order.
     pub entries: Vec<EntryDraft>,
     /// `[kubernetes]` with its location, if present.
-    pub kubernetes: Option<(Location, crate::quota::KubernetesSettings)>,
+    pub kubelet: Option<(Location, crate::quota::KubeletSettings)>,
 }
 
 impl QuotaFile {
@@ -162,9 +180,10 @@ impl QuotaFile {
         Self {
             origin: origin.to_string(),
             defaults: None,
+            kubernetes: None,
             protect: Vec::new(),
             entries: Vec::new(),
-            kubernetes: None,
+            kubelet: None,
         }
     }
 }
@@ -222,6 +241,10 @@ pub fn parse_str(text: &str, origin: &str) -> Result<QuotaFile, Vec<LocatedError
     });
     let kubernetes = spec.kubernetes.as_ref().map(|k| {
         let at = cx.at(&k.span());
+        (at, kube_api::patch(&mut cx, k.get_ref()))
+    });
+    let kubelet = spec.kubernetes.as_ref().map(|k| {
+        let at = cx.at(&k.span());
         (at, validate::kubernetes_settings(&mut cx, k.get_ref()))
     });
     let mut entries = Vec::new();
@@ -264,9 +287,10 @@ pub fn parse_str(text: &str, origin: &str) -> Result<QuotaFile, Vec<LocatedError
         Ok(QuotaFile {
             origin: origin.to_string(),
             defaults,
+            kubernetes,
             protect,
             entries,
-            kubernetes,
+            kubelet,
         })
     } else {
         let mut errors = cx.errors;
@@ -458,11 +482,11 @@ ladder = []
 
     #[test]
     fn the_kubernetes_table_names_the_kubelets_socket_and_log_directories() {
-        use crate::quota::KubernetesSettings;
+        use crate::quota::KubeletSettings;
         let set = QuotaSet::parse("", "q.toml").unwrap();
-        assert_eq!(set.kubernetes(), &KubernetesSettings::default());
+        assert_eq!(set.kubelet(), &KubeletSettings::default());
         assert_eq!(
-            set.kubernetes().pod_resources_socket,
+            set.kubelet().pod_resources_socket,
             None,
             "off unless set"
         );
@@ -472,8 +496,8 @@ ladder = []
         )
         .unwrap();
         assert_eq!(
-            set.kubernetes(),
-            &KubernetesSettings {
+            set.kubelet(),
+            &KubeletSettings {
                 pod_resources_socket: Some("/var/lib/kubelet/pod-resources/kubelet.sock".into()),
                 pod_logs_dir: "/host/var/log/pods".into(),
             }

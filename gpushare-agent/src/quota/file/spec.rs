@@ -15,6 +15,21 @@ pub(super) struct FileSpec {
     pub(super) quota: Vec<Spanned<EntrySpec>>,
 }
 
+/// `[kubernetes]`: the agent's sources in the cluster (main file only).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct KubernetesSpec {
+    // ---- the API server (issue 22b: DRA claims, pod annotations, Events) ----
+    pub(super) api: Option<Spanned<bool>>,
+    pub(super) events: Option<Spanned<bool>>,
+    pub(super) node_name: Option<Spanned<String>>,
+    pub(super) service_account_dir: Option<Spanned<String>>,
+    pub(super) api_server: Option<Spanned<String>>,
+    // ---- pod-resources (the kubelet's socket; issue 22a) ----
+    pub(super) pod_resources_socket: Option<Spanned<Value>>,
+    pub(super) pod_logs_dir: Option<Spanned<Value>>,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct DefaultsSpec {
@@ -25,14 +40,6 @@ pub(super) struct DefaultsSpec {
     pub(super) elastic_reserve: Option<Spanned<Value>>,
     pub(super) gpushare_memory_unit: Option<Spanned<Value>>,
     pub(super) env_quotas: Option<Spanned<bool>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct KubernetesSpec {
-    // ---- pod-resources (the kubelet's socket; issue 22a) ----
-    pub(super) pod_resources_socket: Option<Spanned<Value>>,
-    pub(super) pod_logs_dir: Option<Spanned<Value>>,
 }
 
 #[derive(Deserialize)]

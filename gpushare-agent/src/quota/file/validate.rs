@@ -68,8 +68,8 @@ fn path_value(cx: &mut Cx, field: &str, v: &Spanned<Value>) -> Option<std::path:
 pub(super) fn kubernetes_settings(
     cx: &mut Cx,
     k: &super::spec::KubernetesSpec,
-) -> crate::quota::KubernetesSettings {
-    let mut out = crate::quota::KubernetesSettings::default();
+) -> crate::quota::KubeletSettings {
+    let mut out = crate::quota::KubeletSettings::default();
     if let Some(v) = &k.pod_resources_socket {
         out.pod_resources_socket = path_value(cx, "pod_resources_socket", v);
     }

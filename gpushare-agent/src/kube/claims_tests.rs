@@ -1,0 +1,390 @@
+use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
+use serde_json::{Value, json};
+
+use super::*;
+
+const GI: u64 = 1 << 30;
+const MI: u64 = 1 << 20;
+const UID: &str = "8f2c1d3e-0000-4000-8000-00000000a1b2";
+
+fn cid(n: u8) -> String {
+    format!("{:064x}", u64::from(n) + 0xabc000)
+}
+
+/// A running pod on `node-1`: `containers` are (name, claim entries it uses).
+fn pod(annotations: Value, containers: &[(&str, &[&str])], claims: &[(&str, &str)]) -> Pod {
+    let spec_containers: Vec<Value> = containers
+        .iter()
+        .map(|(name, uses)| {
+            let claims: Vec<Value> = uses.iter().map(|u| json!({ "name": u })).collect();
+            json!({ "name": name, "image": "cuda", "resources": { "claims": claims } })
+        })
+        .collect();
+    let statuses: Vec<Value> = containers
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| {
+            json!({
+                "name": name, "image": "cuda", "imageID": "", "ready": true, "restartCount": 0,
+                "containerID": format!("containerd://{}", cid(i as u8)),
+                "state": { "running": { "startedAt": "2026-12-02T07:00:00Z" } }
+            })
+        })
+        .collect();
+    let pod_claims: Vec<Value> = claims
+        .iter()
+        .map(|(entry, _)| json!({ "name": entry, "resourceClaimTemplateName": "gpu" }))
+        .collect();
+    let claim_statuses: Vec<Value> = claims
+        .iter()
+        .map(|(entry, name)| json!({ "name": entry, "resourceClaimName": name }))
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": { "name": "trainer-0", "namespace": "ml", "uid": UID, "annotations": annotations },
+        "spec": { "nodeName": "node-1", "containers": spec_containers, "resourceClaims": pod_claims },
+        "status": { "phase": "Running", "containerStatuses": statuses,
+                    "resourceClaimStatuses": claim_statuses }
+    }))
+    .unwrap()
+}
+
+/// A claim in `ml` allocated `results`: (driver, device, memory).
+fn claim(name: &str, results: &[(&str, &str, Option<&str>)]) -> ResourceClaim {
+    let results: Vec<Value> = results
+        .iter()
+        .map(|(driver, device, memory)| {
+            let mut r =
+                json!({ "request": "gpu", "driver": driver, "pool": "node-1", "device": device });
+            if let Some(m) = memory {
+                r["consumedCapacity"] = json!({ "memory": m });
+            }
+            r
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": { "name": name, "namespace": "ml" },
+        "spec": { "devices": { "requests": [ { "name": "gpu", "exactly": { "deviceClassName": "gpu.nvidia.com" } } ] } },
+        "status": { "allocation": { "devices": { "results": results } } }
+    }))
+    .unwrap()
+}
+
+fn dra(per_gpu: &[(u32, u64)], each: Option<u64>) -> EnvQuota {
+    EnvQuota {
+        source: EnvSource::Dra,
+        per_gpu: per_gpu
+            .iter()
+            .map(|(i, b)| (DeviceRef::Index(*i), *b))
+            .collect(),
+        each_gpu: each,
+    }
+}
+
+#[test]
+fn a_claim_used_by_one_container_is_its_quota_on_the_gpu_it_names() {
+    let p = pod(
+        json!({}),
+        &[("a", &["gpu"]), ("b", &[])],
+        &[("gpu", "trainer-0-gpu-x1")],
+    );
+    let c = claim(
+        "trainer-0-gpu-x1",
+        &[(NVIDIA_DRA_DRIVER, "gpu-1", Some("6Gi"))],
+    );
+    let v = view(&[p], &[c], GpuShareUnit::GiB);
+    assert!(v.fresh && v.problems.is_empty(), "{v:?}");
+    assert_eq!(
+        v.quota_for_container(&cid(0)),
+        Some(dra(&[(1, 6 * GI)], None))
+    );
+    assert_eq!(v.quota_for_container(&cid(1)), None, "b uses no claim");
+    assert_eq!(v.containers[&cid(1)].pod, "ml/trainer-0");
+    assert!(v.shared.is_empty() && v.pod_of(&cid(0)).is_none());
+}
+
+#[test]
+fn a_claim_shared_by_two_containers_bounds_their_union_the_pod() {
+    let p = pod(
+        json!({}),
+        &[("a", &["gpu"]), ("b", &["gpu", "own"]), ("c", &["solo"])],
+        &[("gpu", "shared"), ("own", "b-own"), ("solo", "c-solo")],
+    );
+    let claims = [
+        claim("shared", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("4Gi"))]),
+        claim("b-own", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("1Gi"))]),
+        claim("c-solo", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("2Gi"))]),
+    ];
+    let v = view(&[p], &claims, GpuShareUnit::GiB);
+    assert_eq!(v.pod_of(&cid(0)), Some(UID));
+    assert_eq!(v.pod_of(&cid(1)), Some(UID));
+    assert_eq!(v.pod_of(&cid(2)), None, "c shares nothing");
+    // The union holds the shared claim and b's own: 5 GiB on GPU 0, once, not per container.
+    assert_eq!(v.quota_for_pod(UID), Some(dra(&[(0, 5 * GI)], None)));
+    assert_eq!(v.shared[UID].1, vec![cid(0), cid(1)]);
+    assert_eq!(v.quota_for_container(&cid(0)), None);
+    assert_eq!(v.quota_for_container(&cid(1)), None);
+    assert_eq!(
+        v.quota_for_container(&cid(2)),
+        Some(dra(&[(0, 2 * GI)], None))
+    );
+    assert_eq!(v.quota_for_pod("other"), None);
+}
+
+#[test]
+fn results_add_up_and_an_unknown_device_bounds_every_gpu() {
+    let p = pod(json!({}), &[("a", &["gpu"])], &[("gpu", "x")]);
+    let c = claim(
+        "x",
+        &[
+            (NVIDIA_DRA_DRIVER, "gpu-0", Some("1Gi")),
+            (NVIDIA_DRA_DRIVER, "gpu-0-mig-9-4-2", Some("512Mi")),
+            (NVIDIA_DRA_DRIVER, "gpu-2", None),
+            ("gpu.example.com", "gpu-3", Some("2Gi")),
+            (NVIDIA_DRA_DRIVER, "vfio-1", Some("1Gi")),
+        ],
+    );
+    let v = view(&[p], &[c], GpuShareUnit::GiB);
+    assert_eq!(
+        v.quota_for_container(&cid(0)),
+        Some(dra(&[(0, GI + 512 * MI)], Some(3 * GI)))
+    );
+}
+
+#[test]
+fn a_bad_quantity_or_a_missing_claim_is_said_and_grants_nothing() {
+    let p = pod(
+        json!({}),
+        &[("a", &["gpu", "gone"]), ("b", &["nostatus"])],
+        &[("gpu", "x"), ("gone", "y")],
+    );
+    let c = claim("x", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("4GB"))]);
+    let v = view(&[p], &[c], GpuShareUnit::GiB);
+    assert_eq!(v.quota_for_container(&cid(0)), None);
+    let said = v.problems.join("\n");
+    assert!(said.contains("unknown suffix `GB`"), "{said}");
+    assert!(said.contains("ResourceClaim ml/y not found"), "{said}");
+    assert!(
+        said.contains("claim `nostatus` of container b has no ResourceClaim yet"),
+        "{said}"
+    );
+}
+
+#[test]
+fn a_claim_shared_by_two_pods_is_said() {
+    let p1 = pod(json!({}), &[("a", &["gpu"])], &[("gpu", "x")]);
+    let mut p2 = pod(json!({}), &[("a", &["gpu"])], &[("gpu", "x")]);
+    p2.metadata.name = Some("trainer-1".into());
+    p2.metadata.uid = Some("other-uid".into());
+    let c = claim("x", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("4Gi"))]);
+    let v = view(&[p1, p2], &[c], GpuShareUnit::GiB);
+    assert!(
+        v.problems
+            .iter()
+            .any(|p| p.contains("shared by pods ml/trainer-0, ml/trainer-1")),
+        "{:?}",
+        v.problems
+    );
+}
+
+#[test]
+fn a_container_that_is_not_running_is_not_in_the_view() {
+    let mut p = pod(json!({}), &[("a", &["gpu"])], &[("gpu", "x")]);
+    p.status
+        .as_mut()
+        .unwrap()
+        .container_statuses
+        .as_mut()
+        .unwrap()[0]
+        .state = None;
+    let c = claim("x", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("4Gi"))]);
+    assert!(view(&[p], &[c], GpuShareUnit::GiB).containers.is_empty());
+}
+
+#[test]
+fn container_ids_and_device_names() {
+    assert_eq!(
+        container_id(&format!("containerd://{}", cid(1))),
+        Some(cid(1).as_str())
+    );
+    assert_eq!(container_id("cri-o://0123456789ab"), Some("0123456789ab"));
+    assert_eq!(container_id("docker://0123456789a"), None);
+    assert_eq!(container_id("0123456789abcdef"), None);
+    assert_eq!(container_id("docker://0123456789zz"), None);
+    assert_eq!(
+        dra_device(NVIDIA_DRA_DRIVER, "gpu-7"),
+        Some(DeviceRef::Index(7))
+    );
+    assert_eq!(
+        dra_device(NVIDIA_DRA_DRIVER, "gpu-12-mig-1-0-1"),
+        Some(DeviceRef::Index(12))
+    );
+    for bad in [
+        "gpu-",
+        "gpu-x",
+        "gpu-1x",
+        "cpu-1",
+        "gpu--mig-1",
+        "gpu-99999999999",
+    ] {
+        assert_eq!(dra_device(NVIDIA_DRA_DRIVER, bad), None, "{bad}");
+    }
+    assert_eq!(dra_device("gpu.example.com", "gpu-1"), None);
+}
+
+fn ann(each: Option<u64>, per: &[(u32, u64)]) -> EnvQuota {
+    EnvQuota {
+        source: EnvSource::Annotation,
+        per_gpu: per
+            .iter()
+            .map(|(i, b)| (DeviceRef::Index(*i), *b))
+            .collect(),
+        each_gpu: each,
+    }
+}
+
+#[test]
+fn annotations_kai_and_gpushare() {
+    let p = pod(
+        json!({
+            "nvidia.com/container.a.gpu-memory.limit": "3Gi",
+            "nvidia.com/container.a.gpu-memory.request": "1Gi",
+            "nvidia.com/container.b.gpu-memory.limit": "junk",
+            "ALIYUN_COM_GPU_MEM_POD": "2",
+            "ALIYUN_COM_GPU_MEM_IDX": "1",
+        }),
+        &[("a", &[]), ("b", &[]), ("c", &[])],
+        &[],
+    );
+    let mut problems = Vec::new();
+    // a: 3 GiB on each GPU, the pod's 2 GiB on GPU 1.
+    assert_eq!(
+        annotation_quota(&p, "a", GpuShareUnit::GiB, &mut problems),
+        Some(ann(Some(3 * GI), &[(1, 2 * GI)]))
+    );
+    assert_eq!(
+        annotation_quota(&p, "c", GpuShareUnit::MiB, &mut problems),
+        Some(ann(None, &[(1, 2 * MI)]))
+    );
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(
+        annotation_quota(&p, "b", GpuShareUnit::GiB, &mut problems),
+        Some(ann(None, &[(1, 2 * GI)]))
+    );
+    assert!(problems[0].contains("gpu-memory.limit"), "{problems:?}");
+    let mut problems = Vec::new();
+    let p = pod(
+        json!({ "ALIYUN_COM_GPU_MEM_POD": "0", "nvidia.com/container.a.gpu-memory.limit": "0" }),
+        &[("a", &[])],
+        &[],
+    );
+    assert_eq!(
+        annotation_quota(&p, "a", GpuShareUnit::GiB, &mut problems),
+        None
+    );
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    let mut problems = Vec::new();
+    let p = pod(
+        json!({ "ALIYUN_COM_GPU_MEM_POD": "4", "ALIYUN_COM_GPU_MEM_IDX": "x" }),
+        &[("a", &[])],
+        &[],
+    );
+    assert_eq!(
+        annotation_quota(&p, "a", GpuShareUnit::GiB, &mut problems),
+        Some(ann(Some(4 * GI), &[]))
+    );
+    assert!(problems[0].contains("bounds every GPU"), "{problems:?}");
+    let p = pod(json!({ "ALIYUN_COM_GPU_MEM_POD": "4" }), &[("a", &[])], &[]);
+    let mut problems = Vec::new();
+    assert_eq!(
+        annotation_quota(&p, "a", GpuShareUnit::GiB, &mut problems),
+        Some(ann(Some(4 * GI), &[]))
+    );
+    assert!(problems.is_empty());
+}
+
+#[test]
+fn the_smallest_applies_on_each_gpu_and_names_its_source() {
+    let a = dra(&[(0, 4 * GI)], None);
+    let b = ann(Some(2 * GI), &[]);
+    let m = smallest(Some(a.clone()), Some(b.clone())).unwrap();
+    assert_eq!(m.per_gpu, vec![(DeviceRef::Index(0), 2 * GI)]);
+    assert_eq!(m.each_gpu, Some(2 * GI));
+    assert_eq!(m.source, EnvSource::Annotation, "b's limits are kept");
+    // An annotation never lifts: 8 GiB over a 4 GiB claim keeps 4 GiB.
+    let m = smallest(Some(a.clone()), Some(ann(Some(8 * GI), &[]))).unwrap();
+    assert_eq!(m.per_gpu, vec![(DeviceRef::Index(0), 4 * GI)]);
+    assert_eq!(m.each_gpu, Some(8 * GI));
+    assert_eq!(
+        m.source,
+        EnvSource::Dra,
+        "the claim binds on the GPU it names"
+    );
+    let m = smallest(Some(a.clone()), Some(ann(None, &[(0, 8 * GI)]))).unwrap();
+    assert_eq!(m, a, "the claim's limits are kept");
+    let m = smallest(Some(a.clone()), Some(ann(None, &[(1, GI)]))).unwrap();
+    assert_eq!(
+        m.per_gpu,
+        vec![(DeviceRef::Index(0), 4 * GI), (DeviceRef::Index(1), GI)]
+    );
+    assert_eq!(m.source, EnvSource::Both);
+    assert_eq!(smallest(None, Some(b.clone())), Some(b.clone()));
+    assert_eq!(smallest(Some(b.clone()), None), Some(b.clone()));
+    assert_eq!(smallest(None, None), None);
+    let m = smallest(Some(ann(Some(3 * GI), &[])), Some(dra(&[], Some(GI)))).unwrap();
+    assert_eq!((m.each_gpu, m.source), (Some(GI), EnvSource::Dra));
+}
+
+#[test]
+fn annotations_are_pinned_to_what_they_said_when_the_container_started() {
+    let claims = [claim("x", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("4Gi"))])];
+    let at = |limit: &str| {
+        let p = pod(
+            json!({ "nvidia.com/container.a.gpu-memory.limit": limit }),
+            &[("a", &["gpu"])],
+            &[("gpu", "x")],
+        );
+        view(&[p], &claims, GpuShareUnit::GiB)
+    };
+    let mut pinned = Pinned::default();
+    let mut v = at("1Gi");
+    assert!(pinned.apply(&mut v).is_empty());
+    assert_eq!(v.quota_for_container(&cid(0)).unwrap().per_gpu[0].1, GI);
+    // Raised after the start: ignored, said once.
+    let mut v = at("8Gi");
+    let said = pinned.apply(&mut v);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].contains("changed after it started"), "{said:?}");
+    assert_eq!(v.quota_for_container(&cid(0)).unwrap().per_gpu[0].1, GI);
+    let mut v = at("8Gi");
+    assert!(pinned.apply(&mut v).is_empty(), "said once per value");
+    assert_eq!(pinned.edits_total(), 1);
+    // Lowered after the start: ignored too (as it stood at the start).
+    let mut v = at("512Mi");
+    assert_eq!(pinned.apply(&mut v).len(), 1);
+    assert_eq!(v.quota_for_container(&cid(0)).unwrap().per_gpu[0].1, GI);
+    // Back to the first value: nothing to say.
+    let mut v = at("1Gi");
+    assert!(pinned.apply(&mut v).is_empty());
+    assert_eq!(pinned.edits_total(), 2);
+    // A container gone is forgotten: a new one with that id reads afresh.
+    let mut empty = KubeView::default();
+    pinned.apply(&mut empty);
+    let mut v = at("2Gi");
+    assert!(pinned.apply(&mut v).is_empty());
+    assert_eq!(v.quota_for_container(&cid(0)).unwrap().per_gpu[0].1, 2 * GI);
+}
+
+#[test]
+fn a_sharers_annotation_lowers_the_pods_union() {
+    let p = pod(
+        json!({ "nvidia.com/container.b.gpu-memory.limit": "1Gi" }),
+        &[("a", &["gpu"]), ("b", &["gpu"])],
+        &[("gpu", "x")],
+    );
+    let c = claim("x", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("4Gi"))]);
+    let v = view(&[p], &[c], GpuShareUnit::GiB);
+    let q = v.quota_for_pod(UID).unwrap();
+    assert_eq!(q.per_gpu, vec![(DeviceRef::Index(0), GI)]);
+    assert_eq!(describe(Some(&q)), "GPU 0: 1 GiB, each GPU: 1 GiB");
+    assert_eq!(describe(None), "none");
+}

@@ -1,0 +1,370 @@
+//! The API server as a source (issue 22): DRA consumed capacity and pod annotations become
+//! quotas, and isolation steps become Events on the pod. Real cgroups shaped like a pod's
+//! (`kubepods/pod<uid>/<container id>`), real processes, the fake GPU, and a fake API server
+//! over TLS ([`crate::fake_api`]) that the agent reaches with the service account the test wrote.
+
+use std::time::Duration;
+
+use gpushare_agent::snapshot::{Snapshot, WorkloadView};
+use gpushare_testkit::{nvml::Scenario, unique};
+use serde_json::json;
+
+use crate::{
+    fake_api::{FakeApi, claim, pod},
+    util::{AgentProcess, PlacedGroup, counter_value, needs_root, one_gpu, sleeping},
+};
+
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+const FREEZE: &str = "[defaults]\ngrace = \"200ms\"\nladder = [ { action = \"freeze\" } ]\n";
+
+fn container_id() -> String {
+    let u = unique("kcid");
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut out = String::new();
+    for round in 0..4u64 {
+        for b in u.bytes().chain(round.to_le_bytes()) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        out.push_str(&format!("{h:016x}"));
+    }
+    out
+}
+
+fn pod_uid() -> String {
+    let id = container_id();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &id[..8],
+        &id[8..12],
+        &id[12..16],
+        &id[16..20],
+        &id[20..32]
+    )
+}
+
+/// The row of `key` on the fake GPU (a DRA claim names its GPU: the quota is per GPU).
+fn row<'a>(s: &'a Snapshot, key: &str) -> Option<&'a WorkloadView> {
+    s.workloads
+        .iter()
+        .find(|w| w.workload == key && w.gpu_uuid != "all")
+        .or_else(|| s.workloads.iter().find(|w| w.workload == key))
+}
+
+fn wait_row(
+    agent: &AgentProcess,
+    key: &str,
+    what: &str,
+    ok: impl Fn(&WorkloadView) -> bool,
+) -> WorkloadView {
+    let s = agent.wait_for(Duration::from_secs(30), |s| row(s, key).is_some_and(&ok));
+    row(&s, key)
+        .cloned()
+        .unwrap_or_else(|| panic!("{key}: {what}; log:\n{}", agent.log()))
+}
+
+/// A DRA claim of 2 GiB on `gpu-0` shared by two containers of one pod bounds their union: each
+/// uses 1.5 GiB (3 GiB together, under 2 GiB each), so the pod is frozen, whole, with the claim
+/// as its quota from `dra`. A container of another pod with its own 1 GiB claim using 512 MiB is
+/// under its quota and left alone. (On main: no quota at all; nothing is frozen.)
+#[test]
+fn a_dra_claims_memory_becomes_the_quota_of_the_containers_that_share_it() {
+    needs_root!("a_dra_claims_memory_becomes_the_quota_of_the_containers_that_share_it");
+    let api = FakeApi::start();
+    let (uid, a, b) = (pod_uid(), container_id(), container_id());
+    let (uid2, c) = (pod_uid(), container_id());
+    let ga = PlacedGroup::create(&format!("kubepods/pod{uid}/{a}"));
+    let gb = PlacedGroup::create(&format!("kubepods/pod{uid}/{b}"));
+    let gc = PlacedGroup::create(&format!("kubepods/pod{uid2}/{c}"));
+    let (pa, pb, pc) = (sleeping(ga.cg()), sleeping(gb.cg()), sleeping(gc.cg()));
+    api.set(
+        vec![
+            pod(
+                "ml",
+                "trainer-0",
+                &uid,
+                json!({}),
+                &[("a", &a, &["gpu"]), ("b", &b, &["gpu"])],
+                &[("gpu", "trainer-0-gpu")],
+            ),
+            pod(
+                "ml",
+                "solo-0",
+                &uid2,
+                json!({}),
+                &[("c", &c, &["gpu"])],
+                &[("gpu", "solo-0-gpu")],
+            ),
+        ],
+        vec![
+            claim("ml", "trainer-0-gpu", "gpu-0", "2Gi"),
+            claim("ml", "solo-0-gpu", "gpu-0", "1Gi"),
+        ],
+    );
+    let sc = Scenario::create(&one_gpu(&[
+        (pa.pid(), 3 * GIB / 2),
+        (pb.pid(), 3 * GIB / 2),
+        (pc.pid(), 512 * MIB),
+    ]))
+    .unwrap();
+    let agent = AgentProcess::start(&sc, &format!("{FREEZE}{}", api.quota_table(false)), &[]);
+    let pod_key = format!("pod://{uid}");
+    let w = wait_row(&agent, &pod_key, "the sharing pod is frozen", |w| {
+        w.state == "frozen"
+    });
+    assert_eq!(w.quota_bytes, Some(2 * GIB), "{w:?}");
+    assert_eq!(w.used_bytes, 3 * GIB, "the union's usage: {w:?}");
+    assert_eq!(w.quota_source, "dra", "{w:?}");
+    assert_eq!(w.quota_trust, "api_server", "{w:?}");
+    assert!(
+        ga.cg().wait_frozen(true) && gb.cg().wait_frozen(true),
+        "both sharers frozen"
+    );
+    let s = agent.wait_next_step();
+    let solo = s
+        .workloads
+        .iter()
+        .find(|w| w.container_id == c || w.workload.ends_with(&c))
+        .unwrap_or_else(|| panic!("the solo container: {:?}", s.workloads));
+    assert_eq!(solo.quota_bytes, Some(GIB), "its own claim: {solo:?}");
+    assert_eq!(solo.state, "ok");
+    assert!(!gc.cg().is_frozen(), "the solo container is left alone");
+    let requests = api.with(|s| s.requests.clone());
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.starts_with("GET /api/v1/pods?") && r.contains("spec.nodeName")),
+        "pods listed by node: {requests:?}"
+    );
+    assert_eq!(
+        api.with(|s| s.unauthorized),
+        0,
+        "the service account's token is sent"
+    );
+    drop((pa, pb, pc));
+}
+
+/// Annotations only lower, and are read as they stood when the container started: a 1 GiB
+/// kai-gpu-fractioning limit under a 4 GiB claim is the quota (from `annotation`) and freezes a
+/// container using 2 GiB; an 8 GiB annotation over a 1 GiB claim lifts nothing; raising the first
+/// annotation to 8 GiB after the start is ignored (and logged). (On main: no quota at all.)
+#[test]
+fn an_annotation_lowers_never_raises_and_an_edit_after_the_start_is_ignored() {
+    needs_root!("an_annotation_lowers_never_raises_and_an_edit_after_the_start_is_ignored");
+    let api = FakeApi::start();
+    let (uid, a) = (pod_uid(), container_id());
+    let (uid2, b) = (pod_uid(), container_id());
+    let ga = PlacedGroup::create(&format!("kubepods/pod{uid}/{a}"));
+    let gb = PlacedGroup::create(&format!("kubepods/pod{uid2}/{b}"));
+    let (pa, pb) = (sleeping(ga.cg()), sleeping(gb.cg()));
+    let pods = |limit_a: &str| {
+        vec![
+            pod(
+                "ml",
+                "low-0",
+                &uid,
+                json!({ "nvidia.com/container.a.gpu-memory.limit": limit_a }),
+                &[("a", &a, &["gpu"])],
+                &[("gpu", "low-0-gpu")],
+            ),
+            pod(
+                "ml",
+                "high-0",
+                &uid2,
+                json!({ "nvidia.com/container.b.gpu-memory.limit": "8Gi" }),
+                &[("b", &b, &["gpu"])],
+                &[("gpu", "high-0-gpu")],
+            ),
+        ]
+    };
+    let claims = vec![
+        claim("ml", "low-0-gpu", "gpu-0", "4Gi"),
+        claim("ml", "high-0-gpu", "gpu-0", "1Gi"),
+    ];
+    api.set(pods("1Gi"), claims.clone());
+    let sc = Scenario::create(&one_gpu(&[(pa.pid(), 2 * GIB), (pb.pid(), 3 * GIB / 2)])).unwrap();
+    let agent = AgentProcess::start(&sc, &format!("{FREEZE}{}", api.quota_table(false)), &[]);
+    let key_of = |id: &str| {
+        let s = agent.wait_next_step();
+        s.workloads
+            .iter()
+            .find(|w| w.container_id == id || w.workload.ends_with(id))
+            .map(|w| w.workload.clone())
+            .unwrap_or_else(|| panic!("{id}: {:?}\n{}", s.workloads, agent.log()))
+    };
+    let (ka, kb) = (key_of(&a), key_of(&b));
+    let wa = wait_row(&agent, &ka, "the annotation's 1 GiB freezes it", |w| {
+        w.state == "frozen"
+    });
+    assert_eq!(
+        (wa.quota_bytes, wa.quota_source.as_str()),
+        (Some(GIB), "annotation"),
+        "{wa:?}"
+    );
+    let wb = wait_row(
+        &agent,
+        &kb,
+        "the claim's 1 GiB, not the annotation's 8 GiB",
+        |w| w.state == "frozen",
+    );
+    assert_eq!(
+        (wb.quota_bytes, wb.quota_source.as_str()),
+        (Some(GIB), "dra"),
+        "{wb:?}"
+    );
+    // The author raises a's limit after the start: ignored.
+    api.set(pods("8Gi"), claims);
+    agent.wait_for(Duration::from_secs(30), |_| {
+        agent.log().contains("changed after it started")
+    });
+    for _ in 0..3 {
+        agent.wait_next_step();
+    }
+    let wa = wait_row(
+        &agent,
+        &ka,
+        "still bounded by the annotation as it stood",
+        |_| true,
+    );
+    assert_eq!(
+        (wa.quota_bytes, wa.state.as_str()),
+        (Some(GIB), "frozen"),
+        "{wa:?}"
+    );
+    drop((pa, pb));
+}
+
+/// 100 freeze and release cycles of one pod's container give the Events client-go's spam filter
+/// allows: 25 writes at once (two Events created, `GpuMemoryFrozen` and `GpuMemoryThawed`, then
+/// PATCHes of their counts), never one Event per occurrence; the counts they carry grow with the
+/// occurrences. (On main: no Event at all.)
+#[test]
+fn a_hundred_freeze_and_release_cycles_give_the_events_the_spam_filter_allows_with_counts() {
+    needs_root!("a_hundred_freeze_and_release_cycles_give_the_events");
+    let api = FakeApi::start();
+    let (uid, a) = (pod_uid(), container_id());
+    let ga = PlacedGroup::create(&format!("kubepods/pod{uid}/{a}"));
+    let pa = sleeping(ga.cg());
+    api.set(
+        vec![pod(
+            "ml",
+            "cycler-0",
+            &uid,
+            json!({}),
+            &[("a", &a, &["gpu"])],
+            &[("gpu", "cycler-0-gpu")],
+        )],
+        vec![claim("ml", "cycler-0-gpu", "gpu-0", "1Gi")],
+    );
+    let over = one_gpu(&[(pa.pid(), 2 * GIB)]);
+    let under = one_gpu(&[(pa.pid(), 512 * MIB)]);
+    let sc = Scenario::create(&under).unwrap();
+    let quotas = format!(
+        "[defaults]\ngrace = \"0s\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
+        api.quota_table(true)
+    );
+    let agent = AgentProcess::start_in(crate::util::agent_dir(&quotas), &sc, &[], "50ms");
+    let key = {
+        let s = agent.wait_for(Duration::from_secs(30), |s| {
+            s.workloads
+                .iter()
+                .any(|w| w.workload.ends_with(&a) && w.quota_bytes.is_some())
+        });
+        s.workloads
+            .iter()
+            .find(|w| w.workload.ends_with(&a))
+            .unwrap()
+            .workload
+            .clone()
+    };
+    for i in 0..100 {
+        sc.write(&over).unwrap();
+        wait_row(&agent, &key, &format!("cycle {i}: frozen"), |w| {
+            w.state == "frozen"
+        });
+        sc.write(&under).unwrap();
+        wait_row(&agent, &key, &format!("cycle {i}: released"), |w| {
+            w.state == "ok"
+        });
+    }
+    // Let the poster drain.
+    let writes = {
+        let mut last = 0;
+        loop {
+            std::thread::sleep(Duration::from_millis(500));
+            let n = api.with(|s| s.writes.len());
+            if n == last {
+                break api.with(|s| s.writes.clone());
+            }
+            last = n;
+        }
+    };
+    assert_eq!(
+        writes.len(),
+        25,
+        "the burst, then nothing for 5 minutes: {writes:?}"
+    );
+    let creates: Vec<_> = writes.iter().filter(|w| w.0 == "POST").collect();
+    assert_eq!(
+        creates.len(),
+        2,
+        "one Event per reason, repeats patched: {writes:?}"
+    );
+    let events = api.with(|s| s.events.clone());
+    assert_eq!(events.len(), 2, "{events:?}");
+    let by_reason = |r: &str| {
+        events
+            .values()
+            .find(|e| e["reason"] == r)
+            .unwrap_or_else(|| panic!("no {r}: {events:?}"))
+            .clone()
+    };
+    let frozen = by_reason("GpuMemoryFrozen");
+    let thawed = by_reason("GpuMemoryThawed");
+    assert_eq!(frozen["type"], "Warning");
+    assert_eq!(thawed["type"], "Normal");
+    assert_eq!(frozen["involvedObject"]["uid"], uid.as_str());
+    assert_eq!(frozen["involvedObject"]["name"], "cycler-0");
+    let msg = frozen["message"].as_str().unwrap();
+    assert!(
+        msg.contains("container a was frozen") && msg.contains("1.0 GiB quota on GPU 0"),
+        "{msg}"
+    );
+    assert!(msg.contains("dra") && msg.contains("To do:"), "{msg}");
+    // The counts carried: every occurrence while the burst lasts is written, each Event's count
+    // growing by one per write; the last counts add up to the 25 occurrences of the burst. The
+    // occurrences after it (at least 175 of the 200 steps) are skipped, counted.
+    let count = |e: &serde_json::Value| e["count"].as_i64().unwrap();
+    assert_eq!(count(&frozen) + count(&thawed), 25, "{writes:?}");
+    assert!(
+        count(&frozen) >= 10 && count(&thawed) >= 10,
+        "both alternate: {writes:?}"
+    );
+    for name in events.keys() {
+        let counts: Vec<i64> = writes
+            .iter()
+            .filter(|w| &w.1 == name)
+            .map(|w| w.2)
+            .collect();
+        assert!(
+            counts.iter().zip(1..).all(|(c, n)| *c == n),
+            "{name}: {counts:?}"
+        );
+    }
+    let metrics = agent.get("/metrics").1;
+    let skipped = counter_value(
+        &metrics,
+        "gpushare_kubernetes_total",
+        "what=\"events_skipped\"",
+    );
+    assert!(skipped >= 175.0, "{skipped}: {metrics}");
+    assert_eq!(
+        counter_value(
+            &metrics,
+            "gpushare_kubernetes_total",
+            "what=\"events_dropped\""
+        ),
+        0.0
+    );
+    drop(pa);
+}
