@@ -593,8 +593,8 @@ impl Agent {
         let meta = obs
             .processes
             .iter()
-            .map(|p| &p.workload)
-            .find(|w| w.id.key() == a.workload);
+            .find(|p| p.key() == a.workload)
+            .map(|p| &*p.workload);
         let view = self.workloads.kube_view();
         if let Some(e) = events::pod_event(a, meta, view.as_deref()) {
             events.send(e);

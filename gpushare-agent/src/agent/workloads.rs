@@ -34,7 +34,8 @@ use crate::{
     },
     policy::AttributedProcess,
     quota::{
-        EnvQuota, GpuInfo, KubeletSettings, QuotaSet, QuotaSource, Selector, WorkloadMeta,
+        EnvQuota, EnvSource, GpuInfo, KubeletSettings, QuotaSet, QuotaSource, Selector,
+        WorkloadMeta,
     },
     snapshot::IdentityNote,
     workload::{Placement, nested_container, parse_cgroup_path_in, parse_without_runtime},

@@ -485,11 +485,7 @@ ladder = []
         use crate::quota::KubeletSettings;
         let set = QuotaSet::parse("", "q.toml").unwrap();
         assert_eq!(set.kubelet(), &KubeletSettings::default());
-        assert_eq!(
-            set.kubelet().pod_resources_socket,
-            None,
-            "off unless set"
-        );
+        assert_eq!(set.kubelet().pod_resources_socket, None, "off unless set");
         let set = QuotaSet::parse(
             "[kubernetes]\npod_resources_socket = \"/var/lib/kubelet/pod-resources/kubelet.sock\"\npod_logs_dir = \"/host/var/log/pods\"\n",
             "q.toml",
