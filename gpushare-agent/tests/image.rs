@@ -215,12 +215,15 @@ fn pod_settings(host_root: &Path, config_dir: &Path) -> PodSettings {
         }
     }
     for e in c["env"].as_array().into_iter().flatten() {
-        assert!(e.get("valueFrom").is_none(), "env {e}: valueFrom");
-        run.push(format!(
-            "--env={}={}",
-            str_of(&e["name"]),
-            str_of(&e["value"])
-        ));
+        // The downward API: only the node's name is known to the test (a name of its own).
+        let value = match e.get("valueFrom") {
+            None => str_of(&e["value"]),
+            Some(v) if v["fieldRef"]["fieldPath"] == json!("spec.nodeName") => {
+                TEST_NODE_NAME.to_string()
+            }
+            Some(v) => panic!("env {e}: valueFrom {v}: the test cannot express it in Docker"),
+        };
+        run.push(format!("--env={}={value}", str_of(&e["name"])));
     }
     let limits = &c["resources"]["limits"];
     if let Some(m) = limits.get("memory") {
@@ -288,6 +291,9 @@ fn scenario(procs: &[(u32, u64)]) -> Value {
         .collect();
     json!({ "devices": [{ "uuid": GPU, "name": "NVIDIA Fake", "memory_total": 80 * GIB, "compute_processes": list }] })
 }
+
+/// What `spec.nodeName` is for the DaemonSet's pod in this test.
+const TEST_NODE_NAME: &str = "gpushare-image-test-node";
 
 /// Replaces `dir/quotas.toml` atomically, as the kubelet updates a ConfigMap.
 fn write_quotas(dir: &Path, text: &str) {
