@@ -23,7 +23,7 @@ use gpushare_testkit::{
 use serde_json::json;
 
 use crate::suspend::{GIB, cuda_args, cuda_state, driver_limit, scenario};
-use crate::util::{AgentProcess, Reaped, usr1_recorder, workload};
+use crate::util::{AgentProcess, Reaped, pod_uid, usr1_recorder, workload};
 use gpushare_agent::snapshot::Snapshot;
 
 /// The real container's GPU (the one `suspend::scenario` makes) and the tenant's.
@@ -38,24 +38,6 @@ const LADDER: &str = "[defaults]\ngrace = \"0s\"\nladder = [ { action = \"signal
 /// What the victim's main process records: each signal it catches, one line in `/out/signals`.
 const TRAPPER: &str = "for s in USR1 USR2 TERM INT HUP; do trap \"echo $s >> /out/signals\" $s; done; \
     : > /out/signals; while :; do sleep 0.2; done";
-
-/// A fresh pod UID (8-4-4-4-12).
-fn pod_uid() -> String {
-    let u = unique("pod");
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in u.bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    let x = format!("{h:016x}{:016x}", h.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &x[..8],
-        &x[8..12],
-        &x[12..16],
-        &x[16..20],
-        &x[20..32]
-    )
-}
 
 /// The shape the tenant forges.
 enum Shape {

@@ -12,37 +12,13 @@ use std::time::Duration;
 use gpushare_testkit::{TestCgroup, nvml::Scenario, unique};
 use serde_json::json;
 
-use crate::util::{AgentProcess, PlacedGroup, agent_dir, needs_root, one_gpu, sleeping, workload};
+use crate::util::{
+    AgentProcess, PlacedGroup, agent_dir, container_id, needs_root, one_gpu, pod_uid, sleeping,
+    workload,
+};
 
 const GIB: u64 = 1 << 30;
 const FREEZE: &str = "[defaults]\ngrace = \"200ms\"\nladder = [ { action = \"freeze\" } ]\n";
-
-/// A fresh 64-hex container id.
-fn container_id() -> String {
-    let u = unique("cid");
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut out = String::new();
-    for round in 0..4u64 {
-        for b in u.bytes().chain(round.to_le_bytes()) {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        out.push_str(&format!("{h:016x}"));
-    }
-    out
-}
-
-/// A fresh pod UID (8-4-4-4-12).
-fn pod_uid() -> String {
-    let id = container_id();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &id[..8],
-        &id[8..12],
-        &id[12..16],
-        &id[16..20],
-        &id[20..32]
-    )
-}
 
 fn unit_key(cg: &TestCgroup) -> String {
     format!("unit://{}", cg.rel_path())

@@ -6,42 +6,20 @@
 use std::time::Duration;
 
 use gpushare_agent::snapshot::{Snapshot, WorkloadView};
-use gpushare_testkit::{nvml::Scenario, unique};
+use gpushare_testkit::nvml::Scenario;
 use serde_json::json;
 
 use crate::{
     fake_api::{FakeApi, claim, pod},
-    util::{AgentProcess, PlacedGroup, counter_value, needs_root, one_gpu, sleeping},
+    util::{
+        AgentProcess, PlacedGroup, container_id, counter_value, needs_root, one_gpu, pod_uid,
+        sleeping,
+    },
 };
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 const FREEZE: &str = "[defaults]\ngrace = \"200ms\"\nladder = [ { action = \"freeze\" } ]\n";
-
-fn container_id() -> String {
-    let u = unique("kcid");
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut out = String::new();
-    for round in 0..4u64 {
-        for b in u.bytes().chain(round.to_le_bytes()) {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        out.push_str(&format!("{h:016x}"));
-    }
-    out
-}
-
-fn pod_uid() -> String {
-    let id = container_id();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &id[..8],
-        &id[8..12],
-        &id[12..16],
-        &id[16..20],
-        &id[20..32]
-    )
-}
 
 /// The row of `key` on the fake GPU (a DRA claim names its GPU: the quota is per GPU).
 fn row<'a>(s: &'a Snapshot, key: &str) -> Option<&'a WorkloadView> {

@@ -21,7 +21,7 @@ use gpushare_agent::kube::proto::{
 use gpushare_testkit::{nvml::Scenario, unique};
 use tonic::{Request, Response, Status};
 
-use crate::util::{AgentProcess, PlacedGroup, Reaped, needs_root, one_gpu, sleeper};
+use crate::util::{AgentProcess, PlacedGroup, Reaped, container_id, needs_root, one_gpu, sleeper};
 
 const GIB: u64 = 1 << 30;
 const FREEZE: &str = "[defaults]\ngrace = \"200ms\"\nladder = [ { action = \"freeze\" } ]\n";
@@ -141,20 +141,6 @@ fn pod(ns: &str, name: &str, units: usize) -> proto::PodResources {
         }],
         ..Default::default()
     }
-}
-
-/// A fresh 64-hex container id.
-fn container_id() -> String {
-    let u = unique("kcid");
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut out = String::new();
-    for round in 0..4u64 {
-        for b in u.bytes().chain(round.to_le_bytes()) {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        out.push_str(&format!("{h:016x}"));
-    }
-    out
 }
 
 fn pod_uid(cid: &str) -> String {

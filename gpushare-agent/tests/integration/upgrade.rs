@@ -23,7 +23,9 @@ use gpushare_testkit::{
 use serde_json::{Value, json};
 
 use crate::suspend::{GIB, WAIT, cuda_args, cuda_state, scenario};
-use crate::util::{AgentProcess, agent_dir, counter_value, needs_root, sleeping, workload};
+use crate::util::{
+    AgentProcess, agent_dir, container_id, counter_value, needs_root, sleeping, workload,
+};
 
 /// The path of the agent built from d504d15 (set by `cargo xtask test`).
 pub const UPGRADE_BASE_ENV: &str = "GPUSHARE_UPGRADE_BASE_AGENT";
@@ -132,20 +134,6 @@ impl Drop for EarlierAgent {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// A fresh 64-hex container id.
-fn container_id() -> String {
-    let u = unique("upgrade");
-    let mut out = String::new();
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for round in 0..4u64 {
-        for b in u.bytes().chain(round.to_le_bytes()) {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        out.push_str(&format!("{h:016x}"));
-    }
-    out
 }
 
 fn name(cg: &TestCgroup) -> String {

@@ -621,3 +621,30 @@ impl std::ops::Deref for PlacedGroup {
         self.cg()
     }
 }
+
+/// A fresh 64-hex container id.
+pub fn container_id() -> String {
+    let u = unique("cid");
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut out = String::new();
+    for round in 0..4u64 {
+        for b in u.bytes().chain(round.to_le_bytes()) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        out.push_str(&format!("{h:016x}"));
+    }
+    out
+}
+
+/// A fresh pod UID (8-4-4-4-12).
+pub fn pod_uid() -> String {
+    let id = container_id();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &id[..8],
+        &id[8..12],
+        &id[12..16],
+        &id[16..20],
+        &id[20..32]
+    )
+}
