@@ -73,6 +73,8 @@ pub struct Agent {
     quotas: QuotaStore,
     enforcer: Enforcer,
     policy: PolicyState,
+    /// The policy's outcome carried across steps where nothing it reads changed.
+    decider: policy::Incremental,
     opts: AgentOptions,
     started: Instant,
     workloads: Workloads,
@@ -117,6 +119,7 @@ impl Agent {
             quotas,
             enforcer,
             policy: PolicyState::default(),
+            decider: policy::Incremental::default(),
             opts,
             started: Instant::now(),
             workloads: Workloads::new(
@@ -409,9 +412,9 @@ impl Agent {
         }
     }
 
-    fn decide(&self, obs: &Observation) -> Decision {
-        policy::evaluate(
-            &self.policy,
+    fn decide(&mut self, obs: &Observation) -> Decision {
+        self.decider.evaluate(
+            std::mem::take(&mut self.policy),
             &policy::PolicyInput {
                 now: self.started.elapsed(),
                 sample: &obs.sample,

@@ -25,6 +25,7 @@
 
 mod adopt;
 mod hold;
+mod incremental;
 mod input;
 mod ladder;
 mod limits;
@@ -46,6 +47,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use self::usage::{DevUsage, Devices, Usage, Workloads};
 pub use self::{
+    incremental::Incremental,
     input::{AttributedProcess, GpuScope, GroupState, ObservedGroup, PolicyInput, Suspension},
     ladder::KILL_GRACE,
     outcome::{Action, ActionKind, Decision, DriverLimits, Stats, WantedLimits, wanted_limits},
@@ -88,7 +90,7 @@ pub fn evaluate(prev: &PolicyState, input: &PolicyInput) -> Decision {
         state: out.next,
         actions: out.actions,
         stats: out.stats,
-        driver_limits: out.driver_limits,
+        driver_limits: out.driver_limits.map(std::sync::Arc::new),
     }
 }
 

@@ -125,7 +125,7 @@ pub struct Decision {
     /// on each GPU the quota covers: hard at the quota plus its tolerance, capped at the GPU's
     /// memory; soft 0, hard limits only); `None` in a dry run or observe only (set and clear
     /// nothing).
-    pub driver_limits: Option<BTreeMap<String, DriverLimits>>,
+    pub driver_limits: Option<std::sync::Arc<BTreeMap<String, DriverLimits>>>,
 }
 
 /// The driver limits wanted at the root cgroups of the workloads `state` carries (the

@@ -14,6 +14,7 @@ use crate::{
 };
 
 mod driver_limits;
+mod incremental;
 mod pressure;
 mod reasons;
 mod states;
@@ -1498,11 +1499,9 @@ struct Replay {
     quotas: QuotaSet,
 }
 
-fn replay(w: &World) -> Replay {
-    let pool = pool();
-    let quotas = QuotaSet::parse(&w.toml, "gen.toml").expect("generated quota file must parse");
-    let processes: Vec<AttributedProcess> = w
-        .procs
+/// The world's processes, in `pool`'s workloads.
+fn world_processes(w: &World, pool: &[WorkloadMeta]) -> Vec<AttributedProcess> {
+    w.procs
         .iter()
         .map(|&(pid, wi, env)| {
             AttributedProcess::new(
@@ -1515,24 +1514,36 @@ fn replay(w: &World) -> Replay {
                 }),
             )
         })
+        .collect()
+}
+
+/// Step `i` of the world: its GPUs and its process samples.
+fn world_sample(w: &World, i: usize) -> GpuSample {
+    let (gpus, usage, _) = &w.steps[i];
+    let gpus: Vec<(u32, u64, bool)> = gpus
+        .iter()
+        .enumerate()
+        .map(|(i, &(free, ok))| (i as u32, free * GIB, ok))
         .collect();
+    let usage: Vec<(u32, u32, Option<u64>)> = usage
+        .iter()
+        .map(|&(pid, dev, mib)| (pid, dev, mib.map(|m| m * MIB)))
+        .collect();
+    sample(&gpus, &usage)
+}
+
+fn replay(w: &World) -> Replay {
+    let pool = pool();
+    let quotas = QuotaSet::parse(&w.toml, "gen.toml").expect("generated quota file must parse");
+    let processes = world_processes(w, &pool);
     let mut state = PolicyState::default();
     let mut kernel: BTreeMap<String, ObservedGroup> = BTreeMap::new();
     let mut now = Duration::ZERO;
     let mut step_inputs = Vec::new();
     let mut outcomes = Vec::new();
-    for (i, (gpus, usage, dt)) in w.steps.iter().enumerate() {
+    for (i, (_, _, dt)) in w.steps.iter().enumerate() {
         now += Duration::from_millis(*dt);
-        let gpus: Vec<(u32, u64, bool)> = gpus
-            .iter()
-            .enumerate()
-            .map(|(i, &(free, ok))| (i as u32, free * GIB, ok))
-            .collect();
-        let usage: Vec<(u32, u32, Option<u64>)> = usage
-            .iter()
-            .map(|&(pid, dev, mib)| (pid, dev, mib.map(|m| m * MIB)))
-            .collect();
-        let s = sample(&gpus, &usage);
+        let s = world_sample(w, i);
         let releases: Vec<String> = w.releases[i].iter().map(|&wi| pool[wi].key()).collect();
         perturb(&mut kernel, w.perturb[i]);
         let out = evaluate(
