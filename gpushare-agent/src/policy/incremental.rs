@@ -211,6 +211,9 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
+    /// A named change to a value.
+    type Change<T> = (&'static str, fn(&mut T));
+
     fn sample() -> GpuSample {
         GpuSample {
             taken_at: None,
@@ -240,7 +243,7 @@ mod tests {
     fn every_field_the_policy_reads_tells_samples_apart() {
         let base = sample();
         assert!(same_sample(&base, &base.clone()));
-        let changes: Vec<(&str, fn(&mut GpuSample))> = vec![
+        let changes: Vec<Change<GpuSample>> = vec![
             ("index", |s| s.devices[0].index = 1),
             ("uuid", |s| s.devices[0].uuid = "GPU-1".into()),
             ("name", |s| s.devices[0].name = "Other".into()),
@@ -318,7 +321,7 @@ mod tests {
         };
         assert!(calm(&state(calm_workload())));
         assert!(calm(&PolicyState::default()));
-        let changes: Vec<(&str, fn(&mut WorkloadState))> = vec![
+        let changes: Vec<Change<WorkloadState>> = vec![
             ("frozen", |w| w.frozen = Some(GpuScope::All)),
             ("killing", |w| {
                 w.killing = Some(Killing {
