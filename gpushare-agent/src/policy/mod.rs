@@ -22,6 +22,10 @@
 //! and `limits`: the driver limits of the workloads it carries. Its inputs are in `input`, its
 //! state in `state`, its result in `outcome`; [`fold_reports`] (`report`) folds what the
 //! executors report back into the state within the same step.
+//!
+//! [`Incremental`] (`incremental`) is how the agent calls it: a step whose inputs are the last
+//! step's, the clock aside, from the calm state that step left unchanged, is decided without
+//! evaluating again; the decision is the same (a property test drives both paths).
 
 mod adopt;
 mod hold;
