@@ -270,7 +270,7 @@ impl Tracker {
     /// Copies the kernel's per-task ioctl counts into the table (a few batched map reads, not one
     /// per task).
     pub fn refresh_ioctl_counts(&mut self) {
-        let Some(kernel) = self.kernel.as_ref() else {
+        let Some(kernel) = self.kernel.as_mut() else {
             return;
         };
         kernel.all_ioctl_counts(&mut self.counts);

@@ -210,6 +210,28 @@ pub struct KernelPrograms {
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     attached: Vec<&'static str>,
     tgid_bits: TgidBits,
+    /// The batched reads' buffers, kept from one step to the next (`None` until the first).
+    ioctl_batch: Option<BatchBuffers<IoctlCounts>>,
+}
+
+/// Keys and values of `BPF_MAP_LOOKUP_BATCH` calls over one map (one allocation, reused).
+struct BatchBuffers<V> {
+    /// Values per key (the possible CPUs of a per-CPU map, 1 otherwise).
+    per_key: usize,
+    keys: Vec<u32>,
+    values: Vec<V>,
+}
+
+impl<V: Copy + Default> BatchBuffers<V> {
+    /// For about 64 KiB of values per call, at least 16 entries.
+    fn new(per_key: usize) -> Self {
+        let chunk = (65_536 / (per_key * size_of::<V>())).max(16);
+        Self {
+            per_key,
+            keys: vec![0; chunk],
+            values: vec![V::default(); chunk * per_key],
+        }
+    }
 }
 
 /// `GPU_TGID_BITS`, mapped into the agent: it sets and clears its own tasks' bits with the same
@@ -372,6 +394,7 @@ impl KernelPrograms {
             logger,
             attached,
             tgid_bits,
+            ioctl_batch: None,
         })
     }
 
@@ -438,12 +461,23 @@ impl KernelPrograms {
     /// Every task's ioctl counts, summed over CPUs, into `out` (cleared first). Read every step for
     /// every GPU task, so it asks the kernel for many entries per syscall (`BPF_MAP_LOOKUP_BATCH`,
     /// Linux 5.6+) rather than once per task; a kernel without batch lookups gets one per key.
-    pub fn all_ioctl_counts(&self, out: &mut Vec<(u32, IoctlCounts)>) {
+    pub fn all_ioctl_counts(&mut self, out: &mut Vec<(u32, IoctlCounts)>) {
         out.clear();
         let Some(aya::maps::Map::PerCpuHashMap(data)) = self.ebpf.map(IOCTL_COUNTS) else {
             return;
         };
-        if batch_ioctl_counts(data.fd().as_fd(), out).is_err() {
+        // The possible CPUs (a file read) and the buffers, once.
+        if self.ioctl_batch.is_none() {
+            match aya::util::nr_cpus() {
+                Ok(cpus) => self.ioctl_batch = Some(BatchBuffers::new(cpus)),
+                Err((_, e)) => log::debug!("possible CPUs: {e}"),
+            }
+        }
+        let batched = match self.ioctl_batch.as_mut() {
+            Some(buffers) => batch_ioctl_counts(data.fd().as_fd(), buffers, out),
+            None => Err(std::io::ErrorKind::Unsupported.into()),
+        };
+        if batched.is_err() {
             out.clear();
             for tgid in self.ioctl_count_keys() {
                 if let Some(c) = self.ioctl_counts(tgid) {
@@ -470,8 +504,11 @@ impl KernelPrograms {
         };
         if let aya::maps::Map::HashMap(data) = map {
             let mut out = Vec::new();
-            if batch_lookup::<GpuTask>(data.fd().as_fd(), 1, |tgid, v| out.push((tgid, v[0])))
-                .is_ok()
+            let mut buffers = BatchBuffers::<GpuTask>::new(1);
+            if batch_lookup(data.fd().as_fd(), &mut buffers, |tgid, v| {
+                out.push((tgid, v[0]))
+            })
+            .is_ok()
             {
                 return out;
             }
@@ -561,10 +598,10 @@ struct BatchAttr {
 /// `BPF_MAP_LOOKUP_BATCH` over the per-CPU `IOCTL_COUNTS` map, summing each entry's CPUs.
 fn batch_ioctl_counts(
     fd: BorrowedFd<'_>,
+    buffers: &mut BatchBuffers<IoctlCounts>,
     out: &mut Vec<(u32, IoctlCounts)>,
 ) -> std::io::Result<()> {
-    let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
-    batch_lookup::<IoctlCounts>(fd, cpus, |tgid, per_cpu| {
+    batch_lookup(fd, buffers, |tgid, per_cpu| {
         let sum = per_cpu
             .iter()
             .fold(IoctlCounts::default(), |acc, c| IoctlCounts {
@@ -575,20 +612,24 @@ fn batch_ioctl_counts(
     })
 }
 
-/// Every entry of a hash map with `u32` keys through `BPF_MAP_LOOKUP_BATCH` (Linux 5.6+): `visit`
-/// gets each key with its `per_key` values (the CPUs of a per-CPU map, 1 otherwise). `V` must be
-/// the map's value type, a multiple of 8 bytes (the kernel's per-CPU stride).
+/// Every entry of a hash map with `u32` keys through `BPF_MAP_LOOKUP_BATCH` (Linux 5.6+), through
+/// `buffers`: `visit` gets each key with its `per_key` values (the CPUs of a per-CPU map, 1
+/// otherwise). `V` must be the map's value type, a multiple of 8 bytes (the kernel's per-CPU
+/// stride).
 fn batch_lookup<V: Copy + Default>(
     fd: BorrowedFd<'_>,
-    per_key: usize,
+    buffers: &mut BatchBuffers<V>,
     mut visit: impl FnMut(u32, &[V]),
 ) -> std::io::Result<()> {
     const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
     const { assert!(size_of::<V>().is_multiple_of(8)) };
-    // About 64 KiB of values per call, at least 16 entries.
-    let chunk = (65_536 / (per_key * size_of::<V>())).max(16);
-    let mut keys = vec![0u32; chunk];
-    let mut values = vec![V::default(); chunk * per_key];
+    let BatchBuffers {
+        per_key,
+        keys,
+        values,
+    } = buffers;
+    let per_key = *per_key;
+    let chunk = keys.len();
     // The position token of a hash map is a bucket index (u32).
     let (mut token_in, mut token_out) = (0u32, 0u32);
     let mut first = true;
