@@ -1,8 +1,6 @@
 //! Pure handling of NVML's process records: merging the compute and graphics lists and
 //! distrusting records that cannot be right. No I/O; `/proc` is asked through a closure.
 
-use std::collections::BTreeMap;
-
 /// One raw record from a compute or graphics process list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawProcess {
@@ -44,7 +42,7 @@ pub fn merge_device_processes(
     pid_exists: &dyn Fn(u32) -> bool,
     distrusted: &mut Vec<(u32, Distrust)>,
 ) -> Vec<RawProcess> {
-    let mut by_pid: BTreeMap<u32, Option<u64>> = BTreeMap::new();
+    let mut merged: Vec<RawProcess> = Vec::with_capacity(compute.len() + graphics.len());
     for rec in compute.iter().chain(graphics) {
         if rec.pid == 0 || !pid_exists(rec.pid) {
             distrusted.push((rec.pid, Distrust::NoSuchPid));
@@ -54,16 +52,22 @@ pub fn merge_device_processes(
             distrusted.push((rec.pid, Distrust::ImplausibleMemory));
             continue;
         }
-        let slot = by_pid.entry(rec.pid).or_insert(rec.used_bytes);
-        *slot = match (*slot, rec.used_bytes) {
+        merged.push(*rec);
+    }
+    // By pid (one sorted vector, not a map: this runs for every process at every sample), the
+    // records of one pid folded into the first.
+    merged.sort_by_key(|p| p.pid);
+    merged.dedup_by(|later, kept| {
+        if later.pid != kept.pid {
+            return false;
+        }
+        kept.used_bytes = match (kept.used_bytes, later.used_bytes) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
-    }
-    by_pid
-        .into_iter()
-        .map(|(pid, used_bytes)| RawProcess { pid, used_bytes })
-        .collect()
+        true
+    });
+    merged
 }
 
 #[cfg(test)]
