@@ -386,19 +386,26 @@ impl Scenario {
         let Some(device) = self.devices.get(index) else {
             return MemoryCounts::default();
         };
-        // A pid in both lists is counted once, with the larger of its two values.
-        let mut by_pid: BTreeMap<u32, u64> = BTreeMap::new();
-        for p in self
-            .compute_processes(index)
-            .iter()
-            .chain(self.graphics_processes(index).iter())
-        {
-            if let Some(used) = p.used_memory {
-                let slot = by_pid.entry(p.pid).or_insert(0);
-                *slot = (*slot).max(used);
+        let compute = self.compute_processes(index);
+        let graphics = self.graphics_processes(index);
+        let used = |p: &Process| p.used_memory.unwrap_or(0);
+        // A pid in both lists is counted once, with the larger of its two values (a list has
+        // each pid once: `validate`, and `process_memory_dir` overrides in place). Called at
+        // every sample of every device: no map where there are no graphics processes.
+        let sum = if graphics.is_empty() {
+            compute
+                .iter()
+                .fold(0u64, |acc, p| acc.saturating_add(used(p)))
+        } else {
+            let mut by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+            for p in compute.iter().chain(graphics.iter()) {
+                if let Some(used) = p.used_memory {
+                    let slot = by_pid.entry(p.pid).or_insert(0);
+                    *slot = (*slot).max(used);
+                }
             }
-        }
-        let sum = by_pid.values().fold(0u64, |acc, v| acc.saturating_add(*v));
+            by_pid.values().fold(0u64, |acc, v| acc.saturating_add(*v))
+        };
         let available = device.memory_total - device.memory_reserved.min(device.memory_total);
         let used_by_processes = sum.min(available);
         MemoryCounts {

@@ -134,3 +134,30 @@ fn gpu_pids_memory_and_hidden_pids() {
     );
     assert_eq!(s.process_memory(7), [(0, 150)]);
 }
+
+/// Without graphics processes the counters are summed without a map (every sample of every
+/// device): the same figures, `process_memory_dir` overrides included.
+#[test]
+fn memory_of_compute_processes_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("7.0"), "250").unwrap();
+    std::fs::write(dir.path().join("9.0"), "300").unwrap();
+    let text = format!(
+        r#"{{ "process_memory_dir": {:?}, "devices": [
+             {{ "uuid": "a", "name": "a", "memory_total": 1000, "memory_reserved": 100,
+                "compute_processes": [ {{ "pid": 7, "used_memory": 100 }}, {{ "pid": 8, "used_memory": null }} ] }} ] }}"#,
+        dir.path()
+    );
+    let mut s = parse(&text, Path::new("/s.json")).unwrap();
+    let m = s.memory(0);
+    assert_eq!((m.used_by_processes, m.free, m.reserved), (550, 350, 100));
+    std::fs::write(dir.path().join("9.0"), "900").unwrap();
+    let m = s.memory(0);
+    assert_eq!(
+        (m.used_by_processes, m.free),
+        (900, 0),
+        "at most what is not reserved"
+    );
+    s.hidden_pids = BTreeSet::from([9]);
+    assert_eq!(s.memory(0).used_by_processes, 250);
+}
