@@ -386,19 +386,21 @@ impl Scenario {
         let Some(device) = self.devices.get(index) else {
             return MemoryCounts::default();
         };
-        let compute = self.compute_processes(index);
-        let graphics = self.graphics_processes(index);
-        let used = |p: &Process| p.used_memory.unwrap_or(0);
+        let shown = |p: &&Process| !self.hidden_pids.contains(&p.pid);
+        let used = |acc: u64, p: &Process| acc.saturating_add(p.used_memory.unwrap_or(0));
         // A pid in both lists is counted once, with the larger of its two values (a list has
         // each pid once: `validate`, and `process_memory_dir` overrides in place). Called at
-        // every sample of every device: no map where there are no graphics processes.
-        let sum = if graphics.is_empty() {
-            compute
-                .iter()
-                .fold(0u64, |acc, p| acc.saturating_add(used(p)))
+        // every sample of every device: no copy of the list and no map where there are no
+        // graphics processes.
+        let sum = if !device.graphics_processes.iter().any(|p| shown(&p)) {
+            match self.process_memory_dir {
+                None => device.compute_processes.iter().filter(shown).fold(0, used),
+                Some(_) => self.compute_processes(index).iter().fold(0, used),
+            }
         } else {
             let mut by_pid: BTreeMap<u32, u64> = BTreeMap::new();
-            for p in compute.iter().chain(graphics.iter()) {
+            let compute = self.compute_processes(index);
+            for p in compute.iter().chain(self.graphics_processes(index).iter()) {
                 if let Some(used) = p.used_memory {
                     let slot = by_pid.entry(p.pid).or_insert(0);
                     *slot = (*slot).max(used);

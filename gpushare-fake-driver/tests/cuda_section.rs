@@ -161,3 +161,16 @@ fn memory_of_compute_processes_alone() {
     s.hidden_pids = BTreeSet::from([9]);
     assert_eq!(s.memory(0).used_by_processes, 250);
 }
+
+#[test]
+fn memory_without_a_process_memory_dir_leaves_out_hidden_pids() {
+    let text = r#"{ "devices": [ { "uuid": "a", "name": "a", "memory_total": 1000,
+        "compute_processes": [ { "pid": 7, "used_memory": 100 }, { "pid": 8, "used_memory": null }, { "pid": 9, "used_memory": 50 } ],
+        "graphics_processes": [ { "pid": 9, "used_memory": 500 } ] } ] }"#;
+    let mut s = parse(text, Path::new("/s.json")).unwrap();
+    assert_eq!(s.memory(0).used_by_processes, 600, "pid 9 once, its larger");
+    s.hidden_pids = BTreeSet::from([9]);
+    assert_eq!(s.memory(0).used_by_processes, 100);
+    s.hidden_pids = BTreeSet::from([7]);
+    assert_eq!(s.memory(0).used_by_processes, 500);
+}
