@@ -1,22 +1,35 @@
-//! The agent's state as readers see it: an immutable snapshot rebuilt after each step and
-//! published to the HTTP API, `/metrics` and `status`. Readers never reach back upstream.
+//! The agent's state as readers see it: an immutable snapshot published after each step to the
+//! HTTP API, `/metrics` and `status`. Readers never reach back upstream.
 //!
 //! [`Publisher::build`] turns what one step observed and decided ([`StepReport`]) into a
-//! [`Snapshot`]; it keeps only what reports need across steps (how long a row has been in its
-//! state, monotonic ioctl totals). A workload's `state` is what the kernel says about its root
-//! group (see [`crate::policy::WorkloadState::reported`]): `frozen` only while the kernel reports
-//! the group frozen.
+//! [`Snapshot`]; it keeps what reports need across steps (how long a row has been in its state,
+//! monotonic ioctl totals) and the last snapshot's rows. A row (GPU, workload, process) whose
+//! fields are the same as in the last snapshot is that row, shared (`Arc`), not a copy: a step
+//! on a steady node allocates no row. What changes every step, how long a workload has been in
+//! its state, is kept beside its shared row ([`WorkloadEntry`]).
+//!
+//! A workload's `state` is what the kernel says about its root group (see
+//! [`crate::policy::WorkloadState::reported`]): `frozen` only while the kernel reports the
+//! group frozen.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
-    time::{Instant, SystemTime, UNIX_EPOCH},
+    collections::{BTreeMap, HashMap},
+    ops::{Deref, DerefMut},
+    sync::Arc,
 };
 
 use crate::{
-    attribution::{Attribution, ProcessIdentity, names::NameCache},
-    policy::{AttributedProcess, GpuScope, PolicyState, Retry},
+    attribution::{Attribution, names::NameCache},
+    policy::{AttributedProcess, PolicyState},
+    quota::QuotaSet,
     sample::GpuSample,
 };
+
+mod publish;
+#[cfg(test)]
+mod tests;
+
+pub use publish::Publisher;
 
 /// Everything a reader can ask about.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -28,17 +41,17 @@ pub struct Snapshot {
     /// Readiness and degraded modes.
     pub health: Health,
     /// GPUs.
-    pub gpus: Vec<GpuView>,
-    /// Workloads with GPU processes or quotas.
-    pub workloads: Vec<WorkloadView>,
+    pub gpus: Vec<Arc<GpuView>>,
+    /// Workloads with GPU processes or quotas, by workload key and GPU UUID.
+    pub workloads: Vec<WorkloadEntry>,
     /// GPU processes.
-    pub processes: Vec<ProcessView>,
+    pub processes: Vec<Arc<ProcessView>>,
     /// Memory NVML reports for processes no workload could be found for, per GPU UUID.
     pub unattributed_bytes: BTreeMap<String, u64>,
     /// Monotonic totals since the agent started.
     pub counters: Counters,
     /// The effective quotas, for `check`-like listings.
-    pub quotas: Vec<QuotaView>,
+    pub quotas: Arc<[QuotaView]>,
     /// Driver-enforced limits on the groups of workloads under a quota: the agent's, and those
     /// someone else set (left as they are).
     #[serde(default)]
@@ -84,7 +97,7 @@ pub struct Health {
 }
 
 /// One GPU.
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GpuView {
     /// NVML index.
     pub index: u32,
@@ -126,8 +139,9 @@ pub struct GpuView {
     pub sm_clock_mhz: Option<u32>,
 }
 
-/// One workload on one GPU (or on all GPUs, for an all-GPU quota).
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+/// One workload on one GPU (or on all GPUs, for an all-GPU quota): everything but how long it
+/// has been in its state (see [`WorkloadEntry`]).
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
 pub struct WorkloadView {
     /// Stable key, e.g. `docker://<id>`.
     pub workload: String,
@@ -162,8 +176,6 @@ pub struct WorkloadView {
     /// empty.
     #[serde(default)]
     pub detail: String,
-    /// Seconds in that state.
-    pub state_for_secs: f64,
     /// GPU memory of the workload held in host memory while it is suspended, bytes.
     #[serde(default)]
     pub suspended_bytes: u64,
@@ -191,7 +203,7 @@ pub struct WorkloadView {
 }
 
 /// One GPU process on one GPU.
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ProcessView {
     /// pid.
     pub pid: u32,
@@ -213,7 +225,7 @@ pub struct ProcessView {
 }
 
 /// One effective quota.
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct QuotaView {
     /// Where it comes from.
     pub source: String,
@@ -236,8 +248,9 @@ pub struct Counters {
     pub ebpf_events_lost: u64,
     /// NVML errors by call.
     pub nvml_errors: BTreeMap<String, u64>,
-    /// ioctls by workload (of live GPU tasks).
-    pub gpu_ioctls: BTreeMap<String, u64>,
+    /// ioctls by workload (of live GPU tasks); shared with the last snapshot while no total
+    /// changed.
+    pub gpu_ioctls: Arc<BTreeMap<String, u64>>,
     /// Whether the last quota configuration loaded cleanly.
     pub quota_config_valid: bool,
     /// When the quota configuration was last (re)loaded, seconds since the epoch.
@@ -312,8 +325,9 @@ pub struct StepReport<'a> {
     pub health: Health,
     /// Monotonic totals kept by the agent (this builder adds the ioctl totals).
     pub counters: Counters,
-    /// The effective quotas.
-    pub quotas: Vec<QuotaView>,
+    /// The quota set in force, and a number that changes whenever it is replaced (its views
+    /// are rebuilt only then).
+    pub quotas: (&'a QuotaSet, u64),
     /// Time since the agent started (the policy's clock).
     pub now: std::time::Duration,
     /// The isolation back end per GPU index (`soft` when absent).
@@ -322,388 +336,118 @@ pub struct StepReport<'a> {
     pub driver_limits: Vec<(u32, String, u64, u64, &'static str)>,
 }
 
-/// NVML's percent as a 0-1 ratio (the Prometheus convention).
-fn ratio(percent: u32) -> f64 {
-    f64::from(percent.min(100)) / 100.0
+/// One workload row of a snapshot: the row, shared with the snapshots before it while none of
+/// its fields changed, and how long it has been in its state (which changes every step, so is
+/// kept out of the shared row). Reads as a [`WorkloadView`]; serialized as one object, with
+/// `state_for_secs` among the row's fields as it always was.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkloadEntry {
+    /// The row.
+    pub row: Arc<WorkloadView>,
+    /// Seconds in its state.
+    pub state_for_secs: f64,
 }
 
-/// A workload's utilization on one GPU, summed over its processes whose value is known.
-#[derive(Default)]
-struct Busy {
-    known: bool,
-    sm: u32,
-    memory: u32,
-}
-
-impl Busy {
-    fn add(&mut self, u: Option<crate::sample::Utilization>) {
-        if let Some(u) = u {
-            self.known = true;
-            self.sm += u.sm;
-            self.memory += u.memory;
-        }
-    }
-
-    /// (SM, memory) as ratios capped at 1 (samples of several processes can add up past the
-    /// whole period); absent when no process's value is known.
-    fn ratios(&self) -> (Option<f64>, Option<f64>) {
-        if !self.known {
-            return (None, None);
-        }
-        (Some(ratio(self.sm)), Some(ratio(self.memory)))
-    }
-}
-
-/// Builds snapshots; remembers what reports need across steps.
-#[derive(Default)]
-pub struct Publisher {
-    state_since: HashMap<(String, String), (String, Instant)>,
-    ioctl_seen: HashMap<ProcessIdentity, (String, u64)>,
-    ioctl_totals: BTreeMap<String, u64>,
-}
-
-fn detail(retry: Option<&Retry>, now: std::time::Duration) -> String {
-    let Some(r) = retry else {
-        return String::new();
-    };
-    let what = r.transition.name();
-    let next = r.next_at.saturating_sub(now);
-    format!(
-        "{what} requested {} time(s), not done yet; next attempt in {}",
-        r.attempts,
-        crate::quota::fmt_duration(std::time::Duration::from_millis(next.as_millis() as u64))
-    )
-}
-
-impl Publisher {
-    /// The snapshot of one step.
-    pub fn build(&mut self, r: StepReport) -> Snapshot {
-        let sample = r.sample;
-        let dry_run = r.health.dry_run;
-        let uuid_of = |i: u32| {
-            sample
-                .devices
-                .iter()
-                .find(|d| d.index == i)
-                .map(|d| d.uuid.clone())
-                .unwrap_or_default()
-        };
-        // Each process's workload key, shared by attribution.
-        let by_pid: HashMap<u32, &str> = r
-            .processes
-            .iter()
-            .map(|p| (p.identity.pid, p.key()))
-            .collect();
-        // ioctl totals per workload (monotonic while the workload has tasks).
-        // Updated in place: no string is built for a task or workload already known.
-        let mut live_workloads: HashSet<&str> = HashSet::new();
-        for t in r.table.tasks() {
-            let Some(&key) = by_pid.get(&t.identity.pid) else {
-                continue;
-            };
-            live_workloads.insert(key);
-            let prev = match self.ioctl_seen.get_mut(&t.identity) {
-                Some(seen) if seen.0 == key => std::mem::replace(&mut seen.1, t.ioctls),
-                _ => self
-                    .ioctl_seen
-                    .insert(t.identity, (key.to_string(), t.ioctls))
-                    .map_or(0, |(_, c)| c),
-            };
-            let delta = t.ioctls.saturating_sub(prev);
-            match self.ioctl_totals.get_mut(key) {
-                Some(total) => *total += delta,
-                None => {
-                    self.ioctl_totals.insert(key.to_string(), delta);
-                }
-            }
-        }
-        let table = r.table;
-        self.ioctl_seen
-            .retain(|id, _| table.get(id.pid).is_some_and(|t| t.identity == *id));
-        self.ioctl_totals
-            .retain(|k, _| live_workloads.contains(k.as_str()));
-
-        // Per (workload, GPU): bytes, pids, utilization.
-        let mut usage: BTreeMap<(&str, &str), (u64, Vec<u32>, Busy)> = BTreeMap::new();
-        let mut unattributed: BTreeMap<String, u64> = BTreeMap::new();
-        let mut processes = Vec::with_capacity(sample.processes.len());
-        for p in &sample.processes {
-            let key = by_pid.get(&p.pid).copied();
-            match key {
-                Some(k) => {
-                    let e = usage.entry((k, p.device_uuid.as_str())).or_default();
-                    e.0 += p.used_bytes.unwrap_or(0);
-                    e.1.push(p.pid);
-                    e.2.add(p.utilization);
-                }
-                None => {
-                    *unattributed.entry(p.device_uuid.clone()).or_default() +=
-                        p.used_bytes.unwrap_or(0)
-                }
-            }
-            processes.push(ProcessView {
-                pid: p.pid,
-                comm: table.get(p.pid).map(|t| t.comm.clone()).unwrap_or_default(),
-                workload: key.unwrap_or_default().to_string(),
-                gpu_uuid: p.device_uuid.clone(),
-                used_bytes: p.used_bytes,
-                utilization: p.utilization.map(|u| ratio(u.sm)),
-                memory_utilization: p.utilization.map(|u| ratio(u.memory)),
-            });
-        }
-        let metas: HashMap<&str, &crate::quota::WorkloadMeta> = r
-            .processes
-            .iter()
-            .map(|p| (p.key(), &*p.workload))
-            .collect();
-        let view = |key: &str, gpu: String| -> WorkloadView {
-            let meta = metas.get(key);
-            let note = r.identity.get(key);
-            let id = meta.map(|m| &m.id);
-            let names = r.names.cached(key).cloned().unwrap_or_default();
-            WorkloadView {
-                workload: key.to_string(),
-                name: id
-                    .map(|i| i.short_name())
-                    .unwrap_or_else(|| key.to_string()),
-                cgroup_path: id.map(|i| i.cgroup_path.clone()).unwrap_or_default(),
-                namespace: names.namespace.unwrap_or_default(),
-                pod: names
-                    .pod
-                    .or_else(|| id.and_then(|i| i.pod_uid()).map(str::to_string))
-                    .unwrap_or_default(),
-                container: names.container.unwrap_or_default(),
-                container_id: id.and_then(|i| i.container_id()).unwrap_or("").to_string(),
-                gpu_uuid: gpu,
-                state: "ok".into(),
-                identity: note.map_or("", |n| n.identity).to_string(),
-                nested: note.map(|n| n.nested.clone()).unwrap_or_default(),
-                ..Default::default()
-            }
-        };
-        let mut rows: BTreeMap<(String, String), WorkloadView> = BTreeMap::new();
-        for ((key, gpu), (bytes, pids, busy)) in usage {
-            let mut v = view(key, gpu.to_string());
-            v.used_bytes = bytes;
-            v.pids = pids;
-            v.ioctls = *self.ioctl_totals.get(key).unwrap_or(&0);
-            (v.utilization, v.memory_utilization) = busy.ratios();
-            rows.insert((key.to_string(), gpu.to_string()), v);
-        }
-        for (key, ws) in &r.policy.workloads {
-            let scope_rows: Vec<(GpuScope, Option<&crate::policy::ScopeState>)> =
-                if ws.scopes.is_empty() {
-                    // Frozen with no liability of its own (an earlier run's freeze, processes
-                    // unseen): one row, so it shows and can be released.
-                    vec![(ws.frozen.unwrap_or(GpuScope::All), None)]
-                } else {
-                    ws.scopes.iter().map(|(s, ss)| (*s, Some(ss))).collect()
-                };
-            for (scope, ss) in scope_rows {
-                let gpu = match scope {
-                    GpuScope::All => "all".to_string(),
-                    GpuScope::Gpu(i) => uuid_of(i),
-                };
-                let v = rows
-                    .entry((key.clone(), gpu.clone()))
-                    .or_insert_with(|| view(key, gpu.clone()));
-                if let Some(ss) = ss {
-                    if scope == GpuScope::All {
-                        v.used_bytes = ss.usage.unwrap_or(0);
-                    }
-                    v.quota_bytes = Some(ss.limit);
-                }
-                v.quota_source = ws.quota.clone();
-                v.quota_trust = r.quota_trust.get(key).copied().unwrap_or("").to_string();
-                v.state = ws.reported_scope(scope, dry_run).to_string();
-                v.detail = detail(ws.retry.as_ref(), r.now);
-                if let Some(fp) = ws.suspension.as_ref().and_then(|s| s.footprint()) {
-                    v.suspended_bytes = match scope {
-                        GpuScope::All => fp.values().sum(),
-                        GpuScope::Gpu(i) => fp.get(&i).copied().unwrap_or(0),
-                    };
-                    // Its memory is in host memory: the usage that counts for its quota.
-                    v.used_bytes = v.used_bytes.max(v.suspended_bytes);
-                }
-                if let Some(why) = &ws.suspend_failed {
-                    v.detail = format!("suspend fell through ({why})");
-                }
-                if let Some(why) = &ws.waiting_for_room {
-                    v.detail = format!("waiting for room to resume: {why}");
-                }
-                if v.cgroup_path.is_empty() {
-                    v.cgroup_path = ws.cgroup_path.clone();
-                }
-            }
-        }
-        // Rows without a quota scope of their own (per-GPU usage under an all-GPU quota) show the
-        // workload's overall state: a frozen workload is frozen on every GPU.
-        for ((key, gpu), v) in rows.iter_mut() {
-            let Some(ws) = r.policy.workloads.get(key) else {
-                continue;
-            };
-            let own_scope = ws.scopes.keys().any(|s| match s {
-                GpuScope::All => gpu == "all",
-                GpuScope::Gpu(i) => uuid_of(*i) == *gpu,
-            }) || (ws.scopes.is_empty() && gpu == "all");
-            if !own_scope {
-                v.state = ws.reported(dry_run).to_string();
-                v.detail = detail(ws.retry.as_ref(), r.now);
-            }
-        }
-        let now = Instant::now();
-        for (k, v) in rows.iter_mut() {
-            let since = match self.state_since.get_mut(k) {
-                Some(entry) => {
-                    if entry.0 != v.state {
-                        *entry = (v.state.clone(), now);
-                    }
-                    entry.1
-                }
-                None => {
-                    self.state_since.insert(k.clone(), (v.state.clone(), now));
-                    now
-                }
-            };
-            v.state_for_secs = now.duration_since(since).as_secs_f64();
-        }
-        self.state_since.retain(|k, _| rows.contains_key(k));
-        let mut counters = r.counters;
-        counters.gpu_ioctls = self.ioctl_totals.clone();
-        Snapshot {
-            taken_at_unix: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs_f64())
-                .unwrap_or(0.0),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            health: r.health,
-            gpus: sample
-                .devices
-                .iter()
-                .map(|d| GpuView {
-                    index: d.index,
-                    uuid: d.uuid.clone(),
-                    name: d.name.clone(),
-                    memory_total_bytes: d.memory_total,
-                    memory_used_bytes: d.memory_used,
-                    memory_free_bytes: d.memory_free,
-                    healthy: sample.device_ok(d.index),
-                    isolation_backend: r
-                        .backends
-                        .get(&d.index)
-                        .copied()
-                        .unwrap_or("soft")
-                        .to_string(),
-                    utilization: d.utilization.map(|u| ratio(u.sm)),
-                    memory_utilization: d.utilization.map(|u| ratio(u.memory)),
-                    process_utilization: d.process_utilization
-                        != crate::sample::ProcessUtilization::Unknown,
-                    temperature_celsius: d.temperature_c,
-                    power_watts: d.power_mw.map(|mw| f64::from(mw) / 1000.0),
-                    sm_clock_mhz: d.sm_clock_mhz,
-                })
-                .collect(),
-            workloads: rows.into_values().collect(),
-            processes,
-            unattributed_bytes: unattributed,
-            counters,
-            quotas: r.quotas,
-            driver_limits: r
-                .driver_limits
-                .into_iter()
-                .map(|(gpu, cgroup_path, soft, hard, source)| DriverLimitView {
-                    gpu_uuid: uuid_of(gpu),
-                    cgroup_path,
-                    soft_bytes: soft,
-                    hard_bytes: hard,
-                    source: source.to_string(),
-                })
-                .collect(),
+impl From<WorkloadView> for WorkloadEntry {
+    fn from(row: WorkloadView) -> Self {
+        Self {
+            row: Arc::new(row),
+            state_for_secs: 0.0,
         }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{
-        attribution::{Attribution, cgroupfs::CgroupResolver, parse_cgroup_path},
-        quota::WorkloadMeta,
-    };
+impl Deref for WorkloadEntry {
+    type Target = WorkloadView;
 
-    fn build(p: &mut Publisher, table: &Attribution, procs: &[AttributedProcess]) -> Snapshot {
-        let sample = GpuSample {
-            taken_at: None,
-            devices: Vec::new(),
-            health: Vec::new(),
-            processes: Vec::new(),
-            problems: Vec::new(),
-        };
-        p.build(StepReport {
-            sample: &sample,
-            table,
-            processes: procs,
-            policy: &PolicyState::default(),
-            names: &NameCache::default(),
-            quota_trust: &HashMap::new(),
-            identity: &HashMap::new(),
-            health: Health::default(),
-            counters: Counters::default(),
-            quotas: Vec::new(),
-            now: std::time::Duration::ZERO,
-            backends: BTreeMap::new(),
-            driver_limits: Vec::new(),
+    fn deref(&self) -> &WorkloadView {
+        &self.row
+    }
+}
+
+/// A change through an entry changes its own copy of the row (never a row another snapshot
+/// shares).
+impl DerefMut for WorkloadEntry {
+    fn deref_mut(&mut self) -> &mut WorkloadView {
+        Arc::make_mut(&mut self.row)
+    }
+}
+
+impl serde::Serialize for WorkloadEntry {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        // Every field named (no `..`): a field added to the row fails to compile here until it
+        // is serialized.
+        let WorkloadView {
+            workload,
+            name,
+            cgroup_path,
+            namespace,
+            pod,
+            container,
+            container_id,
+            gpu_uuid,
+            used_bytes,
+            quota_bytes,
+            quota_source,
+            quota_trust,
+            state,
+            detail,
+            suspended_bytes,
+            utilization,
+            memory_utilization,
+            identity,
+            nested,
+            pids,
+            ioctls,
+        } = &*self.row;
+        let mut o = s.serialize_struct("WorkloadView", 22)?;
+        o.serialize_field("workload", workload)?;
+        o.serialize_field("name", name)?;
+        o.serialize_field("cgroup_path", cgroup_path)?;
+        o.serialize_field("namespace", namespace)?;
+        o.serialize_field("pod", pod)?;
+        o.serialize_field("container", container)?;
+        o.serialize_field("container_id", container_id)?;
+        o.serialize_field("gpu_uuid", gpu_uuid)?;
+        o.serialize_field("used_bytes", used_bytes)?;
+        o.serialize_field("quota_bytes", quota_bytes)?;
+        o.serialize_field("quota_source", quota_source)?;
+        o.serialize_field("quota_trust", quota_trust)?;
+        o.serialize_field("state", state)?;
+        o.serialize_field("detail", detail)?;
+        o.serialize_field("state_for_secs", &self.state_for_secs)?;
+        o.serialize_field("suspended_bytes", suspended_bytes)?;
+        o.serialize_field("utilization", utilization)?;
+        o.serialize_field("memory_utilization", memory_utilization)?;
+        if identity.is_empty() {
+            o.skip_field("identity")?;
+        } else {
+            o.serialize_field("identity", identity)?;
+        }
+        if nested.is_empty() {
+            o.skip_field("nested")?;
+        } else {
+            o.serialize_field("nested", nested)?;
+        }
+        o.serialize_field("pids", pids)?;
+        o.serialize_field("ioctls", ioctls)?;
+        o.end()
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for WorkloadEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        struct Wire {
+            #[serde(flatten)]
+            row: WorkloadView,
+            state_for_secs: f64,
+        }
+        let w = Wire::deserialize(d)?;
+        Ok(Self {
+            row: Arc::new(w.row),
+            state_for_secs: w.state_for_secs,
         })
-    }
-
-    /// A workload's utilization sums its processes' known values, capped at 1; unknown only when
-    /// no process's value is known (an idle process is 0, not unknown).
-    #[test]
-    fn workload_utilization_sums_known_processes_capped_at_one() {
-        use crate::sample::Utilization;
-        let u = |sm, memory| Some(Utilization { sm, memory });
-        let mut b = Busy::default();
-        b.add(None);
-        assert_eq!(b.ratios(), (None, None));
-        b.add(u(0, 0));
-        assert_eq!(b.ratios(), (Some(0.0), Some(0.0)), "idle is 0");
-        b.add(u(60, 10));
-        b.add(None);
-        b.add(u(70, 5));
-        assert_eq!(b.ratios(), (Some(1.0), Some(0.15)));
-    }
-
-    #[test]
-    fn ioctl_totals_add_what_each_task_issued_since_the_last_step_and_follow_a_move() {
-        let me = std::process::id();
-        let mut table = Attribution::new(CgroupResolver::new("/sys/fs/cgroup".into()));
-        let identity = table.attribute_pid(me).expect("this process").identity;
-        let counts = |calls| gpushare_common::maps::IoctlCounts { calls, allocs: 0 };
-        let proc_in = |path: &str| {
-            AttributedProcess::new(identity, WorkloadMeta::new(parse_cgroup_path(path)), None)
-        };
-        let (a, b) = (proc_in("/jobs/a"), proc_in("/jobs/b"));
-        let (ka, kb) = (a.workload.id.key(), b.workload.id.key());
-        let mut p = Publisher::default();
-
-        table.set_ioctl_counts(me, counts(10));
-        let s = build(&mut p, &table, std::slice::from_ref(&a));
-        assert_eq!(s.counters.gpu_ioctls.get(&ka), Some(&10));
-        table.set_ioctl_counts(me, counts(15));
-        let s = build(&mut p, &table, std::slice::from_ref(&a));
-        assert_eq!(
-            s.counters.gpu_ioctls.get(&ka),
-            Some(&15),
-            "5 more, not 15 more"
-        );
-        let s = build(&mut p, &table, std::slice::from_ref(&a));
-        assert_eq!(s.counters.gpu_ioctls.get(&ka), Some(&15), "nothing new");
-
-        // The task moves to another workload: only what it issues from then on counts there, and
-        // the workload it left (no task any more) is gone from the totals.
-        table.set_ioctl_counts(me, counts(18));
-        let s = build(&mut p, &table, std::slice::from_ref(&b));
-        assert_eq!(s.counters.gpu_ioctls.get(&kb), Some(&3));
-        assert_eq!(s.counters.gpu_ioctls.get(&ka), None);
     }
 }
