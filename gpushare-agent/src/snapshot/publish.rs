@@ -10,10 +10,12 @@
 //! steps before, as they always did.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::BTreeMap,
     sync::Arc,
     time::{Instant, SystemTime, UNIX_EPOCH},
 };
+
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use super::{
     DriverLimitView, GpuView, ProcessView, QuotaView, Snapshot, StepReport, WorkloadEntry,
@@ -70,7 +72,8 @@ pub(super) struct Ioctls {
 impl Ioctls {
     /// Adds what each task of `table` issued since the last step to its workload's total
     /// (`by_pid`: each attributed task's workload). Updated in place: no string is built for a
-    /// task or workload already known.
+    /// task or workload already known, and a total is looked up only for a task that issued
+    /// ioctls since (then once per workload with tasks, to add the ones without a total yet).
     fn update(
         &mut self,
         table: &Attribution,
@@ -91,15 +94,22 @@ impl Ioctls {
                     .map_or(0, |(_, c)| c),
             };
             let delta = t.ioctls.saturating_sub(prev);
+            if delta == 0 {
+                continue;
+            }
+            changed = true;
             match self.totals.get_mut(key) {
-                Some(total) => {
-                    *total += delta;
-                    changed |= delta != 0;
-                }
+                Some(total) => *total += delta,
                 None => {
                     self.totals.insert(key.to_string(), delta);
-                    changed = true;
                 }
+            }
+        }
+        // A workload whose tasks issued nothing since still has a total (0 for a new one).
+        for key in &live_workloads {
+            if !self.totals.contains_key(*key) {
+                self.totals.insert(key.to_string(), 0);
+                changed = true;
             }
         }
         self.seen
@@ -263,6 +273,8 @@ impl ProcessDraft<'_> {
 
 /// What a workload row's identity gives it (the same for each of its GPUs), borrowed.
 struct Facts<'a> {
+    /// The workload key.
+    key: &'a str,
     /// The short name in two parts (see `WorkloadId::short_name_parts`).
     name: (&'static str, &'a str),
     namespace: &'a str,
@@ -437,6 +449,7 @@ fn facts<'a>(
     let names = r.names.cached(key);
     let note = r.identity.get(key);
     Facts {
+        key,
         name: id.map_or(("", key), |i| i.short_name_parts()),
         namespace: names.and_then(|n| n.namespace.as_deref()).unwrap_or(""),
         pod: names
@@ -612,8 +625,22 @@ impl Publisher {
         };
         // Rows without a quota scope of their own (per-GPU usage under an all-GPU quota) show the
         // workload's overall state: a frozen workload is frozen on every GPU.
+        // Both in key order: one walk, no lookup per row.
+        let mut policy = r.policy.workloads.iter().peekable();
         for v in rows.iter_mut() {
-            let Some(ws) = r.policy.workloads.get(v.key) else {
+            let ws = loop {
+                match policy.peek() {
+                    Some((k, ws)) => match k.as_str().cmp(v.key) {
+                        std::cmp::Ordering::Less => {
+                            policy.next();
+                        }
+                        std::cmp::Ordering::Equal => break Some(*ws),
+                        std::cmp::Ordering::Greater => break None,
+                    },
+                    None => break None,
+                }
+            };
+            let Some(ws) = ws else {
                 continue;
             };
             let own_scope = ws.scopes.keys().any(|s| match s {
@@ -630,22 +657,27 @@ impl Publisher {
         let mut last = self.rows.workloads.iter().peekable();
         let mut kept = Vec::with_capacity(rows.len());
         let mut workloads = Vec::with_capacity(rows.len());
+        // A workload's rows are consecutive: its facts are looked up once.
+        let mut facts_of: Option<Facts> = None;
         for d in &rows {
             while let Some((l, _)) = last.peek()
                 && (l.workload.as_str(), l.gpu_uuid.as_str()) < (d.key, d.gpu)
             {
                 last.next();
             }
-            let f = facts(d.key, &metas, &r);
+            let f: &Facts = match &mut facts_of {
+                Some(f) if std::ptr::eq(f.key, d.key) || f.key == d.key => f,
+                slot => slot.insert(facts(d.key, &metas, &r)),
+            };
             let (row, since) = match last.peek() {
                 Some((l, since)) if l.workload == d.key && l.gpu_uuid == d.gpu => {
                     let since = if l.state == d.state { *since } else { now };
-                    match d.same(&f, l) {
+                    match d.same(f, l) {
                         true => (Arc::clone(l), since),
-                        false => (Arc::new(d.view(&f)), since),
+                        false => (Arc::new(d.view(f)), since),
                     }
                 }
-                _ => (Arc::new(d.view(&f)), now),
+                _ => (Arc::new(d.view(f)), now),
             };
             workloads.push(WorkloadEntry {
                 row: Arc::clone(&row),
