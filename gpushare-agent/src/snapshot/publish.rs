@@ -289,6 +289,9 @@ struct Facts<'a> {
 struct Draft<'a> {
     key: &'a str,
     gpu: &'a str,
+    /// The NVML index the row was made for (`None`: an `all` row): where to look first for
+    /// its own quota scope.
+    index: Option<u32>,
     cgroup_path: &'a str,
     used_bytes: u64,
     quota_bytes: Option<u64>,
@@ -305,10 +308,11 @@ struct Draft<'a> {
 
 impl<'a> Draft<'a> {
     /// A row of `key` on `gpu` with nothing of its own yet.
-    fn new(key: &'a str, gpu: &'a str, meta: Option<&'a WorkloadMeta>) -> Self {
+    fn new(key: &'a str, gpu: &'a str, index: Option<u32>, meta: Option<&'a WorkloadMeta>) -> Self {
         Self {
             key,
             gpu,
+            index,
             cgroup_path: meta.map_or("", |m| m.id.cgroup_path.as_str()),
             used_bytes: 0,
             quota_bytes: None,
@@ -324,16 +328,18 @@ impl<'a> Draft<'a> {
         }
     }
 
+    /// Whether `v`, the last row of the same key and GPU (the caller matched them), has this
+    /// row's fields.
     fn same(&self, f: &Facts, v: &WorkloadView) -> bool {
         let WorkloadView {
-            workload,
+            workload: _,
             name,
             cgroup_path,
             namespace,
             pod,
             container,
             container_id,
-            gpu_uuid,
+            gpu_uuid: _,
             used_bytes,
             quota_bytes,
             quota_source,
@@ -348,8 +354,7 @@ impl<'a> Draft<'a> {
             pids,
             ioctls,
         } = v;
-        workload == self.key
-            && name.len() == f.name.0.len() + f.name.1.len()
+        name.len() == f.name.0.len() + f.name.1.len()
             && name.starts_with(f.name.0)
             && name.ends_with(f.name.1)
             && cgroup_path == self.cgroup_path
@@ -357,7 +362,6 @@ impl<'a> Draft<'a> {
             && pod == f.pod
             && container == f.container
             && container_id == f.container_id
-            && gpu_uuid == self.gpu
             && *used_bytes == self.used_bytes
             && *quota_bytes == self.quota_bytes
             && quota_source == self.quota_source
@@ -416,6 +420,7 @@ fn row_of<'a, 'd>(
     extras: &'d mut Vec<Draft<'a>>,
     key: &'a str,
     gpu: &'a str,
+    index: Option<u32>,
     meta: Option<&'a WorkloadMeta>,
 ) -> &'d mut Draft<'a> {
     let at = match sorted.binary_search_by(|d| (d.key, d.gpu).cmp(&(key, gpu))) {
@@ -428,7 +433,7 @@ fn row_of<'a, 'd>(
         {
             Some(back) => At::Extra(extras.len() - 1 - back),
             None => {
-                extras.push(Draft::new(key, gpu, meta));
+                extras.push(Draft::new(key, gpu, index, meta));
                 At::Extra(extras.len() - 1)
             }
         },
@@ -544,10 +549,12 @@ impl Publisher {
             let end = start
                 + attributed[start..]
                     .iter()
-                    .take_while(|(k, p)| *k == key && p.device_uuid == gpu)
+                    .take_while(|(k, p)| {
+                        (std::ptr::eq(*k, key) || *k == key) && p.device_uuid == gpu
+                    })
                     .count();
             let mut busy = Busy::default();
-            let mut d = Draft::new(key, gpu, metas.get(key).copied());
+            let mut d = Draft::new(key, gpu, Some(first.device_index), metas.get(key).copied());
             for (_, p) in &attributed[start..end] {
                 d.used_bytes += p.used_bytes.unwrap_or(0);
                 busy.add(p.utilization);
@@ -571,11 +578,11 @@ impl Publisher {
                 .is_empty()
                 .then(|| (ws.frozen.unwrap_or(GpuScope::All), None));
             for (scope, ss) in ws.scopes.iter().map(|(s, ss)| (*s, Some(ss))).chain(lone) {
-                let gpu = match scope {
-                    GpuScope::All => "all",
-                    GpuScope::Gpu(i) => uuid_of(i),
+                let (gpu, index) = match scope {
+                    GpuScope::All => ("all", None),
+                    GpuScope::Gpu(i) => (uuid_of(i), Some(i)),
                 };
-                let v = row_of(&mut sorted, &mut extras, key, gpu, meta);
+                let v = row_of(&mut sorted, &mut extras, key, gpu, index, meta);
                 if let Some(ss) = ss {
                     if scope == GpuScope::All {
                         v.used_bytes = ss.usage.unwrap_or(0);
@@ -643,10 +650,17 @@ impl Publisher {
             let Some(ws) = ws else {
                 continue;
             };
-            let own_scope = ws.scopes.keys().any(|s| match s {
+            let is_own = |s: &GpuScope| match s {
                 GpuScope::All => v.gpu == "all",
                 GpuScope::Gpu(i) => uuid_of(*i) == v.gpu,
-            }) || (ws.scopes.is_empty() && v.gpu == "all");
+            };
+            // The scope of the row's own index first (a map lookup), then every scope.
+            let own_scope = v
+                .index
+                .map(GpuScope::Gpu)
+                .is_some_and(|s| ws.scopes.contains_key(&s) && is_own(&s))
+                || ws.scopes.keys().any(is_own)
+                || (ws.scopes.is_empty() && v.gpu == "all");
             if !own_scope {
                 v.state = ws.reported(dry_run).as_str();
                 v.detail = detail(ws.retry.as_ref(), r.now);
@@ -660,17 +674,30 @@ impl Publisher {
         // A workload's rows are consecutive: its facts are looked up once.
         let mut facts_of: Option<Facts> = None;
         for d in &rows {
-            while let Some((l, _)) = last.peek()
-                && (l.workload.as_str(), l.gpu_uuid.as_str()) < (d.key, d.gpu)
-            {
-                last.next();
+            let order = |l: &WorkloadView| {
+                l.workload
+                    .as_str()
+                    .cmp(d.key)
+                    .then_with(|| l.gpu_uuid.as_str().cmp(d.gpu))
+            };
+            let mut matched = false;
+            while let Some((l, _)) = last.peek() {
+                match order(l) {
+                    std::cmp::Ordering::Less => {
+                        last.next();
+                    }
+                    o => {
+                        matched = o == std::cmp::Ordering::Equal;
+                        break;
+                    }
+                }
             }
             let f: &Facts = match &mut facts_of {
                 Some(f) if std::ptr::eq(f.key, d.key) || f.key == d.key => f,
                 slot => slot.insert(facts(d.key, &metas, &r)),
             };
             let (row, since) = match last.peek() {
-                Some((l, since)) if l.workload == d.key && l.gpu_uuid == d.gpu => {
+                Some((l, since)) if matched => {
                     let since = if l.state == d.state { *since } else { now };
                     match d.same(f, l) {
                         true => (Arc::clone(l), since),
