@@ -413,19 +413,23 @@ enum At {
     Extra(usize),
 }
 
-/// The row of `key` on `gpu`, added to `extras` when neither list has it. `extras` are pushed
-/// in key order (the policy's map), so a key's rows there are the last ones.
+/// The row of `key` on `gpu`, added to `extras` when neither list has it. `mine`: the rows
+/// with processes of `key` (one per GPU; the one made for `index` looked at first). `extras`
+/// are pushed in key order (the policy's map), so a key's rows there are the last ones.
 fn row_of<'a, 'd>(
-    sorted: &'d mut [Draft<'a>],
+    mine: &'d mut [Draft<'a>],
     extras: &'d mut Vec<Draft<'a>>,
     key: &'a str,
     gpu: &'a str,
     index: Option<u32>,
     meta: Option<&'a WorkloadMeta>,
 ) -> &'d mut Draft<'a> {
-    let at = match sorted.binary_search_by(|d| (d.key, d.gpu).cmp(&(key, gpu))) {
-        Ok(i) => At::Sorted(i),
-        Err(_) => match extras
+    let found = index
+        .and_then(|i| mine.iter().position(|d| d.index == Some(i) && d.gpu == gpu))
+        .or_else(|| mine.iter().position(|d| d.gpu == gpu));
+    let at = match found {
+        Some(i) => At::Sorted(i),
+        None => match extras
             .iter()
             .rev()
             .take_while(|d| d.key == key)
@@ -439,7 +443,7 @@ fn row_of<'a, 'd>(
         },
     };
     match at {
-        At::Sorted(i) => &mut sorted[i],
+        At::Sorted(i) => &mut mine[i],
         At::Extra(i) => &mut extras[i],
     }
 }
@@ -568,9 +572,16 @@ impl Publisher {
 
         // The policy's workloads: a row per liability (scope), with its quota and state.
         let mut extras: Vec<Draft> = Vec::new();
+        let mut cursor = 0;
         for (key, ws) in &r.policy.workloads {
             let key = key.as_str();
             let meta = metas.get(key).copied();
+            // Its rows with processes (both lists in key order: one walk, no search).
+            while sorted.get(cursor).is_some_and(|d| d.key < key) {
+                cursor += 1;
+            }
+            let end = cursor + sorted[cursor..].iter().take_while(|d| d.key == key).count();
+            let mine = &mut sorted[cursor..end];
             // Frozen with no liability of its own (an earlier run's freeze, processes unseen):
             // one row, so it shows and can be released.
             let lone = ws
@@ -582,7 +593,7 @@ impl Publisher {
                     GpuScope::All => ("all", None),
                     GpuScope::Gpu(i) => (uuid_of(i), Some(i)),
                 };
-                let v = row_of(&mut sorted, &mut extras, key, gpu, index, meta);
+                let v = row_of(mine, &mut extras, key, gpu, index, meta);
                 if let Some(ss) = ss {
                     if scope == GpuScope::All {
                         v.used_bytes = ss.usage.unwrap_or(0);
