@@ -289,9 +289,11 @@ struct Facts<'a> {
 struct Draft<'a> {
     key: &'a str,
     gpu: &'a str,
-    /// The NVML index the row was made for (`None`: an `all` row): where to look first for
-    /// its own quota scope.
+    /// The NVML index the row was made for (`None`: an `all` row): where to look first among
+    /// a workload's rows for a quota scope's.
     index: Option<u32>,
+    /// A quota scope of its workload is on its GPU (the policy's pass found this row for it).
+    own_scope: bool,
     cgroup_path: &'a str,
     used_bytes: u64,
     quota_bytes: Option<u64>,
@@ -313,6 +315,7 @@ impl<'a> Draft<'a> {
             key,
             gpu,
             index,
+            own_scope: false,
             cgroup_path: meta.map_or("", |m| m.id.cgroup_path.as_str()),
             used_bytes: 0,
             quota_bytes: None,
@@ -595,6 +598,7 @@ impl Publisher {
                 };
                 let v = row_of(mine, &mut extras, key, gpu, index, meta);
                 if let Some(ss) = ss {
+                    v.own_scope = true;
                     if scope == GpuScope::All {
                         v.used_bytes = ss.usage.unwrap_or(0);
                     }
@@ -661,18 +665,7 @@ impl Publisher {
             let Some(ws) = ws else {
                 continue;
             };
-            let is_own = |s: &GpuScope| match s {
-                GpuScope::All => v.gpu == "all",
-                GpuScope::Gpu(i) => uuid_of(*i) == v.gpu,
-            };
-            // The scope of the row's own index first (a map lookup), then every scope.
-            let own_scope = v
-                .index
-                .map(GpuScope::Gpu)
-                .is_some_and(|s| ws.scopes.contains_key(&s) && is_own(&s))
-                || ws.scopes.keys().any(is_own)
-                || (ws.scopes.is_empty() && v.gpu == "all");
-            if !own_scope {
+            if !(v.own_scope || (ws.scopes.is_empty() && v.gpu == "all")) {
                 v.state = ws.reported(dry_run).as_str();
                 v.detail = detail(ws.retry.as_ref(), r.now);
             }
