@@ -20,7 +20,7 @@ const ITERS: usize = 30;
 fn snapshot() -> Snapshot {
     let mut s = Snapshot::default();
     for g in 0..GPUS {
-        s.gpus.push(GpuView {
+        s.gpus.push(Arc::new(GpuView {
             index: g as u32,
             uuid: format!("GPU-{g:08}-0000-0000-0000-000000000000"),
             name: "NVIDIA H100 80GB HBM3".into(),
@@ -30,32 +30,35 @@ fn snapshot() -> Snapshot {
             healthy: true,
             isolation_backend: "soft".into(),
             ..Default::default()
-        });
+        }));
     }
     for w in 0..WORKLOADS {
-        s.workloads.push(WorkloadView {
-            workload: format!("containerd://{w:064x}"),
-            name: format!("{w:012x}"),
-            namespace: "ml".into(),
-            pod: format!("trainer-{w}"),
-            container: "main".into(),
-            container_id: format!("{w:064x}"),
-            gpu_uuid: s.gpus[w % GPUS].uuid.clone(),
-            used_bytes: 1 << 30,
-            quota_bytes: Some(2 << 30),
-            state: "ok".into(),
-            ..Default::default()
-        });
+        s.workloads.push(
+            WorkloadView {
+                workload: format!("containerd://{w:064x}"),
+                name: format!("{w:012x}"),
+                namespace: "ml".into(),
+                pod: format!("trainer-{w}"),
+                container: "main".into(),
+                container_id: format!("{w:064x}"),
+                gpu_uuid: s.gpus[w % GPUS].uuid.clone(),
+                used_bytes: 1 << 30,
+                quota_bytes: Some(2 << 30),
+                state: "ok".into(),
+                ..Default::default()
+            }
+            .into(),
+        );
     }
     for p in 0..PROCESSES {
-        s.processes.push(ProcessView {
+        s.processes.push(Arc::new(ProcessView {
             pid: 10_000 + p as u32,
             comm: "python3".into(),
             workload: format!("containerd://{:064x}", p % WORKLOADS),
             gpu_uuid: s.gpus[p % GPUS].uuid.clone(),
             used_bytes: Some(100 << 20),
             ..Default::default()
-        });
+        }));
     }
     s
 }
@@ -67,6 +70,7 @@ fn one_percent_changed(s: &Snapshot) -> Snapshot {
         w.used_bytes += 1 << 20;
     }
     for p in s.processes.iter_mut().step_by(100) {
+        let p = Arc::make_mut(p);
         p.used_bytes = p.used_bytes.map(|b| b + (1 << 20));
     }
     s

@@ -210,7 +210,7 @@ impl Metrics {
             .map(|w| WorkloadRow::of(w, &snap.gpus))
             .collect();
         let prows: Vec<ProcessRow> = match self.process_series {
-            true => snap.processes.iter().map(ProcessRow::of).collect(),
+            true => snap.processes.iter().map(|p| ProcessRow::of(p)).collect(),
             false => Vec::new(),
         };
         let wfound = cache.workloads.lookup(&wrows);
@@ -695,7 +695,7 @@ fn families() -> Vec<Family> {
             "gpushare_gpu_ioctls",
             "ioctls issued by the GPU tasks of a workload",
         )
-        .each(|snap, _, s| by_kind(s, "workload", &snap.counters.gpu_ioctls)),
+        .each(|snap, _, s| by_kind(s, "workload", snap.counters.gpu_ioctls.iter())),
         Family::counter("gpushare_ebpf_events", "Kernel events received by kind")
             .each(|snap, _, s| by_kind(s, "kind", &snap.counters.ebpf_events)),
         Family::counter(
@@ -770,7 +770,7 @@ mod tests {
 
     fn snapshot(workloads: &[(&str, u64, Option<u64>, &str)]) -> Snapshot {
         let mut s = Snapshot::default();
-        s.gpus.push(GpuView {
+        s.gpus.push(Arc::new(GpuView {
             index: 0,
             uuid: "GPU-a".into(),
             name: "H100".into(),
@@ -780,24 +780,27 @@ mod tests {
             healthy: true,
             isolation_backend: "soft".into(),
             ..Default::default()
-        });
+        }));
         for (key, used, quota, state) in workloads {
-            s.workloads.push(WorkloadView {
-                workload: key.to_string(),
-                gpu_uuid: "GPU-a".into(),
-                used_bytes: *used,
-                quota_bytes: *quota,
-                state: state.to_string(),
-                ..Default::default()
-            });
-            s.processes.push(ProcessView {
+            s.workloads.push(
+                WorkloadView {
+                    workload: key.to_string(),
+                    gpu_uuid: "GPU-a".into(),
+                    used_bytes: *used,
+                    quota_bytes: *quota,
+                    state: state.to_string(),
+                    ..Default::default()
+                }
+                .into(),
+            );
+            s.processes.push(Arc::new(ProcessView {
                 pid: *used as u32,
                 comm: "python".into(),
                 workload: key.to_string(),
                 gpu_uuid: "GPU-a".into(),
                 used_bytes: Some(*used),
                 ..Default::default()
-            });
+            }));
         }
         s.counters.enforcement_actions.insert("freeze/ok".into(), 2);
         s
@@ -810,30 +813,33 @@ mod tests {
     fn hami_series_are_per_device_with_their_values_and_labels() {
         let mut s = Snapshot::default();
         for (index, uuid) in [(0, "GPU-a"), (1, "GPU-b")] {
-            s.gpus.push(GpuView {
+            s.gpus.push(Arc::new(GpuView {
                 index,
                 uuid: uuid.into(),
                 name: "H100".into(),
                 memory_total_bytes: 100,
                 healthy: true,
                 ..Default::default()
-            });
+            }));
         }
-        let row = |key: &str, gpu: &str, used: u64, quota: Option<u64>| WorkloadView {
-            workload: key.into(),
-            name: "short".into(),
-            namespace: "ns".into(),
-            pod: if key.starts_with("pod") {
-                "train-0".into()
-            } else {
-                String::new()
-            },
-            container: "worker".into(),
-            gpu_uuid: gpu.into(),
-            used_bytes: used,
-            quota_bytes: quota,
-            state: "ok".into(),
-            ..Default::default()
+        let row = |key: &str, gpu: &str, used: u64, quota: Option<u64>| {
+            WorkloadView {
+                workload: key.into(),
+                name: "short".into(),
+                namespace: "ns".into(),
+                pod: if key.starts_with("pod") {
+                    "train-0".into()
+                } else {
+                    String::new()
+                },
+                container: "worker".into(),
+                gpu_uuid: gpu.into(),
+                used_bytes: used,
+                quota_bytes: quota,
+                state: "ok".into(),
+                ..Default::default()
+            }
+            .into()
         };
         // An all-GPU quota of 50 over 10 + 20 on two GPUs; a per-GPU quota of 15 with 7 used on
         // GPU-b; a GPU that is not in the sample (degraded).

@@ -142,12 +142,28 @@ impl WorkloadId {
 
     /// A short name for humans: the 12-character container id, the unit, or the path.
     pub fn short_name(&self) -> String {
+        let (prefix, rest) = self.short_name_parts();
+        let mut name = String::with_capacity(prefix.len() + rest.len());
+        name.push_str(prefix);
+        name.push_str(rest);
+        name
+    }
+
+    /// [`Self::short_name`] in two borrowed parts, a fixed prefix and a part of the identity:
+    /// to compare a name without building it.
+    pub fn short_name_parts(&self) -> (&'static str, &str) {
         match &self.kind {
-            WorkloadKind::Container { container_id, .. } => container_id.chars().take(12).collect(),
-            WorkloadKind::Pod { pod_uid, .. } => format!("pod-{pod_uid}"),
-            WorkloadKind::SystemdUnit { unit } => unit.clone(),
-            WorkloadKind::Cgroup => self.cgroup_path.clone(),
-            WorkloadKind::Host => "host".to_string(),
+            WorkloadKind::Container { container_id, .. } => {
+                let end = container_id
+                    .char_indices()
+                    .nth(12)
+                    .map_or(container_id.len(), |(i, _)| i);
+                ("", &container_id[..end])
+            }
+            WorkloadKind::Pod { pod_uid, .. } => ("pod-", pod_uid),
+            WorkloadKind::SystemdUnit { unit } => ("", unit),
+            WorkloadKind::Cgroup => ("", &self.cgroup_path),
+            WorkloadKind::Host => ("host", ""),
         }
     }
 

@@ -47,7 +47,7 @@ use crate::{
     },
     quota::{GpuInfo, Signal},
     sample::{GpuSample, Utilization},
-    snapshot::{self, Health, Publisher, QuotaView, StepReport},
+    snapshot::{self, Health, Publisher, StepReport},
 };
 
 /// Options that change what the agent does (not where it reads from).
@@ -787,7 +787,6 @@ impl Agent {
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
-            gpu_ioctls: BTreeMap::new(),
             quota_config_valid: self.quotas.valid(),
             quota_config_last_reload_unix: self.quotas.last_reload_unix(),
             identity: [
@@ -824,18 +823,6 @@ impl Agent {
             ..snapshot::Counters::default()
         };
         self.counters.render(&mut counters);
-        let quotas = self
-            .quotas
-            .current()
-            .entries()
-            .iter()
-            .map(|e| QuotaView {
-                source: format!("{}:{}", e.origin.file, e.origin.line),
-                selector: e.selector.describe(),
-                gpu: e.gpu.to_string(),
-                gpu_memory_bytes: e.gpu_memory,
-            })
-            .collect();
         let snap = self.publisher.build(StepReport {
             sample: &obs.sample,
             table: self.tracker.table(),
@@ -846,7 +833,7 @@ impl Agent {
             identity: self.workloads.identity_notes(),
             health: self.health(&obs.sample),
             counters,
-            quotas,
+            quotas: (self.quotas.current(), self.quotas.generation()),
             now: self.started.elapsed(),
             backends: obs
                 .sample

@@ -105,6 +105,8 @@ pub struct QuotaStore {
     paths: QuotaPaths,
     state_dir: Option<PathBuf>,
     current: QuotaSet,
+    /// Changes whenever `current` is replaced.
+    generation: u64,
     valid: bool,
     observe_only: bool,
     kept_in_force: Option<PathBuf>,
@@ -135,6 +137,7 @@ impl QuotaStore {
             paths,
             state_dir,
             current: QuotaSet::empty(),
+            generation: 0,
             valid: false,
             observe_only: false,
             kept_in_force: None,
@@ -151,6 +154,12 @@ impl QuotaStore {
     /// The set in force.
     pub fn current(&self) -> &QuotaSet {
         &self.current
+    }
+
+    /// A number that changes whenever the set in force is replaced (what was built from it is
+    /// still good while it is the same).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Whether the files on disk loaded cleanly the last time.
@@ -208,6 +217,7 @@ impl QuotaStore {
             Ok(set) => {
                 let n = set.describe().len();
                 self.current = set;
+                self.generation += 1;
                 self.valid = true;
                 if self.observe_only || self.kept_in_force.is_some() {
                     info!("a valid quota configuration is in force again: enforcement follows it");
@@ -285,6 +295,7 @@ impl QuotaStore {
                     kept.display()
                 );
                 self.current = set;
+                self.generation += 1;
                 self.kept_in_force = Some(kept);
                 self.last_reload_unix = now_unix();
             }

@@ -762,13 +762,16 @@ mod tests {
     #[test]
     fn status_notes_degraded_and_conflicting_identities_and_nested_containers() {
         use crate::snapshot::{Snapshot, WorkloadView};
-        let row = |key: &str, identity: &str, nested: &[&str]| WorkloadView {
-            workload: key.into(),
-            gpu_uuid: "GPU-0".into(),
-            state: "ok".into(),
-            identity: identity.into(),
-            nested: nested.iter().map(|s| s.to_string()).collect(),
-            ..WorkloadView::default()
+        let row = |key: &str, identity: &str, nested: &[&str]| {
+            WorkloadView {
+                workload: key.into(),
+                gpu_uuid: "GPU-0".into(),
+                state: "ok".into(),
+                identity: identity.into(),
+                nested: nested.iter().map(|s| s.to_string()).collect(),
+                ..WorkloadView::default()
+            }
+            .into()
         };
         let snap = Snapshot {
             workloads: vec![
@@ -965,7 +968,8 @@ mod tests {
                     identity: w.identity_notes(),
                     health: Health::default(),
                     counters: Counters::default(),
-                    quotas: Vec::new(),
+                    // The sets live as long as the test: each one's address names it.
+                    quotas: (quotas, std::ptr::from_ref(quotas) as u64),
                     now,
                     backends: BTreeMap::new(),
                     driver_limits: Vec::new(),

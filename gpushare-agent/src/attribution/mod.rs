@@ -431,6 +431,12 @@ impl Attribution {
         self.tasks.get(&pid)
     }
 
+    /// Adds `entry` as it is (no `/proc` check): for tests of what reads the table.
+    #[cfg(test)]
+    pub(crate) fn insert_for_test(&mut self, entry: GpuTaskEntry) {
+        self.insert(entry.identity.pid, entry);
+    }
+
     /// Sets a task's ioctl counts (read from the kernel's per-CPU map).
     pub fn set_ioctl_counts(&mut self, pid: u32, counts: IoctlCounts) {
         if let Some(t) = self.tasks.get_mut(&pid) {

@@ -9,7 +9,9 @@ use std::sync::{Arc, RwLock};
 use proptest::prelude::*;
 
 use super::{Compat, Metrics, SharedSnapshot};
-use crate::snapshot::{Counters, DriverLimitView, GpuView, ProcessView, Snapshot, WorkloadView};
+use crate::snapshot::{
+    Counters, DriverLimitView, GpuView, ProcessView, Snapshot, WorkloadEntry, WorkloadView,
+};
 
 /// Strings from a small set (so that rows collide and repeat), with what the encoders escape.
 fn text() -> impl Strategy<Value = String> {
@@ -80,7 +82,7 @@ fn gpu() -> impl Strategy<Value = GpuView> {
         )
 }
 
-fn workload() -> impl Strategy<Value = WorkloadView> {
+fn workload() -> impl Strategy<Value = WorkloadEntry> {
     (
         (
             prop::sample::select(vec!["docker://a", "docker://b", "pod://u1", "x\"y"]),
@@ -107,25 +109,27 @@ fn workload() -> impl Strategy<Value = WorkloadView> {
             |(
                 (workload, name, namespace, pod, container, container_id, gpu_uuid, used),
                 (quota, trust, state, suspended, u, mu, identity, for_secs),
-            )| WorkloadView {
-                workload: workload.into(),
-                name,
-                namespace,
-                pod,
-                container,
-                container_id,
-                gpu_uuid,
-                used_bytes: used,
-                quota_bytes: quota,
-                quota_trust: trust,
-                state: state.into(),
-                suspended_bytes: suspended,
-                utilization: u,
-                memory_utilization: mu,
-                identity: identity.into(),
+            )| WorkloadEntry {
+                row: Arc::new(WorkloadView {
+                    workload: workload.into(),
+                    name,
+                    namespace,
+                    pod,
+                    container,
+                    container_id,
+                    gpu_uuid,
+                    used_bytes: used,
+                    quota_bytes: quota,
+                    quota_trust: trust,
+                    state: state.into(),
+                    suspended_bytes: suspended,
+                    utilization: u,
+                    memory_utilization: mu,
+                    identity: identity.into(),
+                    ..Default::default()
+                }),
                 // Not exported: changes every step on a real node and must not cost a scrape.
                 state_for_secs: for_secs,
-                ..Default::default()
             },
         )
 }
@@ -162,7 +166,7 @@ fn counters() -> impl Strategy<Value = Counters> {
     (counts(), counts(), any::<bool>(), 0u64..3).prop_map(|(actions, ioctls, valid, lost)| {
         Counters {
             enforcement_actions: actions,
-            gpu_ioctls: ioctls.clone(),
+            gpu_ioctls: Arc::new(ioctls.clone()),
             ebpf_events_lost: lost,
             quota_config_valid: valid,
             env_quota_unit_mismatch: ioctls.keys().map(|k| (k.clone(), "x".into())).collect(),
@@ -181,9 +185,9 @@ fn snapshot() -> impl Strategy<Value = Snapshot> {
     )
         .prop_map(|(gpus, workloads, processes, counters, limits)| Snapshot {
             unattributed_bytes: gpus.iter().map(|g| (g.uuid.clone(), 3)).collect(),
-            gpus,
+            gpus: gpus.into_iter().map(Arc::new).collect(),
             workloads,
-            processes,
+            processes: processes.into_iter().map(Arc::new).collect(),
             counters,
             driver_limits: limits
                 .into_iter()
@@ -203,9 +207,9 @@ fn snapshot() -> impl Strategy<Value = Snapshot> {
 #[derive(Clone, Debug)]
 enum Edit {
     /// One field of a workload row (by number) taken from another row.
-    WorkloadField(usize, u8, WorkloadView),
-    Workload(usize, WorkloadView),
-    InsertWorkload(usize, WorkloadView),
+    WorkloadField(usize, u8, WorkloadEntry),
+    Workload(usize, WorkloadEntry),
+    InsertWorkload(usize, WorkloadEntry),
     RemoveWorkload(usize),
     SwapWorkloads(usize, usize),
     DuplicateWorkload(usize),
@@ -237,23 +241,23 @@ fn edit() -> impl Strategy<Value = Edit> {
     ]
 }
 
-fn set_workload_field(w: &mut WorkloadView, field: u8, from: WorkloadView) {
+fn set_workload_field(w: &mut WorkloadEntry, field: u8, from: WorkloadEntry) {
     match field {
-        0 => w.workload = from.workload,
-        1 => w.name = from.name,
-        2 => w.namespace = from.namespace,
-        3 => w.pod = from.pod,
-        4 => w.container = from.container,
-        5 => w.container_id = from.container_id,
-        6 => w.gpu_uuid = from.gpu_uuid,
+        0 => w.workload = from.workload.clone(),
+        1 => w.name = from.name.clone(),
+        2 => w.namespace = from.namespace.clone(),
+        3 => w.pod = from.pod.clone(),
+        4 => w.container = from.container.clone(),
+        5 => w.container_id = from.container_id.clone(),
+        6 => w.gpu_uuid = from.gpu_uuid.clone(),
         7 => w.used_bytes = from.used_bytes,
         8 => w.quota_bytes = from.quota_bytes,
-        9 => w.quota_trust = from.quota_trust,
-        10 => w.state = from.state,
+        9 => w.quota_trust = from.quota_trust.clone(),
+        10 => w.state = from.state.clone(),
         11 => w.suspended_bytes = from.suspended_bytes,
         12 => w.utilization = from.utilization,
         13 => w.memory_utilization = from.memory_utilization,
-        14 => w.identity = from.identity,
+        14 => w.identity = from.identity.clone(),
         _ => w.state_for_secs = from.state_for_secs,
     }
 }
@@ -306,12 +310,12 @@ fn apply(s: &mut Snapshot, e: Edit) {
         }
         Edit::ProcessField(i, f, from) => {
             if let Some(i) = at(&s.processes, i) {
-                set_process_field(&mut s.processes[i], f, from);
+                set_process_field(Arc::make_mut(&mut s.processes[i]), f, from);
             }
         }
         Edit::InsertProcess(i, p) => {
             let i = i % (s.processes.len() + 1);
-            s.processes.insert(i, p);
+            s.processes.insert(i, Arc::new(p));
         }
         Edit::RemoveProcess(i) => {
             if let Some(i) = at(&s.processes, i) {
@@ -324,8 +328,8 @@ fn apply(s: &mut Snapshot, e: Edit) {
             }
         }
         Edit::Gpu(i, g) => match at(&s.gpus, i) {
-            Some(i) => s.gpus[i] = g,
-            None => s.gpus.push(g),
+            Some(i) => s.gpus[i] = Arc::new(g),
+            None => s.gpus.push(Arc::new(g)),
         },
         Edit::RemoveGpu(i) => {
             if let Some(i) = at(&s.gpus, i) {
@@ -396,28 +400,31 @@ proptest! {
 #[test]
 fn only_changed_rows_are_re_encoded_and_removed_rows_leave_the_cache() {
     let mut s = Snapshot::default();
-    s.gpus.push(GpuView {
+    s.gpus.push(Arc::new(GpuView {
         uuid: "GPU-a".into(),
         name: "H100".into(),
         ..Default::default()
-    });
+    }));
     for i in 0..1000 {
-        s.workloads.push(WorkloadView {
-            workload: format!("docker://{i}"),
-            gpu_uuid: "GPU-a".into(),
-            used_bytes: 1 << 30,
-            quota_bytes: Some(2 << 30),
-            state: "ok".into(),
-            ..Default::default()
-        });
-        s.processes.push(ProcessView {
+        s.workloads.push(
+            WorkloadView {
+                workload: format!("docker://{i}"),
+                gpu_uuid: "GPU-a".into(),
+                used_bytes: 1 << 30,
+                quota_bytes: Some(2 << 30),
+                state: "ok".into(),
+                ..Default::default()
+            }
+            .into(),
+        );
+        s.processes.push(Arc::new(ProcessView {
             pid: i,
             comm: "python".into(),
             workload: format!("docker://{i}"),
             gpu_uuid: "GPU-a".into(),
             used_bytes: Some(1 << 30),
             ..Default::default()
-        });
+        }));
     }
     let live = shared(&s);
     let compat = Compat {
@@ -442,7 +449,7 @@ fn only_changed_rows_are_re_encoded_and_removed_rows_leave_the_cache() {
     assert_eq!(scrape().1, 0, "unchanged");
     for i in (0..1000).step_by(100) {
         s.workloads[i].used_bytes += 1;
-        s.processes[i].used_bytes = Some(7);
+        Arc::make_mut(&mut s.processes[i]).used_bytes = Some(7);
         // Not exported: no re-encoding for it.
         s.workloads[i + 1].state_for_secs += 1.0;
     }

@@ -419,7 +419,7 @@ mod tests {
     fn snapshot() -> Snapshot {
         let mut s = Snapshot::default();
         for (index, uuid, util) in [(0, "GPU-a", Some(0.5)), (1, "GPU-m", None)] {
-            s.gpus.push(GpuView {
+            s.gpus.push(Arc::new(GpuView {
                 index,
                 uuid: uuid.into(),
                 name: "H100".into(),
@@ -433,26 +433,29 @@ mod tests {
                 power_watts: Some(123.5),
                 sm_clock_mhz: Some(1755),
                 ..Default::default()
-            });
+            }));
         }
         for (key, gpu, util) in [
             ("docker://a", "GPU-a", Some(0.3)),
             ("docker://m", "GPU-m", None),
         ] {
-            s.workloads.push(WorkloadView {
-                workload: key.into(),
-                name: key[9..].into(),
-                namespace: "ns".into(),
-                pod: "p".into(),
-                container: "c".into(),
-                gpu_uuid: gpu.into(),
-                used_bytes: 1 << 30,
-                quota_bytes: Some(4 << 30),
-                utilization: util,
-                memory_utilization: util.map(|u| u / 3.0),
-                state: "ok".into(),
-                ..Default::default()
-            });
+            s.workloads.push(
+                WorkloadView {
+                    workload: key.into(),
+                    name: key[9..].into(),
+                    namespace: "ns".into(),
+                    pod: "p".into(),
+                    container: "c".into(),
+                    gpu_uuid: gpu.into(),
+                    used_bytes: 1 << 30,
+                    quota_bytes: Some(4 << 30),
+                    utilization: util,
+                    memory_utilization: util.map(|u| u / 3.0),
+                    state: "ok".into(),
+                    ..Default::default()
+                }
+                .into(),
+            );
         }
         s
     }

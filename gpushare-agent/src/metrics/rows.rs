@@ -3,7 +3,7 @@
 //! has lasted, never costs a re-encoding). Series are encoded from these alone, which keeps
 //! what is compared and what is encoded the same set of fields.
 
-use std::borrow::Cow;
+use std::{borrow::Cow, sync::Arc};
 
 use super::cache::{Bits, Row, hash_of};
 use crate::snapshot::{GpuView, ProcessView, WorkloadView};
@@ -42,7 +42,7 @@ fn heap(s: &str) -> usize {
 
 impl<'a> WorkloadRow<'a> {
     /// `w`'s fields, with the GPU it is on among `gpus`.
-    pub fn of(w: &'a WorkloadView, gpus: &'a [GpuView]) -> Self {
+    pub fn of(w: &'a WorkloadView, gpus: &'a [Arc<GpuView>]) -> Self {
         Self {
             workload: Cow::Borrowed(&w.workload),
             name: Cow::Borrowed(&w.name),

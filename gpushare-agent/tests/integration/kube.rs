@@ -27,6 +27,7 @@ fn row<'a>(s: &'a Snapshot, key: &str) -> Option<&'a WorkloadView> {
         .iter()
         .find(|w| w.workload == key && w.gpu_uuid != "all")
         .or_else(|| s.workloads.iter().find(|w| w.workload == key))
+        .map(|w| &**w)
 }
 
 fn wait_row(

@@ -242,7 +242,7 @@ fn row<'a>(
     s: &'a gpushare_agent::snapshot::Snapshot,
     key: &str,
 ) -> Option<&'a gpushare_agent::snapshot::WorkloadView> {
-    s.workloads.iter().find(|w| w.workload == key)
+    s.workloads.iter().find(|w| w.workload == key).map(|w| &**w)
 }
 
 fn key_of(s: &gpushare_agent::snapshot::Snapshot, pid: u32) -> Option<String> {

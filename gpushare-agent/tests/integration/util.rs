@@ -407,6 +407,7 @@ pub fn workload<'a>(
     s.workloads
         .iter()
         .find(|w| w.workload == key && w.gpu_uuid == gpu)
+        .map(|w| &**w)
 }
 
 /// A process that survives SIGUSR1 and records each one in `log` (one line per signal).

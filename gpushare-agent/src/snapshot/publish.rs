@@ -1,0 +1,788 @@
+//! [`Publisher`]: one step's [`StepReport`] into a [`Snapshot`], sharing every row whose fields
+//! are those of the last snapshot's row.
+//!
+//! Each row's fields are first gathered borrowed from the report (a `Draft`: no string built),
+//! then compared with the last snapshot's row of the same identity (a process by position, else
+//! by pid and GPU; a workload by key and GPU, in the sorted order both lists share; a GPU by
+//! position): the last row is reused when equal, else a new one is built from the draft. What a
+//! fresh publisher would build from the same report is what this one builds (rows equal field by
+//! field); only the ioctl totals and how long a workload has been in its state depend on the
+//! steps before, as they always did.
+
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
+
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+
+use super::{
+    DriverLimitView, GpuView, ProcessView, QuotaView, Snapshot, StepReport, WorkloadEntry,
+    WorkloadView,
+};
+use crate::{
+    attribution::{Attribution, ProcessIdentity},
+    policy::{GpuScope, Retry},
+    quota::WorkloadMeta,
+    sample::{DeviceSample, ProcessSample, Utilization},
+};
+
+/// NVML's percent as a 0-1 ratio (the Prometheus convention).
+fn ratio(percent: u32) -> f64 {
+    f64::from(percent.min(100)) / 100.0
+}
+
+/// A workload's utilization on one GPU, summed over its processes whose value is known.
+#[derive(Default)]
+pub(super) struct Busy {
+    known: bool,
+    sm: u32,
+    memory: u32,
+}
+
+impl Busy {
+    pub(super) fn add(&mut self, u: Option<Utilization>) {
+        if let Some(u) = u {
+            self.known = true;
+            self.sm += u.sm;
+            self.memory += u.memory;
+        }
+    }
+
+    /// (SM, memory) as ratios capped at 1 (samples of several processes can add up past the
+    /// whole period); absent when no process's value is known.
+    pub(super) fn ratios(&self) -> (Option<f64>, Option<f64>) {
+        if !self.known {
+            return (None, None);
+        }
+        (Some(ratio(self.sm)), Some(ratio(self.memory)))
+    }
+}
+
+/// ioctl totals per workload, monotonic while the workload has tasks.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Ioctls {
+    seen: HashMap<ProcessIdentity, (String, u64)>,
+    totals: BTreeMap<String, u64>,
+    /// `totals` as last published: shared while no total changed.
+    published: Arc<BTreeMap<String, u64>>,
+}
+
+impl Ioctls {
+    /// Adds what each task of `table` issued since the last step to its workload's total
+    /// (`by_pid`: each attributed task's workload). Updated in place: no string is built for a
+    /// task or workload already known, and a total is looked up only for a task that issued
+    /// ioctls since (then once per workload with tasks, to add the ones without a total yet).
+    fn update(
+        &mut self,
+        table: &Attribution,
+        by_pid: &HashMap<u32, &str>,
+    ) -> Arc<BTreeMap<String, u64>> {
+        let mut changed = false;
+        let mut live_workloads: HashSet<&str> = HashSet::new();
+        for t in table.tasks() {
+            let Some(&key) = by_pid.get(&t.identity.pid) else {
+                continue;
+            };
+            live_workloads.insert(key);
+            let prev = match self.seen.get_mut(&t.identity) {
+                Some(seen) if seen.0 == key => std::mem::replace(&mut seen.1, t.ioctls),
+                _ => self
+                    .seen
+                    .insert(t.identity, (key.to_string(), t.ioctls))
+                    .map_or(0, |(_, c)| c),
+            };
+            let delta = t.ioctls.saturating_sub(prev);
+            if delta == 0 {
+                continue;
+            }
+            changed = true;
+            match self.totals.get_mut(key) {
+                Some(total) => *total += delta,
+                None => {
+                    self.totals.insert(key.to_string(), delta);
+                }
+            }
+        }
+        // A workload whose tasks issued nothing since still has a total (0 for a new one).
+        for key in &live_workloads {
+            if !self.totals.contains_key(*key) {
+                self.totals.insert(key.to_string(), 0);
+                changed = true;
+            }
+        }
+        self.seen
+            .retain(|id, _| table.get(id.pid).is_some_and(|t| t.identity == *id));
+        let before = self.totals.len();
+        self.totals
+            .retain(|k, _| live_workloads.contains(k.as_str()));
+        changed |= self.totals.len() != before;
+        if changed {
+            self.published = Arc::new(self.totals.clone());
+        }
+        debug_assert_eq!(*self.published, self.totals);
+        Arc::clone(&self.published)
+    }
+}
+
+/// The last snapshot's rows, to share with the next one.
+#[derive(Debug, Default)]
+pub(super) struct Rows {
+    /// Workload rows in the snapshot's order (by key, then GPU UUID), with when each entered
+    /// its state.
+    workloads: Vec<(Arc<WorkloadView>, Instant)>,
+    processes: Vec<Arc<ProcessView>>,
+    gpus: Vec<Arc<GpuView>>,
+    /// The quota views, and the generation of the set they were built from.
+    quotas: Option<(u64, Arc<[QuotaView]>)>,
+}
+
+/// Builds snapshots; remembers what reports need across steps.
+#[derive(Debug, Default)]
+pub struct Publisher {
+    pub(super) ioctls: Ioctls,
+    pub(super) rows: Rows,
+}
+
+fn detail(retry: Option<&Retry>, now: std::time::Duration) -> String {
+    let Some(r) = retry else {
+        return String::new();
+    };
+    let what = r.transition.name();
+    let next = r.next_at.saturating_sub(now);
+    format!(
+        "{what} requested {} time(s), not done yet; next attempt in {}",
+        r.attempts,
+        crate::quota::fmt_duration(std::time::Duration::from_millis(next.as_millis() as u64))
+    )
+}
+
+/// One GPU's row, borrowed from the sample.
+struct GpuDraft<'a> {
+    d: &'a DeviceSample,
+    healthy: bool,
+    backend: &'static str,
+}
+
+impl GpuDraft<'_> {
+    fn same(&self, v: &GpuView) -> bool {
+        let GpuView {
+            index,
+            uuid,
+            name,
+            memory_total_bytes,
+            memory_used_bytes,
+            memory_free_bytes,
+            healthy,
+            isolation_backend,
+            utilization,
+            memory_utilization,
+            process_utilization,
+            temperature_celsius,
+            power_watts,
+            sm_clock_mhz,
+        } = v;
+        let d = self.d;
+        *index == d.index
+            && *uuid == d.uuid
+            && *name == d.name
+            && *memory_total_bytes == d.memory_total
+            && *memory_used_bytes == d.memory_used
+            && *memory_free_bytes == d.memory_free
+            && *healthy == self.healthy
+            && *isolation_backend == self.backend
+            && *utilization == d.utilization.map(|u| ratio(u.sm))
+            && *memory_utilization == d.utilization.map(|u| ratio(u.memory))
+            && *process_utilization == self.process_utilization()
+            && *temperature_celsius == d.temperature_c
+            && *power_watts == self.power_watts()
+            && *sm_clock_mhz == d.sm_clock_mhz
+    }
+
+    fn process_utilization(&self) -> bool {
+        self.d.process_utilization != crate::sample::ProcessUtilization::Unknown
+    }
+
+    fn power_watts(&self) -> Option<f64> {
+        self.d.power_mw.map(|mw| f64::from(mw) / 1000.0)
+    }
+
+    fn view(&self) -> GpuView {
+        let d = self.d;
+        GpuView {
+            index: d.index,
+            uuid: d.uuid.clone(),
+            name: d.name.clone(),
+            memory_total_bytes: d.memory_total,
+            memory_used_bytes: d.memory_used,
+            memory_free_bytes: d.memory_free,
+            healthy: self.healthy,
+            isolation_backend: self.backend.to_string(),
+            utilization: d.utilization.map(|u| ratio(u.sm)),
+            memory_utilization: d.utilization.map(|u| ratio(u.memory)),
+            process_utilization: self.process_utilization(),
+            temperature_celsius: d.temperature_c,
+            power_watts: self.power_watts(),
+            sm_clock_mhz: d.sm_clock_mhz,
+        }
+    }
+}
+
+/// One process's row, borrowed from the sample and the task table.
+struct ProcessDraft<'a> {
+    p: &'a ProcessSample,
+    comm: &'a str,
+    workload: &'a str,
+}
+
+impl ProcessDraft<'_> {
+    fn same(&self, v: &ProcessView) -> bool {
+        let ProcessView {
+            pid,
+            comm,
+            workload,
+            gpu_uuid,
+            used_bytes,
+            utilization,
+            memory_utilization,
+        } = v;
+        let p = self.p;
+        *pid == p.pid
+            && comm == self.comm
+            && workload == self.workload
+            && *gpu_uuid == p.device_uuid
+            && *used_bytes == p.used_bytes
+            && *utilization == p.utilization.map(|u| ratio(u.sm))
+            && *memory_utilization == p.utilization.map(|u| ratio(u.memory))
+    }
+
+    fn view(&self) -> ProcessView {
+        let p = self.p;
+        ProcessView {
+            pid: p.pid,
+            comm: self.comm.to_string(),
+            workload: self.workload.to_string(),
+            gpu_uuid: p.device_uuid.clone(),
+            used_bytes: p.used_bytes,
+            utilization: p.utilization.map(|u| ratio(u.sm)),
+            memory_utilization: p.utilization.map(|u| ratio(u.memory)),
+        }
+    }
+}
+
+/// What a workload row's identity gives it (the same for each of its GPUs), borrowed.
+struct Facts<'a> {
+    /// The workload key.
+    key: &'a str,
+    /// The short name in two parts (see `WorkloadId::short_name_parts`).
+    name: (&'static str, &'a str),
+    namespace: &'a str,
+    pod: &'a str,
+    container: &'a str,
+    container_id: &'a str,
+    identity: &'static str,
+    nested: &'a [String],
+}
+
+/// One workload row, borrowed from the report (only a retry's `detail` is built).
+struct Draft<'a> {
+    key: &'a str,
+    gpu: &'a str,
+    /// The NVML index the row was made for (`None`: an `all` row): where to look first among
+    /// a workload's rows for a quota scope's.
+    index: Option<u32>,
+    /// A quota scope of its workload is on its GPU (the policy's pass found this row for it).
+    own_scope: bool,
+    cgroup_path: &'a str,
+    used_bytes: u64,
+    quota_bytes: Option<u64>,
+    quota_source: &'a str,
+    quota_trust: &'static str,
+    state: &'static str,
+    detail: String,
+    suspended_bytes: u64,
+    utilization: Option<f64>,
+    memory_utilization: Option<f64>,
+    pids: &'a [u32],
+    ioctls: u64,
+}
+
+impl<'a> Draft<'a> {
+    /// A row of `key` on `gpu` with nothing of its own yet.
+    fn new(key: &'a str, gpu: &'a str, index: Option<u32>, meta: Option<&'a WorkloadMeta>) -> Self {
+        Self {
+            key,
+            gpu,
+            index,
+            own_scope: false,
+            cgroup_path: meta.map_or("", |m| m.id.cgroup_path.as_str()),
+            used_bytes: 0,
+            quota_bytes: None,
+            quota_source: "",
+            quota_trust: "",
+            state: "ok",
+            detail: String::new(),
+            suspended_bytes: 0,
+            utilization: None,
+            memory_utilization: None,
+            pids: &[],
+            ioctls: 0,
+        }
+    }
+
+    /// Whether `v`, the last row of the same key and GPU (the caller matched them), has this
+    /// row's fields.
+    fn same(&self, f: &Facts, v: &WorkloadView) -> bool {
+        let WorkloadView {
+            workload: _,
+            name,
+            cgroup_path,
+            namespace,
+            pod,
+            container,
+            container_id,
+            gpu_uuid: _,
+            used_bytes,
+            quota_bytes,
+            quota_source,
+            quota_trust,
+            state,
+            detail,
+            suspended_bytes,
+            utilization,
+            memory_utilization,
+            identity,
+            nested,
+            pids,
+            ioctls,
+        } = v;
+        name.len() == f.name.0.len() + f.name.1.len()
+            && name.starts_with(f.name.0)
+            && name.ends_with(f.name.1)
+            && cgroup_path == self.cgroup_path
+            && namespace == f.namespace
+            && pod == f.pod
+            && container == f.container
+            && container_id == f.container_id
+            && *used_bytes == self.used_bytes
+            && *quota_bytes == self.quota_bytes
+            && quota_source == self.quota_source
+            && quota_trust == self.quota_trust
+            && state == self.state
+            && *detail == self.detail
+            && *suspended_bytes == self.suspended_bytes
+            && *utilization == self.utilization
+            && *memory_utilization == self.memory_utilization
+            && identity == f.identity
+            && nested.as_slice() == f.nested
+            && pids.as_slice() == self.pids
+            && *ioctls == self.ioctls
+    }
+
+    fn view(&self, f: &Facts) -> WorkloadView {
+        let mut name = String::with_capacity(f.name.0.len() + f.name.1.len());
+        name.push_str(f.name.0);
+        name.push_str(f.name.1);
+        WorkloadView {
+            workload: self.key.to_string(),
+            name,
+            cgroup_path: self.cgroup_path.to_string(),
+            namespace: f.namespace.to_string(),
+            pod: f.pod.to_string(),
+            container: f.container.to_string(),
+            container_id: f.container_id.to_string(),
+            gpu_uuid: self.gpu.to_string(),
+            used_bytes: self.used_bytes,
+            quota_bytes: self.quota_bytes,
+            quota_source: self.quota_source.to_string(),
+            quota_trust: self.quota_trust.to_string(),
+            state: self.state.to_string(),
+            detail: self.detail.clone(),
+            suspended_bytes: self.suspended_bytes,
+            utilization: self.utilization,
+            memory_utilization: self.memory_utilization,
+            identity: f.identity.to_string(),
+            nested: f.nested.to_vec(),
+            pids: self.pids.to_vec(),
+            ioctls: self.ioctls,
+        }
+    }
+}
+
+/// Where the row of a key and GPU is: among the rows with processes (sorted), or the others.
+enum At {
+    Sorted(usize),
+    Extra(usize),
+}
+
+/// The row of `key` on `gpu`, added to `extras` when neither list has it. `mine`: the rows
+/// with processes of `key` (one per GPU; the one made for `index` looked at first). `extras`
+/// are pushed in key order (the policy's map), so a key's rows there are the last ones.
+fn row_of<'a, 'd>(
+    mine: &'d mut [Draft<'a>],
+    extras: &'d mut Vec<Draft<'a>>,
+    key: &'a str,
+    gpu: &'a str,
+    index: Option<u32>,
+    meta: Option<&'a WorkloadMeta>,
+) -> &'d mut Draft<'a> {
+    let found = index
+        .and_then(|i| mine.iter().position(|d| d.index == Some(i) && d.gpu == gpu))
+        .or_else(|| mine.iter().position(|d| d.gpu == gpu));
+    let at = match found {
+        Some(i) => At::Sorted(i),
+        None => match extras
+            .iter()
+            .rev()
+            .take_while(|d| d.key == key)
+            .position(|d| d.gpu == gpu)
+        {
+            Some(back) => At::Extra(extras.len() - 1 - back),
+            None => {
+                extras.push(Draft::new(key, gpu, index, meta));
+                At::Extra(extras.len() - 1)
+            }
+        },
+    };
+    match at {
+        At::Sorted(i) => &mut mine[i],
+        At::Extra(i) => &mut extras[i],
+    }
+}
+
+/// What `key`'s identity gives its rows.
+fn facts<'a>(
+    key: &'a str,
+    metas: &HashMap<&str, &'a WorkloadMeta>,
+    r: &StepReport<'a>,
+) -> Facts<'a> {
+    let id = metas.get(key).map(|m| &m.id);
+    let names = r.names.cached(key);
+    let note = r.identity.get(key);
+    Facts {
+        key,
+        name: id.map_or(("", key), |i| i.short_name_parts()),
+        namespace: names.and_then(|n| n.namespace.as_deref()).unwrap_or(""),
+        pod: names
+            .and_then(|n| n.pod.as_deref())
+            .or_else(|| id.and_then(|i| i.pod_uid()))
+            .unwrap_or(""),
+        container: names.and_then(|n| n.container.as_deref()).unwrap_or(""),
+        container_id: id.and_then(|i| i.container_id()).unwrap_or(""),
+        identity: note.map_or("", |n| n.identity),
+        nested: note.map(|n| n.nested.as_slice()).unwrap_or_default(),
+    }
+}
+
+impl Publisher {
+    /// The snapshot of one step.
+    pub fn build(&mut self, r: StepReport) -> Snapshot {
+        self.build_at(r, Instant::now())
+    }
+
+    /// The snapshot of one step taken at `now` (how long rows have been in their state is
+    /// counted to it).
+    pub(super) fn build_at(&mut self, r: StepReport, now: Instant) -> Snapshot {
+        let sample = r.sample;
+        let table = r.table;
+        let dry_run = r.health.dry_run;
+        let uuid_of = |i: u32| -> &str {
+            sample
+                .devices
+                .iter()
+                .find(|d| d.index == i)
+                .map_or("", |d| d.uuid.as_str())
+        };
+        // Each process's workload key, shared by attribution; each workload's meta (of its
+        // last process).
+        let mut by_pid: HashMap<u32, &str> = HashMap::with_capacity(r.processes.len());
+        let mut metas: HashMap<&str, &WorkloadMeta> = HashMap::new();
+        for p in r.processes {
+            by_pid.insert(p.identity.pid, p.key());
+            metas.insert(p.key(), &p.workload);
+        }
+        let gpu_ioctls = self.ioctls.update(table, &by_pid);
+
+        // Processes, and the attributed ones by (workload, GPU), in sample order.
+        let mut unattributed: BTreeMap<String, u64> = BTreeMap::new();
+        let mut attributed: Vec<(&str, &ProcessSample)> =
+            Vec::with_capacity(sample.processes.len());
+        let mut processes = Vec::with_capacity(sample.processes.len());
+        let mut last_by_id: Option<HashMap<(u32, &str), &Arc<ProcessView>>> = None;
+        for (i, p) in sample.processes.iter().enumerate() {
+            let key = by_pid.get(&p.pid).copied();
+            match key {
+                Some(k) => attributed.push((k, p)),
+                None => {
+                    *unattributed.entry(p.device_uuid.clone()).or_default() +=
+                        p.used_bytes.unwrap_or(0)
+                }
+            }
+            let draft = ProcessDraft {
+                p,
+                comm: table.get(p.pid).map_or("", |t| t.comm.as_str()),
+                workload: key.unwrap_or_default(),
+            };
+            let last = match self.rows.processes.get(i) {
+                Some(l) if l.pid == p.pid && l.gpu_uuid == p.device_uuid => Some(l),
+                _ => last_by_id
+                    .get_or_insert_with(|| {
+                        self.rows
+                            .processes
+                            .iter()
+                            .map(|l| ((l.pid, l.gpu_uuid.as_str()), l))
+                            .collect()
+                    })
+                    .get(&(p.pid, p.device_uuid.as_str()))
+                    .copied(),
+            };
+            processes.push(match last {
+                Some(l) if draft.same(l) => Arc::clone(l),
+                _ => Arc::new(draft.view()),
+            });
+        }
+        drop(last_by_id);
+
+        // Per (workload, GPU): bytes, pids (in sample order), utilization.
+        attributed
+            .sort_by(|a, b| (a.0, a.1.device_uuid.as_str()).cmp(&(b.0, b.1.device_uuid.as_str())));
+        let pids: Vec<u32> = attributed.iter().map(|(_, p)| p.pid).collect();
+        let mut sorted: Vec<Draft> = Vec::new();
+        let mut start = 0;
+        while start < attributed.len() {
+            let (key, first) = attributed[start];
+            let gpu = first.device_uuid.as_str();
+            let end = start
+                + attributed[start..]
+                    .iter()
+                    .take_while(|(k, p)| {
+                        (std::ptr::eq(*k, key) || *k == key) && p.device_uuid == gpu
+                    })
+                    .count();
+            let mut busy = Busy::default();
+            let mut d = Draft::new(key, gpu, Some(first.device_index), metas.get(key).copied());
+            for (_, p) in &attributed[start..end] {
+                d.used_bytes += p.used_bytes.unwrap_or(0);
+                busy.add(p.utilization);
+            }
+            d.pids = &pids[start..end];
+            d.ioctls = gpu_ioctls.get(key).copied().unwrap_or(0);
+            (d.utilization, d.memory_utilization) = busy.ratios();
+            sorted.push(d);
+            start = end;
+        }
+
+        // The policy's workloads: a row per liability (scope), with its quota and state.
+        let mut extras: Vec<Draft> = Vec::new();
+        let mut cursor = 0;
+        for (key, ws) in &r.policy.workloads {
+            let key = key.as_str();
+            let meta = metas.get(key).copied();
+            // Its rows with processes (both lists in key order: one walk, no search).
+            while sorted.get(cursor).is_some_and(|d| d.key < key) {
+                cursor += 1;
+            }
+            let end = cursor + sorted[cursor..].iter().take_while(|d| d.key == key).count();
+            let mine = &mut sorted[cursor..end];
+            // Frozen with no liability of its own (an earlier run's freeze, processes unseen):
+            // one row, so it shows and can be released.
+            let lone = ws
+                .scopes
+                .is_empty()
+                .then(|| (ws.frozen.unwrap_or(GpuScope::All), None));
+            for (scope, ss) in ws.scopes.iter().map(|(s, ss)| (*s, Some(ss))).chain(lone) {
+                let (gpu, index) = match scope {
+                    GpuScope::All => ("all", None),
+                    GpuScope::Gpu(i) => (uuid_of(i), Some(i)),
+                };
+                let v = row_of(mine, &mut extras, key, gpu, index, meta);
+                if let Some(ss) = ss {
+                    v.own_scope = true;
+                    if scope == GpuScope::All {
+                        v.used_bytes = ss.usage.unwrap_or(0);
+                    }
+                    v.quota_bytes = Some(ss.limit);
+                }
+                v.quota_source = &ws.quota;
+                v.quota_trust = r.quota_trust.get(key).copied().unwrap_or("");
+                v.state = ws.reported_scope(scope, dry_run).as_str();
+                v.detail = detail(ws.retry.as_ref(), r.now);
+                if let Some(fp) = ws.suspension.as_ref().and_then(|s| s.footprint()) {
+                    v.suspended_bytes = match scope {
+                        GpuScope::All => fp.values().sum(),
+                        GpuScope::Gpu(i) => fp.get(&i).copied().unwrap_or(0),
+                    };
+                    // Its memory is in host memory: the usage that counts for its quota.
+                    v.used_bytes = v.used_bytes.max(v.suspended_bytes);
+                }
+                if let Some(why) = &ws.suspend_failed {
+                    v.detail = format!("suspend fell through ({why})");
+                }
+                if let Some(why) = &ws.waiting_for_room {
+                    v.detail = format!("waiting for room to resume: {why}");
+                }
+                if v.cgroup_path.is_empty() {
+                    v.cgroup_path = &ws.cgroup_path;
+                }
+            }
+        }
+        let mut rows = if extras.is_empty() {
+            sorted
+        } else {
+            extras.sort_by(|a, b| (a.key, a.gpu).cmp(&(b.key, b.gpu)));
+            let mut rows = Vec::with_capacity(sorted.len() + extras.len());
+            let (mut a, mut b) = (sorted.into_iter().peekable(), extras.into_iter().peekable());
+            while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
+                let next = if (x.key, x.gpu) < (y.key, y.gpu) {
+                    a.next()
+                } else {
+                    b.next()
+                };
+                rows.extend(next);
+            }
+            rows.extend(a);
+            rows.extend(b);
+            rows
+        };
+        // Rows without a quota scope of their own (per-GPU usage under an all-GPU quota) show the
+        // workload's overall state: a frozen workload is frozen on every GPU.
+        // Both in key order: one walk, no lookup per row.
+        let mut policy = r.policy.workloads.iter().peekable();
+        for v in rows.iter_mut() {
+            let ws = loop {
+                match policy.peek() {
+                    Some((k, ws)) => match k.as_str().cmp(v.key) {
+                        std::cmp::Ordering::Less => {
+                            policy.next();
+                        }
+                        std::cmp::Ordering::Equal => break Some(*ws),
+                        std::cmp::Ordering::Greater => break None,
+                    },
+                    None => break None,
+                }
+            };
+            let Some(ws) = ws else {
+                continue;
+            };
+            if !(v.own_scope || (ws.scopes.is_empty() && v.gpu == "all")) {
+                v.state = ws.reported(dry_run).as_str();
+                v.detail = detail(ws.retry.as_ref(), r.now);
+            }
+        }
+
+        // Each row against the last snapshot's (both sorted by key, then GPU).
+        let mut last = self.rows.workloads.iter().peekable();
+        let mut kept = Vec::with_capacity(rows.len());
+        let mut workloads = Vec::with_capacity(rows.len());
+        // A workload's rows are consecutive: its facts are looked up once.
+        let mut facts_of: Option<Facts> = None;
+        for d in &rows {
+            let order = |l: &WorkloadView| {
+                l.workload
+                    .as_str()
+                    .cmp(d.key)
+                    .then_with(|| l.gpu_uuid.as_str().cmp(d.gpu))
+            };
+            let mut matched = false;
+            while let Some((l, _)) = last.peek() {
+                match order(l) {
+                    std::cmp::Ordering::Less => {
+                        last.next();
+                    }
+                    o => {
+                        matched = o == std::cmp::Ordering::Equal;
+                        break;
+                    }
+                }
+            }
+            let f: &Facts = match &mut facts_of {
+                Some(f) if std::ptr::eq(f.key, d.key) || f.key == d.key => f,
+                slot => slot.insert(facts(d.key, &metas, &r)),
+            };
+            let (row, since) = match last.peek() {
+                Some((l, since)) if matched => {
+                    let since = if l.state == d.state { *since } else { now };
+                    match d.same(f, l) {
+                        true => (Arc::clone(l), since),
+                        false => (Arc::new(d.view(f)), since),
+                    }
+                }
+                _ => (Arc::new(d.view(f)), now),
+            };
+            workloads.push(WorkloadEntry {
+                row: Arc::clone(&row),
+                state_for_secs: now.duration_since(since).as_secs_f64(),
+            });
+            kept.push((row, since));
+        }
+        drop(rows);
+        self.rows.workloads = kept;
+
+        let gpus: Vec<Arc<GpuView>> = sample
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let draft = GpuDraft {
+                    d,
+                    healthy: sample.device_ok(d.index),
+                    backend: r.backends.get(&d.index).copied().unwrap_or("soft"),
+                };
+                match self.rows.gpus.get(i) {
+                    Some(l) if draft.same(l) => Arc::clone(l),
+                    _ => Arc::new(draft.view()),
+                }
+            })
+            .collect();
+        self.rows.gpus.clone_from(&gpus);
+        self.rows.processes.clone_from(&processes);
+
+        let (set, generation) = r.quotas;
+        let quotas = match &self.rows.quotas {
+            Some((g, q)) if *g == generation => Arc::clone(q),
+            _ => {
+                let q: Arc<[QuotaView]> = set
+                    .entries()
+                    .iter()
+                    .map(|e| QuotaView {
+                        source: format!("{}:{}", e.origin.file, e.origin.line),
+                        selector: e.selector.describe(),
+                        gpu: e.gpu.to_string(),
+                        gpu_memory_bytes: e.gpu_memory,
+                    })
+                    .collect();
+                self.rows.quotas = Some((generation, Arc::clone(&q)));
+                q
+            }
+        };
+
+        let mut counters = r.counters;
+        counters.gpu_ioctls = gpu_ioctls;
+        Snapshot {
+            taken_at_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            health: r.health,
+            gpus,
+            workloads,
+            processes,
+            unattributed_bytes: unattributed,
+            counters,
+            quotas,
+            driver_limits: r
+                .driver_limits
+                .into_iter()
+                .map(|(gpu, cgroup_path, soft, hard, source)| DriverLimitView {
+                    gpu_uuid: uuid_of(gpu).to_string(),
+                    cgroup_path,
+                    soft_bytes: soft,
+                    hard_bytes: hard,
+                    source: source.to_string(),
+                })
+                .collect(),
+        }
+    }
+}
