@@ -444,3 +444,52 @@ fn a_claim_and_an_annotation_combine_by_the_trusted_rule() {
         }
     }
 }
+
+/// A container that names one request of a claim (`resources.claims[].request`) is granted that
+/// request's results and its subrequests' (`<request>/<sub>`, a prioritized list's choice), not
+/// the other requests' (nor one whose name merely starts with it).
+#[test]
+fn a_container_naming_a_request_gets_only_that_requests_results() {
+    let mut p = pod(json!({}), &[("a", &["gpu"])], &[("gpu", "x")]);
+    p.spec.as_mut().unwrap().containers[0]
+        .resources
+        .as_mut()
+        .unwrap()
+        .claims
+        .as_mut()
+        .unwrap()[0]
+        .request = Some("big".into());
+    let mut c = claim(
+        "x",
+        &[
+            (NVIDIA_DRA_DRIVER, "gpu-0", Some("4Gi")),
+            (NVIDIA_DRA_DRIVER, "gpu-1", Some("1Gi")),
+            (NVIDIA_DRA_DRIVER, "gpu-2", Some("2Gi")),
+            (NVIDIA_DRA_DRIVER, "gpu-3", Some("8Gi")),
+        ],
+    );
+    let results = c
+        .status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap()
+        .results
+        .as_mut()
+        .unwrap();
+    for (r, request) in results
+        .iter_mut()
+        .zip(["big", "small", "big/a100", "bigger"])
+    {
+        r.request = request.into();
+    }
+    let v = view(&[p], &[c], GpuShareUnit::GiB);
+    assert_eq!(
+        v.quota_for_container(&cid(0)),
+        Some(dra(&[(0, 4 * GI), (2, 2 * GI)], None))
+    );
+}
