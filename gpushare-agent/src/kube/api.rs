@@ -467,7 +467,10 @@ mod tests {
     async fn the_watcher_publishes_and_keeps_its_grants_through_an_error() {
         let api = Arc::new(fake());
         let mut w = spawn_watcher(api.client(), GpuShareUnit::GiB);
-        w.wait_fresh().await;
+        // Bounded, so a watcher that never publishes fails the test rather than hanging it.
+        tokio::time::timeout(Duration::from_secs(30), w.wait_fresh())
+            .await
+            .expect("a fresh view");
         let v = w.current();
         assert!(v.fresh, "{v:?}");
         // `a` and `b` share claim `x`: the pod is bounded by it.
@@ -488,5 +491,18 @@ mod tests {
         assert_eq!(w.stats().errors_total.load(Ordering::Relaxed), 1);
         let v = w.current();
         assert!(v.fresh && v.quota_for_pod("u-1").is_some(), "{v:?}");
+    }
+
+    #[test]
+    fn an_empty_host_or_port_is_no_server() {
+        let s = KubernetesSettings::default();
+        for (h, p) in [("", "443"), ("10.96.0.1", ""), ("", "")] {
+            let vars = [
+                ("KUBERNETES_SERVICE_HOST", h),
+                ("KUBERNETES_SERVICE_PORT", p),
+            ];
+            let e = env(&vars);
+            assert!(server_url(&s, &e).is_err(), "{h:?} {p:?}");
+        }
     }
 }

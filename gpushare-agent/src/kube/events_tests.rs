@@ -188,6 +188,8 @@ fn the_event_object_is_client_gos() {
     let v = serde_json::to_value(&o).unwrap();
     assert_eq!(v["involvedObject"]["kind"], "Pod");
     assert_eq!(v["involvedObject"]["uid"], "uid-a");
+    assert_eq!(v["involvedObject"]["name"], "a");
+    assert_eq!(v["involvedObject"]["namespace"], "ml");
     assert_eq!(v["type"], "Warning");
     assert_eq!(v["count"], 3);
     assert_eq!(v["source"]["component"], COMPONENT);

@@ -715,6 +715,7 @@ mod tests {
     struct Fake {
         pods: Arc<Mutex<Vec<proto::PodResources>>>,
         get_unimplemented: bool,
+        get_fails: Arc<Mutex<bool>>,
         lists: Arc<std::sync::atomic::AtomicU64>,
         gets: Arc<std::sync::atomic::AtomicU64>,
     }
@@ -745,6 +746,9 @@ mod tests {
             self.gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             if self.get_unimplemented {
                 return Err(tonic::Status::unimplemented("Get disabled"));
+            }
+            if *self.get_fails.lock().unwrap() {
+                return Err(tonic::Status::internal("the fake fails"));
             }
             let r = r.into_inner();
             let p = self
@@ -922,5 +926,121 @@ mod tests {
         let off = PodResourcesSource::start(&KubeletSettings::default(), d.path().into());
         assert_eq!(off.view().status, KubeletStatus::Off);
         assert_eq!(off.view().status.degraded(), None);
+    }
+
+    #[test]
+    fn each_state_has_its_label_and_the_degraded_ones_say_why() {
+        let states = [
+            (KubeletStatus::Off, "off", None),
+            (KubeletStatus::NotYet, "not_yet", None),
+            (KubeletStatus::Answering, "ok", None),
+            (
+                KubeletStatus::NoSocket("s1".into()),
+                "no_socket",
+                Some("s1"),
+            ),
+            (
+                KubeletStatus::Unimplemented("s2".into()),
+                "unimplemented",
+                Some("s2"),
+            ),
+            (KubeletStatus::Failed("s3".into()), "failed", Some("s3")),
+        ];
+        for (s, label, why) in states {
+            assert_eq!(s.as_str(), label);
+            assert_eq!(
+                s.degraded(),
+                why.map(|w| format!("kubelet pod-resources: {w}")),
+                "{s:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_containers_name_comes_from_a_log_link_of_its_own_pod() {
+        let d = tempfile::tempdir().unwrap();
+        let id = "3f2a9c8e7d6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f";
+        std::fs::create_dir_all(d.path().join("containers")).unwrap();
+        std::fs::write(
+            d.path().join(format!("containers/web-0_ns_main-{id}.log")),
+            "",
+        )
+        .unwrap();
+        let v = PodResourcesView::empty(
+            KubeletStatus::Answering,
+            &KubeletSettings {
+                pod_logs_dir: d.path().join("pods"),
+                ..KubeletSettings::default()
+            },
+        );
+        assert_eq!(
+            v.container_name_from_links(&pod("ns", "web-0"), id),
+            Some("main".into())
+        );
+        assert_eq!(v.container_name_from_links(&pod("ns", "web-1"), id), None);
+        assert_eq!(
+            v.container_name_from_links(&pod("other", "web-0"), id),
+            None
+        );
+        assert_eq!(
+            v.container_name_from_links(&pod("other", "web-1"), id),
+            None
+        );
+    }
+
+    /// A pod recreated under its name with a new UID, read by `Get`: its old UID's grant goes;
+    /// a failing `Get` is counted and the full `List` read instead; a pod forgotten
+    /// (`retain`) is asked for again; a dropped reader's task stops.
+    #[tokio::test]
+    async fn a_recreated_pod_a_failing_get_and_a_forgotten_pod() {
+        let d = tempfile::tempdir().unwrap();
+        let fake = Fake::default();
+        fake.pods.lock().unwrap().push(listed("ns", "web-0", 2));
+        running(d.path(), "ns", "web-0", U1);
+        let socket = serve(d.path(), &fake);
+        let mut src = PodResourcesSource::start(&settings(d.path(), socket), d.path().join("cg"));
+        until(&src, "the first answer", |v| v.pod(U1).is_some()).await;
+        assert!(
+            src.view().pod(&U1.to_ascii_uppercase()).is_some(),
+            "UIDs in any case"
+        );
+        // Recreated: the old pod's cgroup is gone, its logs kept.
+        std::fs::remove_dir(d.path().join(format!("cg/kubepods/pod{U1}"))).unwrap();
+        running(d.path(), "ns", "web-0", U2);
+        src.want(U2);
+        until(&src, "the new UID", |v| v.pod(U2).is_some()).await;
+        assert!(src.view().pod(U1).is_none(), "{:?}", src.view());
+        assert_eq!((fake.lists(), fake.gets()), (1, 1));
+        // A pod `Get` does not find: asked once, and again once forgotten.
+        running(d.path(), "ns", "gone-0", U3);
+        src.want(U3);
+        until(&src, "the Get", |_| fake.gets() == 2).await;
+        src.want(U3);
+        src.retain(|u| u != U3);
+        src.want(U3);
+        until(&src, "the Get again", |_| fake.gets() == 3).await;
+        // A failing `Get`: counted, then the full `List`.
+        *fake.get_fails.lock().unwrap() = true;
+        let u4 = "44444444-4444-4444-8444-444444444444";
+        fake.pods.lock().unwrap().push(listed("ns", "four-0", 1));
+        running(d.path(), "ns", "four-0", u4);
+        src.want(u4);
+        until(&src, "the List after the failure", |v| v.pod(u4).is_some()).await;
+        let v = src.view();
+        assert_eq!(
+            (v.failures, v.status.clone()),
+            (1, KubeletStatus::Answering)
+        );
+        assert_eq!((fake.lists(), fake.gets()), (2, 4));
+        // Dropped: its task is aborted (it held the wake-up's other reference).
+        let wake = src.wake.clone();
+        drop(src);
+        for _ in 0..1000 {
+            if Arc::strong_count(&wake) == 1 {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the reader's task outlived it");
     }
 }
