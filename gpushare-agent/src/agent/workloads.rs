@@ -29,13 +29,13 @@ use crate::{
     attribution::{GpuTaskEntry, WorkloadId, WorkloadKind, docker::DAEMON_JSON},
     kube::{
         api::KubeWatch,
-        claims::{KubeView, smallest},
+        claims::KubeView,
         podresources::{PodResourcesSource, PodResourcesView},
     },
     policy::AttributedProcess,
     quota::{
         EnvQuota, EnvSource, GpuInfo, KubeletSettings, QuotaSet, QuotaSource, Selector,
-        WorkloadMeta,
+        WorkloadMeta, trusted,
     },
     snapshot::IdentityNote,
     workload::{Placement, nested_container, parse_cgroup_path_in, parse_without_runtime},
@@ -424,7 +424,7 @@ impl Workloads {
                             .as_ref()
                             .filter(|_| env_enabled && claimed)
                             .and_then(|v| kube_quota(id, v));
-                        smallest(env, granted)
+                        trusted::smallest_of(env, granted, EnvSource::Several)
                     })
                     .clone();
                 let names = if claimed {
@@ -489,7 +489,9 @@ impl Workloads {
                 Some(q)
                     if matches!(
                         q.source,
-                        QuotaSource::Env(EnvSource::Dra | EnvSource::Annotation)
+                        QuotaSource::Env(
+                            EnvSource::Dra | EnvSource::Annotation | EnvSource::DraAndAnnotation
+                        )
                     ) =>
                 {
                     "api_server"

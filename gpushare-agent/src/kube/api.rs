@@ -346,4 +346,163 @@ mod tests {
         assert_eq!(c.root_cert.unwrap().len(), 1);
         assert!(config(&s, "not a url").is_err());
     }
+
+    /// A fake API server as a tower service: answers the node's pod list and the claims it
+    /// holds (404 for others), or 500 to everything once `down`; records the paths and queries.
+    #[derive(Default)]
+    struct FakeApi {
+        pods: serde_json::Value,
+        claims: Vec<serde_json::Value>,
+        down: std::sync::atomic::AtomicBool,
+        asked: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl FakeApi {
+        fn client(self: &Arc<Self>) -> ApiClient {
+            let f = self.clone();
+            let svc =
+                tower::service_fn(move |req: hyper::Request<::kube::client::Body>| {
+                    let f = f.clone();
+                    async move {
+                        let path = req.uri().path().to_string();
+                        f.asked.lock().unwrap().push(req.uri().to_string());
+                        let found =
+                            if f.down.load(Ordering::SeqCst) {
+                                None
+                            } else if path == "/api/v1/pods" {
+                                Some(f.pods.clone())
+                            } else {
+                                f.claims.iter().find(|c| {
+                            path == format!(
+                                "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims/{}",
+                                c["metadata"]["namespace"].as_str().unwrap(),
+                                c["metadata"]["name"].as_str().unwrap()
+                            )
+                        }).cloned()
+                            };
+                        let code = match &found {
+                            Some(_) => 200,
+                            None if f.down.load(Ordering::SeqCst) => 500,
+                            None => 404,
+                        };
+                        let body = found.unwrap_or_else(|| {
+                            serde_json::json!({
+                                "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                "message": "from the fake", "reason": "NotFound", "code": code
+                            })
+                        });
+                        Ok::<_, std::convert::Infallible>(
+                            hyper::Response::builder()
+                                .status(code)
+                                .header("content-type", "application/json")
+                                .body(http_body_util::Full::new(hyper::body::Bytes::from(
+                                    body.to_string(),
+                                )))
+                                .unwrap(),
+                        )
+                    }
+                });
+            ApiClient {
+                client: ::kube::Client::new(svc, "default"),
+                node: "node-1".into(),
+            }
+        }
+    }
+
+    const CID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    /// Pod `trainer-0` on node-1: container `a` uses claims `x` and `gone` (twice), running.
+    fn fake() -> FakeApi {
+        let pod = serde_json::json!({
+            "metadata": { "name": "trainer-0", "namespace": "ml", "uid": "u-1" },
+            "spec": { "nodeName": "node-1", "containers": [
+                { "name": "a", "resources": { "claims": [ { "name": "gpu" }, { "name": "old" } ] } },
+                { "name": "b", "resources": { "claims": [ { "name": "gpu" } ] } } ],
+              "resourceClaims": [ { "name": "gpu", "resourceClaimName": "x" },
+                                  { "name": "old", "resourceClaimName": "gone" } ] },
+            "status": { "containerStatuses": [ {
+                "name": "a", "image": "cuda", "imageID": "", "ready": true, "restartCount": 0,
+                "containerID": format!("containerd://{CID}"),
+                "state": { "running": {} } } ] }
+        });
+        let claim = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": { "name": "x", "namespace": "ml" },
+            "spec": {},
+            "status": { "allocation": { "devices": { "results": [ {
+                "request": "gpu", "driver": claims::NVIDIA_DRA_DRIVER, "pool": "node-1",
+                "device": "gpu-0", "consumedCapacity": { "memory": "2Gi" } } ] } } }
+        });
+        FakeApi {
+            pods: serde_json::json!({ "apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [pod] }),
+            claims: vec![claim],
+            ..FakeApi::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_lists_this_nodes_pods_and_gets_each_claim_they_use_once() {
+        let api = Arc::new(fake());
+        let (pods, claims) = read(&api.client()).await.unwrap();
+        assert_eq!(pods.len(), 1);
+        assert_eq!(pods[0].metadata.name.as_deref(), Some("trainer-0"));
+        // `gone` answers 404: not there, no error.
+        assert_eq!(claims.len(), 1);
+        assert_eq!(claims[0].metadata.name.as_deref(), Some("x"));
+        let asked = api.asked.lock().unwrap().clone();
+        assert!(
+            asked[0].starts_with("/api/v1/pods?")
+                && asked[0].contains("fieldSelector=spec.nodeName%3Dnode-1"),
+            "{asked:?}"
+        );
+        // Each claim once, though two containers use `x`.
+        assert_eq!(asked.len(), 3, "{asked:?}");
+        api.down.store(true, Ordering::SeqCst);
+        assert!(read(&api.client()).await.is_err());
+    }
+
+    /// The watcher publishes the grants of a read, counts reads and errors, and keeps the last
+    /// grants through an error (dropped only after [`STALE`]).
+    #[tokio::test]
+    async fn the_watcher_publishes_and_keeps_its_grants_through_an_error() {
+        let api = Arc::new(fake());
+        let mut w = spawn_watcher(api.client(), GpuShareUnit::GiB);
+        // Bounded, so a watcher that never publishes fails the test rather than hanging it.
+        tokio::time::timeout(Duration::from_secs(30), w.wait_fresh())
+            .await
+            .expect("a fresh view");
+        let v = w.current();
+        assert!(v.fresh, "{v:?}");
+        // `a` and `b` share claim `x`: the pod is bounded by it.
+        let q = v.quota_for_pod("u-1").unwrap();
+        assert_eq!(
+            q.per_gpu,
+            vec![(crate::quota::DeviceRef::Index(0), 2 << 30)]
+        );
+        assert_eq!(w.stats().reads_total.load(Ordering::Relaxed), 1);
+        api.down.store(true, Ordering::SeqCst);
+        // The next read (after POLL) fails: counted, the grants kept.
+        for _ in 0..1000 {
+            if w.stats().errors_total.load(Ordering::Relaxed) > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(w.stats().errors_total.load(Ordering::Relaxed), 1);
+        let v = w.current();
+        assert!(v.fresh && v.quota_for_pod("u-1").is_some(), "{v:?}");
+    }
+
+    #[test]
+    fn an_empty_host_or_port_is_no_server() {
+        let s = KubernetesSettings::default();
+        for (h, p) in [("", "443"), ("10.96.0.1", ""), ("", "")] {
+            let vars = [
+                ("KUBERNETES_SERVICE_HOST", h),
+                ("KUBERNETES_SERVICE_PORT", p),
+            ];
+            let e = env(&vars);
+            assert!(server_url(&s, &e).is_err(), "{h:?} {p:?}");
+        }
+    }
 }

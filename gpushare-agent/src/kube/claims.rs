@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
 
 use super::quantity::parse_quantity;
-use crate::quota::{DeviceRef, EnvQuota, EnvSource, GpuShareUnit};
+use crate::quota::{DeviceRef, EnvQuota, EnvSource, GpuShareUnit, trusted};
 
 /// NVIDIA's DRA driver for GPUs.
 pub const NVIDIA_DRA_DRIVER: &str = "gpu.nvidia.com";
@@ -78,11 +78,15 @@ impl KubeView {
             .map(|(uid, _)| uid.as_str())
     }
 
-    /// The API server's quota for a container (its own claims, its pod's annotations) or for a
-    /// pod whose containers share a claim, the smallest per GPU; `None` when it grants nothing.
+    /// The API server's quota for a container (its own claims, its pod's annotations), the
+    /// smallest per GPU ([`trusted::smallest`]); `None` when it grants nothing.
     pub fn quota_for_container(&self, container_id: &str) -> Option<EnvQuota> {
         let c = self.containers.get(container_id)?;
-        smallest(c.dra.clone(), c.annotation.clone())
+        trusted::smallest_of(
+            c.dra.clone(),
+            c.annotation.clone(),
+            EnvSource::DraAndAnnotation,
+        )
     }
 
     /// The quota of a pod whose containers share a claim: the claims' memory, lowered by any
@@ -90,8 +94,10 @@ impl KubeView {
     pub fn quota_for_pod(&self, pod_uid: &str) -> Option<EnvQuota> {
         let (q, ids) = self.shared.get(pod_uid)?;
         ids.iter()
-            .filter_map(|id| self.containers.get(id)?.annotation.clone())
-            .fold(q.clone(), min_of)
+            .filter_map(|id| self.containers.get(id)?.annotation.as_ref())
+            .fold(q.clone(), |q, a| {
+                trusted::smallest(&q, a, EnvSource::DraAndAnnotation)
+            })
             .into()
     }
 }
@@ -113,61 +119,6 @@ pub fn dra_device(driver: &str, device: &str) -> Option<DeviceRef> {
     (!minor.is_empty() && minor.bytes().all(|b| b.is_ascii_digit()))
         .then(|| minor.parse().ok().map(DeviceRef::Index))
         .flatten()
-}
-
-/// The smallest of two quotas on each GPU: a GPU either names keeps the smaller of its limit and
-/// the other's (its limit for that GPU, else its each-GPU limit); the each-GPU limit is the smaller
-/// of the two. The source is the one whose limits are kept, or [`EnvSource::Both`].
-pub fn smallest(a: Option<EnvQuota>, b: Option<EnvQuota>) -> Option<EnvQuota> {
-    match (a, b) {
-        (None, x) | (x, None) => x,
-        (Some(a), Some(b)) => Some(min_of(a, b)),
-    }
-}
-
-/// [`smallest`] of two quotas.
-fn min_of(a: EnvQuota, b: EnvQuota) -> EnvQuota {
-    let limit_on = |q: &EnvQuota, d: &DeviceRef| {
-        q.per_gpu
-            .iter()
-            .find(|(x, _)| x == d)
-            .map(|(_, v)| *v)
-            .or(q.each_gpu)
-    };
-    let mut devices: Vec<&DeviceRef> = a.per_gpu.iter().chain(&b.per_gpu).map(|(d, _)| d).collect();
-    devices.sort();
-    devices.dedup();
-    let per_gpu: Vec<(DeviceRef, u64)> = devices
-        .into_iter()
-        .filter_map(|d| {
-            let v = match (limit_on(&a, d), limit_on(&b, d)) {
-                (Some(x), Some(y)) => x.min(y),
-                (x, y) => x.or(y)?,
-            };
-            Some((d.clone(), v))
-        })
-        .collect();
-    let each_gpu = match (a.each_gpu, b.each_gpu) {
-        (Some(x), Some(y)) => Some(x.min(y)),
-        (x, y) => x.or(y),
-    };
-    let mut q = EnvQuota {
-        source: EnvSource::Both,
-        per_gpu,
-        each_gpu,
-    };
-    // The source named is one whose limit is kept on every GPU named (and on each other GPU,
-    // unless it sets none there while naming GPUs: its limits then bind where the workload is).
-    let same = |x: &EnvQuota| {
-        q.per_gpu.iter().all(|(d, v)| limit_on(x, d) == Some(*v))
-            && (x.each_gpu == q.each_gpu || x.each_gpu.is_none() && !q.per_gpu.is_empty())
-    };
-    if same(&a) {
-        q.source = a.source;
-    } else if same(&b) {
-        q.source = b.source;
-    }
-    q
 }
 
 /// Per-GPU memory of a claim's results (those of `request` only, when a container names one),
@@ -317,7 +268,7 @@ pub fn annotation_quota(
                         }
                     }
                 };
-                q = smallest(q, Some(g));
+                q = trusted::smallest_of(q, Some(g), EnvSource::Annotation);
             }
             _ => problems.push(format!(
                 "{}: `{GPUSHARE_POD}: {v}` is not a positive count; ignored",
@@ -325,10 +276,7 @@ pub fn annotation_quota(
             )),
         }
     }
-    q.map(|mut q| {
-        q.source = EnvSource::Annotation;
-        q
-    })
+    q
 }
 
 /// The grants of `pods` (this node's) from their `claims` (any namespace) and annotations.

@@ -302,35 +302,60 @@ fn annotations_kai_and_gpushare() {
     assert!(problems.is_empty());
 }
 
+/// A view of one container holding `dra` and `annotation` (and, as the pod's union, `dra`).
+fn one(dra: Option<EnvQuota>, annotation: Option<EnvQuota>) -> KubeView {
+    KubeView {
+        containers: [(
+            cid(0),
+            KubeContainer {
+                pod_uid: UID.into(),
+                pod: "ml/trainer-0".into(),
+                name: "a".into(),
+                dra: dra.clone(),
+                annotation,
+            },
+        )]
+        .into(),
+        shared: dra
+            .map(|d| [(UID.to_string(), (d, vec![cid(0)]))].into())
+            .unwrap_or_default(),
+        ..KubeView::default()
+    }
+}
+
 #[test]
 fn the_smallest_applies_on_each_gpu_and_names_its_source() {
+    let min = |a: &EnvQuota, b: &EnvQuota| {
+        one(Some(a.clone()), Some(b.clone()))
+            .quota_for_container(&cid(0))
+            .unwrap()
+    };
     let a = dra(&[(0, 4 * GI)], None);
     let b = ann(Some(2 * GI), &[]);
-    let m = smallest(Some(a.clone()), Some(b.clone())).unwrap();
+    let m = min(&a, &b);
     assert_eq!(m.per_gpu, vec![(DeviceRef::Index(0), 2 * GI)]);
     assert_eq!(m.each_gpu, Some(2 * GI));
     assert_eq!(m.source, EnvSource::Annotation, "b's limits are kept");
-    // An annotation never lifts: 8 GiB over a 4 GiB claim keeps 4 GiB.
-    let m = smallest(Some(a.clone()), Some(ann(Some(8 * GI), &[]))).unwrap();
+    // An annotation never lifts: 8 GiB over a 4 GiB claim keeps 4 GiB on its GPU; the
+    // annotation's 8 GiB bounds every other GPU, so both are named.
+    let m = min(&a, &ann(Some(8 * GI), &[]));
     assert_eq!(m.per_gpu, vec![(DeviceRef::Index(0), 4 * GI)]);
     assert_eq!(m.each_gpu, Some(8 * GI));
-    assert_eq!(
-        m.source,
-        EnvSource::Dra,
-        "the claim binds on the GPU it names"
-    );
-    let m = smallest(Some(a.clone()), Some(ann(None, &[(0, 8 * GI)]))).unwrap();
+    assert_eq!(m.source, EnvSource::DraAndAnnotation);
+    let m = min(&a, &ann(None, &[(0, 8 * GI)]));
     assert_eq!(m, a, "the claim's limits are kept");
-    let m = smallest(Some(a.clone()), Some(ann(None, &[(1, GI)]))).unwrap();
+    let m = min(&a, &ann(None, &[(1, GI)]));
     assert_eq!(
         m.per_gpu,
         vec![(DeviceRef::Index(0), 4 * GI), (DeviceRef::Index(1), GI)]
     );
-    assert_eq!(m.source, EnvSource::Both);
-    assert_eq!(smallest(None, Some(b.clone())), Some(b.clone()));
-    assert_eq!(smallest(Some(b.clone()), None), Some(b.clone()));
-    assert_eq!(smallest(None, None), None);
-    let m = smallest(Some(ann(Some(3 * GI), &[])), Some(dra(&[], Some(GI)))).unwrap();
+    assert_eq!(m.source, EnvSource::DraAndAnnotation);
+    let q = |d, a| one(d, a).quota_for_container(&cid(0));
+    assert_eq!(q(None, Some(b.clone())), Some(b.clone()));
+    assert_eq!(q(Some(a.clone()), None), Some(a.clone()));
+    assert_eq!(q(None, None), None);
+    assert_eq!(one(None, None).quota_for_container(&cid(1)), None);
+    let m = min(&dra(&[], Some(GI)), &ann(Some(3 * GI), &[]));
     assert_eq!((m.each_gpu, m.source), (Some(GI), EnvSource::Dra));
 }
 
@@ -387,4 +412,84 @@ fn a_sharers_annotation_lowers_the_pods_union() {
     assert_eq!(q.per_gpu, vec![(DeviceRef::Index(0), GI)]);
     assert_eq!(describe(Some(&q)), "GPU 0: 1 GiB, each GPU: 1 GiB");
     assert_eq!(describe(None), "none");
+}
+
+/// One rule: the API server's minimum of a claim and an annotation is `quota::trusted`'s, the
+/// source it names included (a copy of the rule here once named the claim where an annotation's
+/// every-GPU limit bound the other GPUs, and the annotation where the claim's did).
+#[test]
+fn a_claim_and_an_annotation_combine_by_the_trusted_rule() {
+    let cases = [
+        // The claim names GPU 0 only; the annotation bounds every GPU: each binds somewhere.
+        (dra(&[(0, 4 * GI)], None), ann(Some(8 * GI), &[])),
+        // The claim bounds every GPU; the annotation names GPU 0 only.
+        (dra(&[], Some(8 * GI)), ann(None, &[(0, 4 * GI)])),
+        (dra(&[], Some(GI)), ann(None, &[(0, 8 * GI)])),
+        (dra(&[(0, 4 * GI)], None), ann(Some(2 * GI), &[])),
+        (dra(&[(0, 4 * GI)], None), ann(None, &[(1, GI)])),
+        (dra(&[(0, 4 * GI)], None), ann(None, &[(0, 8 * GI)])),
+        (dra(&[(0, 2 * GI)], Some(GI)), ann(Some(GI), &[(0, 2 * GI)])),
+    ];
+    for (i, (d, a)) in cases.into_iter().enumerate() {
+        let v = one(Some(d.clone()), Some(a.clone()));
+        let want = trusted::smallest(&d, &a, EnvSource::DraAndAnnotation);
+        assert_eq!(
+            v.quota_for_container(&cid(0)),
+            Some(want.clone()),
+            "{d:?} {a:?}"
+        );
+        assert_eq!(v.quota_for_pod(UID), Some(want.clone()), "{d:?} {a:?}");
+        if i < 2 {
+            assert_eq!(want.source, EnvSource::DraAndAnnotation, "{d:?} {a:?}");
+        }
+    }
+}
+
+/// A container that names one request of a claim (`resources.claims[].request`) is granted that
+/// request's results and its subrequests' (`<request>/<sub>`, a prioritized list's choice), not
+/// the other requests' (nor one whose name merely starts with it).
+#[test]
+fn a_container_naming_a_request_gets_only_that_requests_results() {
+    let mut p = pod(json!({}), &[("a", &["gpu"])], &[("gpu", "x")]);
+    p.spec.as_mut().unwrap().containers[0]
+        .resources
+        .as_mut()
+        .unwrap()
+        .claims
+        .as_mut()
+        .unwrap()[0]
+        .request = Some("big".into());
+    let mut c = claim(
+        "x",
+        &[
+            (NVIDIA_DRA_DRIVER, "gpu-0", Some("4Gi")),
+            (NVIDIA_DRA_DRIVER, "gpu-1", Some("1Gi")),
+            (NVIDIA_DRA_DRIVER, "gpu-2", Some("2Gi")),
+            (NVIDIA_DRA_DRIVER, "gpu-3", Some("8Gi")),
+        ],
+    );
+    let results = c
+        .status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap()
+        .results
+        .as_mut()
+        .unwrap();
+    for (r, request) in results
+        .iter_mut()
+        .zip(["big", "small", "big/a100", "bigger"])
+    {
+        r.request = request.into();
+    }
+    let v = view(&[p], &[c], GpuShareUnit::GiB);
+    assert_eq!(
+        v.quota_for_container(&cid(0)),
+        Some(dra(&[(0, 4 * GI), (2, 2 * GI)], None))
+    );
 }

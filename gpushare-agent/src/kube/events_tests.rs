@@ -188,6 +188,8 @@ fn the_event_object_is_client_gos() {
     let v = serde_json::to_value(&o).unwrap();
     assert_eq!(v["involvedObject"]["kind"], "Pod");
     assert_eq!(v["involvedObject"]["uid"], "uid-a");
+    assert_eq!(v["involvedObject"]["name"], "a");
+    assert_eq!(v["involvedObject"]["namespace"], "ml");
     assert_eq!(v["type"], "Warning");
     assert_eq!(v["count"], 3);
     assert_eq!(v["source"]["component"], COMPONENT);
@@ -207,5 +209,170 @@ fn the_event_object_is_client_gos() {
     assert_eq!(
         serde_json::to_value(event_object(&t, "a.2", 1, "n")).unwrap()["type"],
         "Normal"
+    );
+}
+
+/// A fake API server as a tower service: records `(method, path, body)` and answers each call
+/// with the next status queued for its method (200/201 when none is queued), the body echoed
+/// (a `Status` object for an error, as the API server sends).
+#[derive(Default)]
+struct FakeApi {
+    calls: std::sync::Mutex<Vec<(String, String, serde_json::Value)>>,
+    answers: std::sync::Mutex<HashMap<String, std::collections::VecDeque<u16>>>,
+}
+
+impl FakeApi {
+    fn answer(&self, method: &str, code: u16) {
+        self.answers
+            .lock()
+            .unwrap()
+            .entry(method.into())
+            .or_default()
+            .push_back(code);
+    }
+
+    fn calls(&self) -> Vec<(String, String, serde_json::Value)> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    fn client(self: &Arc<Self>) -> ::kube::Client {
+        let f = self.clone();
+        let svc = tower::service_fn(move |req: hyper::Request<::kube::client::Body>| {
+            let f = f.clone();
+            async move {
+                let method = req.method().to_string();
+                let path = req.uri().path().to_string();
+                let body = req.into_body().collect_bytes().await.unwrap_or_default();
+                let v: serde_json::Value =
+                    serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+                f.calls
+                    .lock()
+                    .unwrap()
+                    .push((method.clone(), path, v.clone()));
+                let queued = f
+                    .answers
+                    .lock()
+                    .unwrap()
+                    .get_mut(&method)
+                    .and_then(std::collections::VecDeque::pop_front);
+                let code = queued.unwrap_or(if method == "POST" { 201 } else { 200 });
+                let out = if code < 300 {
+                    serde_json::json!({
+                        "apiVersion": "v1", "kind": "Event",
+                        "metadata": { "name": v["metadata"]["name"], "namespace": "ml" },
+                        "involvedObject": {}
+                    })
+                } else {
+                    serde_json::json!({
+                        "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                        "message": "refused by the fake", "reason": "Refused", "code": code
+                    })
+                };
+                Ok::<_, std::convert::Infallible>(
+                    hyper::Response::builder()
+                        .status(code)
+                        .header("content-type", "application/json")
+                        .body(http_body_util::Full::new(hyper::body::Bytes::from(
+                            out.to_string(),
+                        )))
+                        .unwrap(),
+                )
+            }
+        });
+        ::kube::Client::new(svc, "default")
+    }
+}
+
+/// Waits (yielding to the poster) until `done`; a poster that never gets there fails the test.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..10_000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("the poster never got to: {what}");
+}
+
+/// The poster creates an Event, PATCHes a repeat's count, creates a repeat again (with its
+/// count) when the PATCH finds it gone (404) but not on another error, and counts each outcome.
+#[tokio::test]
+async fn the_poster_creates_patches_and_recreates_a_gone_event() {
+    let api = Arc::new(FakeApi::default());
+    let s = spawn_poster(api.client(), "node-1".into());
+    let f = ev("a", "GpuMemoryFrozen", "frozen");
+    let n = |k: &str| api.calls().iter().filter(|c| c.0 == k).count();
+    s.send(f.clone());
+    until("the create", || n("POST") == 1).await;
+    let (_, path, body) = api.calls()[0].clone();
+    assert_eq!(path, "/api/v1/namespaces/ml/events");
+    assert_eq!(
+        (body["count"].as_i64(), body["reason"].as_str()),
+        (Some(1), Some("GpuMemoryFrozen"))
+    );
+    let name = body["metadata"]["name"].as_str().unwrap().to_string();
+    assert!(name.starts_with("a."), "{name}");
+    // A repeat: a PATCH of the count on the same Event.
+    s.send(f.clone());
+    until("the patch", || n("PATCH") == 1).await;
+    let (_, path, body) = api.calls()[1].clone();
+    assert_eq!(path, format!("/api/v1/namespaces/ml/events/{name}"));
+    assert_eq!(body["count"], 2);
+    until("patched counted", || {
+        s.stats().patched_total.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    // Another error on the PATCH: counted, nothing created.
+    api.answer("PATCH", 500);
+    s.send(f.clone());
+    until("the error counted", || {
+        s.stats().errors_total.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    assert_eq!((n("PATCH"), n("POST")), (2, 1));
+    // Gone (404): created again under its name with every occurrence.
+    api.answer("PATCH", 404);
+    s.send(f.clone());
+    until("the re-create", || n("POST") == 2).await;
+    let (_, path, body) = api.calls().last().unwrap().clone();
+    assert_eq!(path, "/api/v1/namespaces/ml/events");
+    assert_eq!(
+        (body["metadata"]["name"].as_str(), body["count"].as_i64()),
+        (Some(name.as_str()), Some(4))
+    );
+    until("created counted", || {
+        s.stats().created_total.load(Ordering::Relaxed) == 2
+    })
+    .await;
+    assert_eq!(s.stats().errors_total.load(Ordering::Relaxed), 1);
+    assert_eq!(s.stats().dropped_total.load(Ordering::Relaxed), 0);
+}
+
+/// The step never waits: events beyond the queue are dropped and counted; the ones queued are
+/// posted (the spam filter's burst of them).
+#[tokio::test]
+async fn a_full_queue_drops_and_counts() {
+    let api = Arc::new(FakeApi::default());
+    let s = spawn_poster(api.client(), "node-1".into());
+    // The poster does not run until this test yields: the queue fills.
+    for i in 0..QUEUE + 10 {
+        s.send(ev("a", "GpuMemoryFrozen", &format!("frozen {i}")));
+    }
+    assert_eq!(s.stats().dropped_total.load(Ordering::Relaxed), 10);
+    until("the burst posted", || {
+        s.stats().created_total.load(Ordering::Relaxed) == u64::from(SPAM_BURST)
+            && s.stats().skipped_total.load(Ordering::Relaxed)
+                == (QUEUE as u64) - u64::from(SPAM_BURST)
+    })
+    .await;
+}
+
+#[test]
+fn an_events_time_is_now() {
+    let o = event_object(&ev("a", "GpuMemoryFrozen", "frozen"), "a.1", 1, "n");
+    let first = o.first_timestamp.unwrap().0;
+    assert!(
+        first.as_second() > 1_700_000_000,
+        "{first}: the Event's time is when it was made"
     );
 }

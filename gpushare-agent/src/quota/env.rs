@@ -114,6 +114,11 @@ pub enum EnvSource {
     Dra,
     /// Pod annotations (kai-gpu-fractioning's, GPUShare's), from the API server: they only lower.
     Annotation,
+    /// A DRA claim and the pod's annotations each bind on some GPU (the smallest applies).
+    DraAndAnnotation,
+    /// The node's sources (environment, kubelet) and the API server's each bind on some GPU (the
+    /// smallest applies).
+    Several,
 }
 
 impl EnvSource {
@@ -129,6 +134,8 @@ impl EnvSource {
             Self::KubeletAndEnv => "kubelet and env (the smallest applies)",
             Self::Dra => "dra",
             Self::Annotation => "annotation",
+            Self::DraAndAnnotation => "dra and annotation (the smallest applies)",
+            Self::Several => "several sources (the smallest applies)",
         }
     }
 }
@@ -1680,6 +1687,10 @@ mod tests {
             (EnvSource::Both, "several"),
             (EnvSource::Kubelet, "kubelet"),
             (EnvSource::KubeletAndEnv, "kubelet and env"),
+            (EnvSource::Dra, "dra"),
+            (EnvSource::Annotation, "annotation"),
+            (EnvSource::DraAndAnnotation, "dra and annotation"),
+            (EnvSource::Several, "several sources"),
         ];
         let mut seen = std::collections::HashSet::new();
         for (s, word) in sources {

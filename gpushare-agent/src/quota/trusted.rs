@@ -173,6 +173,34 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// A source is named alone only where it alone gives every limit of the result (on each
+        /// device and on every other GPU); `both` only where neither does.
+        #[test]
+        fn a_source_is_named_only_where_it_gives_every_limit(
+            a in proptest::collection::btree_map(0u32..3, 1u64..6, 0..3),
+            ae in proptest::option::of(1u64..6),
+            b in proptest::collection::btree_map(0u32..3, 1u64..6, 0..3),
+            be in proptest::option::of(1u64..6),
+        ) {
+            let (a, b) = (
+                kubelet(&a.into_iter().collect::<Vec<_>>(), ae),
+                env(&b.into_iter().collect::<Vec<_>>(), be),
+            );
+            let m = merged(&a, &b);
+            let gives_all = |src: &EnvQuota| {
+                m.each_gpu == src.each_gpu
+                    && (0..4).all(|i| {
+                        let d = DeviceRef::Index(i);
+                        limit_on(&m, &d) == limit_on(src, &d)
+                    })
+            };
+            match m.source {
+                EnvSource::Kubelet => proptest::prop_assert!(gives_all(&a), "{m:?}"),
+                EnvSource::Hami => proptest::prop_assert!(gives_all(&b), "{m:?}"),
+                _ => proptest::prop_assert!(!gives_all(&a) && !gives_all(&b), "{m:?}"),
+            }
+        }
+
         /// The result is never above either source on any device or on every other GPU.
         #[test]
         fn never_above_either(

@@ -186,9 +186,10 @@ fn an_annotation_lowers_never_raises_and_an_edit_after_the_start_is_ignored() {
         "the claim's 1 GiB, not the annotation's 8 GiB",
         |w| w.state == "frozen",
     );
+    // The claim binds on its GPU, the annotation's 8 GiB on every other: both are named.
     assert_eq!(
         (wb.quota_bytes, wb.quota_source.as_str()),
-        (Some(GIB), "dra"),
+        (Some(GIB), "dra and annotation (the smallest applies)"),
         "{wb:?}"
     );
     // The author raises a's limit after the start: ignored.
