@@ -164,4 +164,12 @@ mod tests {
             "{e:?}"
         );
     }
+
+    #[test]
+    fn a_node_name_of_253_characters_is_a_name() {
+        let name = format!("a{}", ".b".repeat(126));
+        assert_eq!(name.len(), 253);
+        let s = settings(&format!("[kubernetes]\nnode_name = \"{name}\"\n"));
+        assert_eq!(s.node_name, Some(name));
+    }
 }
