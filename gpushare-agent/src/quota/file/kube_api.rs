@@ -144,8 +144,10 @@ mod tests {
         }
         let e = error("[kubernetes]\napi_server = \"http://10.0.0.1\"\n");
         assert!(e.contains("https://"), "{e}");
-        let e = error("[kubernetes]\napi_server = \"https://\"\n");
-        assert!(e.contains("not a URL with a host"), "{e}");
+        for bad in ["https://", "https://:443", "https:///api"] {
+            let e = error(&format!("[kubernetes]\napi_server = \"{bad}\"\n"));
+            assert!(e.contains("not a URL with a host"), "{bad}: {e}");
+        }
         let e = error("[kubernetes]\nservice_account_dir = \"sa\"\n");
         assert!(e.contains("not an absolute path"), "{e}");
         let e = error("[kubernetes]\napi = \"yes\"\n");
@@ -163,5 +165,13 @@ mod tests {
             e[0].message.contains("only allowed in the main file"),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn a_node_name_of_253_characters_is_a_name() {
+        let name = format!("a{}", ".b".repeat(126));
+        assert_eq!(name.len(), 253);
+        let s = settings(&format!("[kubernetes]\nnode_name = \"{name}\"\n"));
+        assert_eq!(s.node_name, Some(name));
     }
 }
