@@ -23,7 +23,16 @@ pub struct WorkloadNames {
 /// Names per workload key, looked up on disk (`/var/log/pods`, `/var/log/containers`, the container
 /// engine's state) and cached; a miss is retried at most every 10 s.
 #[derive(Default)]
-pub struct NameCache(HashMap<String, (WorkloadNames, Instant)>);
+pub struct NameCache {
+    names: HashMap<String, (WorkloadNames, Instant)>,
+    /// Changes whenever an entry is added, replaced or forgotten, and is never the same for two
+    /// caches with different entries (numbers drawn from one counter): two reads with the same
+    /// generation read the same names.
+    generation: u64,
+}
+
+/// Where generations are drawn from (0 is an empty cache's).
+static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl NameCache {
     const RETRY: Duration = Duration::from_secs(10);
@@ -31,24 +40,45 @@ impl NameCache {
     /// The names of `id`, from the cache or looked up.
     pub fn get(&mut self, id: &WorkloadId) -> WorkloadNames {
         let key = id.key();
-        if let Some((names, at)) = self.0.get(&key)
+        if let Some((names, at)) = self.names.get(&key)
             && (*names != WorkloadNames::default() || at.elapsed() < Self::RETRY)
         {
             return names.clone();
         }
         let names = lookup_names(id);
-        self.0.insert(key, (names.clone(), Instant::now()));
+        self.names.insert(key, (names.clone(), Instant::now()));
+        self.bump();
         names
     }
 
     /// The cached names of a key, if looked up.
     pub fn cached(&self, key: &str) -> Option<&WorkloadNames> {
-        self.0.get(key).map(|(n, _)| n)
+        self.names.get(key).map(|(n, _)| n)
+    }
+
+    /// A number that changes with the cache's entries (see the field).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Sets the names of `key` (tests: the disk lookups read fixed paths).
+    #[cfg(test)]
+    pub fn insert_for_test(&mut self, key: &str, names: WorkloadNames) {
+        self.names.insert(key.to_string(), (names, Instant::now()));
+        self.bump();
+    }
+
+    fn bump(&mut self) {
+        self.generation = GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Forgets the names of every key not in `live`.
     pub fn retain(&mut self, live: &HashSet<String>) {
-        self.0.retain(|k, _| live.contains(k));
+        let before = self.names.len();
+        self.names.retain(|k, _| live.contains(k));
+        if self.names.len() != before {
+            self.bump();
+        }
     }
 }
 
@@ -85,4 +115,36 @@ fn lookup_names(id: &WorkloadId) -> WorkloadNames {
         names.pod = Some(p.pod);
     }
     names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attribution::parse_cgroup_path;
+
+    /// The generation moves with the entries (an entry added, entries forgotten) and only then,
+    /// and two caches that were written never share one: a reader that saw a generation can
+    /// trust names it read then are the names now.
+    #[test]
+    fn the_generation_changes_exactly_when_the_entries_do() {
+        let mut cache = NameCache::default();
+        assert_eq!(cache.generation(), 0);
+        let id = parse_cgroup_path("/jobs/a");
+        cache.get(&id);
+        let added = cache.generation();
+        assert_ne!(added, 0);
+        // A miss asked again within the retry period is served from the cache: unchanged.
+        cache.get(&id);
+        assert_eq!(cache.generation(), added);
+        // Forgetting nothing changes nothing; forgetting an entry does.
+        cache.retain(&HashSet::from([id.key()]));
+        assert_eq!(cache.generation(), added);
+        cache.retain(&HashSet::new());
+        assert_ne!(cache.generation(), added);
+        assert!(cache.cached(&id.key()).is_none());
+        let mut other = NameCache::default();
+        other.get(&id);
+        assert_ne!(other.generation(), cache.generation());
+        assert_ne!(other.generation(), added);
+    }
 }

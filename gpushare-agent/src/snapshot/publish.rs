@@ -129,13 +129,25 @@ impl Ioctls {
 /// The last snapshot's rows, to share with the next one.
 #[derive(Debug, Default)]
 pub(super) struct Rows {
-    /// Workload rows in the snapshot's order (by key, then GPU UUID), with when each entered
-    /// its state.
-    workloads: Vec<(Arc<WorkloadView>, Instant)>,
+    /// Workload rows in the snapshot's order (by key, then GPU UUID).
+    workloads: Vec<LastRow>,
     processes: Vec<Arc<ProcessView>>,
     gpus: Vec<Arc<GpuView>>,
     /// The quota views, and the generation of the set they were built from.
     quotas: Option<(u64, Arc<[QuotaView]>)>,
+}
+
+/// A workload row as last published, with when it entered its state and where its identity's
+/// fields came from.
+#[derive(Debug)]
+pub(super) struct LastRow {
+    row: Arc<WorkloadView>,
+    since: Instant,
+    /// The workload's meta the row's facts were read from (kept alive here, so a meta at the
+    /// same address is this one, unchanged: metas are never written in place).
+    meta: Option<Arc<WorkloadMeta>>,
+    /// The name cache's generation then.
+    names: u64,
 }
 
 /// Builds snapshots; remembers what reports need across steps.
@@ -275,6 +287,11 @@ impl ProcessDraft<'_> {
 struct Facts<'a> {
     /// The workload key.
     key: &'a str,
+    /// The meta the fields below were read from, and the name cache's generation: a row
+    /// whose facts came from the same meta and generation has the same facts (see
+    /// [`Facts::same_source`]).
+    meta: Option<&'a Arc<WorkloadMeta>>,
+    names_generation: u64,
     /// The short name in two parts (see `WorkloadId::short_name_parts`).
     name: (&'static str, &'a str),
     namespace: &'a str,
@@ -283,6 +300,20 @@ struct Facts<'a> {
     container_id: &'a str,
     identity: &'static str,
     nested: &'a [String],
+}
+
+impl Facts<'_> {
+    /// Whether `last`'s facts (name, namespace, pod, container, container ID, and a cgroup path
+    /// its meta gave) were read from the sources these were: then they are equal without
+    /// comparing them. The identity note is compared (it is rebuilt every step).
+    fn same_source(&self, last: &LastRow) -> bool {
+        let meta = match (self.meta, &last.meta) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        meta && self.names_generation == last.names
+    }
 }
 
 /// One workload row, borrowed from the report (only a retry's `detail` is built).
@@ -295,6 +326,8 @@ struct Draft<'a> {
     /// A quota scope of its workload is on its GPU (the policy's pass found this row for it).
     own_scope: bool,
     cgroup_path: &'a str,
+    /// `cgroup_path` is its workload meta's (not the policy's).
+    meta_path: bool,
     used_bytes: u64,
     quota_bytes: Option<u64>,
     quota_source: &'a str,
@@ -317,6 +350,7 @@ impl<'a> Draft<'a> {
             index,
             own_scope: false,
             cgroup_path: meta.map_or("", |m| m.id.cgroup_path.as_str()),
+            meta_path: meta.is_some_and(|m| !m.id.cgroup_path.is_empty()),
             used_bytes: 0,
             quota_bytes: None,
             quota_source: "",
@@ -331,9 +365,10 @@ impl<'a> Draft<'a> {
         }
     }
 
-    /// Whether `v`, the last row of the same key and GPU (the caller matched them), has this
+    /// Whether `last`, the last row of the same key and GPU (the caller matched them), has this
     /// row's fields.
-    fn same(&self, f: &Facts, v: &WorkloadView) -> bool {
+    fn same(&self, f: &Facts, last: &LastRow) -> bool {
+        let v: &WorkloadView = &last.row;
         let WorkloadView {
             workload: _,
             name,
@@ -357,14 +392,18 @@ impl<'a> Draft<'a> {
             pids,
             ioctls,
         } = v;
-        name.len() == f.name.0.len() + f.name.1.len()
-            && name.starts_with(f.name.0)
-            && name.ends_with(f.name.1)
-            && cgroup_path == self.cgroup_path
-            && namespace == f.namespace
-            && pod == f.pod
-            && container == f.container
-            && container_id == f.container_id
+        // The facts, by their source when it is the last row's (no string compared), else
+        // field by field. A cgroup path not from the meta (the policy's) is always compared.
+        let same_facts = f.same_source(last) && (self.meta_path || cgroup_path == self.cgroup_path)
+            || (name.len() == f.name.0.len() + f.name.1.len()
+                && name.starts_with(f.name.0)
+                && name.ends_with(f.name.1)
+                && cgroup_path == self.cgroup_path
+                && namespace == f.namespace
+                && pod == f.pod
+                && container == f.container
+                && container_id == f.container_id);
+        same_facts
             && *used_bytes == self.used_bytes
             && *quota_bytes == self.quota_bytes
             && quota_source == self.quota_source
@@ -454,14 +493,17 @@ fn row_of<'a, 'd>(
 /// What `key`'s identity gives its rows.
 fn facts<'a>(
     key: &'a str,
-    metas: &HashMap<&str, &'a WorkloadMeta>,
+    metas: &HashMap<&str, &'a Arc<WorkloadMeta>>,
     r: &StepReport<'a>,
 ) -> Facts<'a> {
-    let id = metas.get(key).map(|m| &m.id);
+    let meta = metas.get(key).copied();
+    let id = meta.map(|m| &m.id);
     let names = r.names.cached(key);
     let note = r.identity.get(key);
     Facts {
         key,
+        meta,
+        names_generation: r.names.generation(),
         name: id.map_or(("", key), |i| i.short_name_parts()),
         namespace: names.and_then(|n| n.namespace.as_deref()).unwrap_or(""),
         pod: names
@@ -497,7 +539,7 @@ impl Publisher {
         // Each process's workload key, shared by attribution; each workload's meta (of its
         // last process).
         let mut by_pid: HashMap<u32, &str> = HashMap::with_capacity(r.processes.len());
-        let mut metas: HashMap<&str, &WorkloadMeta> = HashMap::new();
+        let mut metas: HashMap<&str, &Arc<WorkloadMeta>> = HashMap::new();
         for p in r.processes {
             by_pid.insert(p.identity.pid, p.key());
             metas.insert(p.key(), &p.workload);
@@ -561,7 +603,12 @@ impl Publisher {
                     })
                     .count();
             let mut busy = Busy::default();
-            let mut d = Draft::new(key, gpu, Some(first.device_index), metas.get(key).copied());
+            let mut d = Draft::new(
+                key,
+                gpu,
+                Some(first.device_index),
+                metas.get(key).map(|m| &***m),
+            );
             for (_, p) in &attributed[start..end] {
                 d.used_bytes += p.used_bytes.unwrap_or(0);
                 busy.add(p.utilization);
@@ -578,7 +625,7 @@ impl Publisher {
         let mut cursor = 0;
         for (key, ws) in &r.policy.workloads {
             let key = key.as_str();
-            let meta = metas.get(key).copied();
+            let meta = metas.get(key).map(|m| &***m);
             // Its rows with processes (both lists in key order: one walk, no search).
             while sorted.get(cursor).is_some_and(|d| d.key < key) {
                 cursor += 1;
@@ -678,14 +725,15 @@ impl Publisher {
         // A workload's rows are consecutive: its facts are looked up once.
         let mut facts_of: Option<Facts> = None;
         for d in &rows {
-            let order = |l: &WorkloadView| {
-                l.workload
+            let order = |l: &LastRow| {
+                l.row
+                    .workload
                     .as_str()
                     .cmp(d.key)
-                    .then_with(|| l.gpu_uuid.as_str().cmp(d.gpu))
+                    .then_with(|| l.row.gpu_uuid.as_str().cmp(d.gpu))
             };
             let mut matched = false;
-            while let Some((l, _)) = last.peek() {
+            while let Some(l) = last.peek() {
                 match order(l) {
                     std::cmp::Ordering::Less => {
                         last.next();
@@ -701,10 +749,10 @@ impl Publisher {
                 slot => slot.insert(facts(d.key, &metas, &r)),
             };
             let (row, since) = match last.peek() {
-                Some((l, since)) if matched => {
-                    let since = if l.state == d.state { *since } else { now };
+                Some(l) if matched => {
+                    let since = if l.row.state == d.state { l.since } else { now };
                     match d.same(f, l) {
-                        true => (Arc::clone(l), since),
+                        true => (Arc::clone(&l.row), since),
                         false => (Arc::new(d.view(f)), since),
                     }
                 }
@@ -714,7 +762,12 @@ impl Publisher {
                 row: Arc::clone(&row),
                 state_for_secs: now.duration_since(since).as_secs_f64(),
             });
-            kept.push((row, since));
+            kept.push(LastRow {
+                row,
+                since,
+                meta: f.meta.cloned(),
+                names: f.names_generation,
+            });
         }
         drop(rows);
         self.rows.workloads = kept;

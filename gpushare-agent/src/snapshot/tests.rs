@@ -13,7 +13,7 @@ use super::{
 use crate::{
     attribution::{
         Attribution, GpuTaskEntry, ProcessIdentity, Source, cgroupfs::CgroupResolver,
-        parse_cgroup_path,
+        names::WorkloadNames, parse_cgroup_path,
     },
     policy::{
         ActionKind, GpuScope, GroupState, Killing, Retry, ScopeState, Status, Suspension,
@@ -141,7 +141,22 @@ fn leaves() -> Vec<String> {
         format!("/kubepods/besteffort/pod{UID}"),
         "/system.slice/train.service".into(),
         "/jobs/a".into(),
+        // The first one's container under the systemd driver: the same key, another cgroup
+        // path and short name (a workload's facts change under its key).
+        format!("/system.slice/docker-{ID}.scope"),
     ]
+}
+
+/// The distinct workload keys of [`leaves`], in their order.
+fn leaf_keys() -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    for l in leaves() {
+        let k = parse_cgroup_path(&l).key();
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    keys
 }
 
 fn task(pid: u32, leaf: &str, comm: &str, ioctls: u64) -> GpuTaskEntry {
@@ -215,7 +230,7 @@ fn ws_spec() -> impl Strategy<Value = WsSpec> {
 fn steps() -> impl Strategy<Value = Vec<StepSpec>> {
     let step = (
         proptest::collection::vec(
-            proptest::option::weighted(0.8, (0u8..5, 0u8..2, 0u64..3)),
+            proptest::option::weighted(0.8, (0u8..6, 0u8..2, 0u64..3)),
             10,
         ),
         proptest::collection::vec(
@@ -346,7 +361,14 @@ fn workload_state(s: &WsSpec) -> WorkloadState {
 }
 
 impl World {
-    fn of(spec: &StepSpec, keys: &[String], ioctls: &mut [u64]) -> Self {
+    /// The world of `spec`. `metas`: each leaf's workload meta, kept across steps as the agent
+    /// keeps them (the same `Arc` while the leaf's workload lives).
+    fn of(
+        spec: &StepSpec,
+        keys: &[String],
+        ioctls: &mut [u64],
+        metas: &mut HashMap<String, Arc<WorkloadMeta>>,
+    ) -> Self {
         let (tasks, devices, procs, policy, (trust, notes), _, _) = spec;
         let leaves = leaves();
         let mut table = Attribution::new(CgroupResolver::new("/nonexistent".into()));
@@ -364,12 +386,15 @@ impl World {
                 ["python", "train"][usize::from(comm)],
                 ioctls[i],
             ));
+            let meta = metas
+                .entry(leaf.clone())
+                .or_insert_with(|| Arc::new(WorkloadMeta::new(parse_cgroup_path(leaf))));
             processes.push(AttributedProcess::new(
                 ProcessIdentity {
                     pid,
                     start_ticks: 1,
                 },
-                WorkloadMeta::new(parse_cgroup_path(leaf)),
+                Arc::clone(meta),
                 None,
             ));
         }
@@ -539,7 +564,7 @@ proptest! {
     /// row was gone; and a row is shared with the last snapshot exactly when it is unchanged.
     #[test]
     fn incremental_rows_equal_rows_built_from_scratch(spec in steps()) {
-        let mut keys: Vec<String> = leaves().iter().map(|l| parse_cgroup_path(l).key()).collect();
+        let mut keys = leaf_keys();
         keys.push("cgroup:///gone".into());
         let names = NameCache::default();
         let quotas = [
@@ -549,13 +574,14 @@ proptest! {
         ];
         let t0 = Instant::now();
         let mut ioctls = [0u64; 10];
+        let mut metas = HashMap::new();
         let mut now = Duration::ZERO;
         let mut incremental = Publisher::default();
         let mut since: BTreeMap<(String, String), (String, Duration)> = BTreeMap::new();
         let mut prev: Option<Snapshot> = None;
         for (i, step) in spec.iter().enumerate() {
             now += Duration::from_millis(step.5.1);
-            let world = World::of(step, &keys, &mut ioctls);
+            let world = World::of(step, &keys, &mut ioctls, &mut metas);
             let mut scratch = Publisher { ioctls: incremental.ioctls.clone(), rows: Rows::default() };
             let a = incremental.build_at(world.report(step, &names, &quotas, now), t0 + now);
             let b = scratch.build_at(world.report(step, &names, &quotas, now), t0 + now);
@@ -704,4 +730,138 @@ fn an_unchanged_step_shares_every_row_and_a_change_renews_only_its_rows() {
     );
     assert_eq!(third.processes[2].used_bytes, Some(2 * GIB));
     assert_eq!(third.workloads[changed].used_bytes, 3 * GIB);
+}
+
+/// A workload's facts follow the meta its process carries and the names the agent found for
+/// it, even under the same key: the row is shared while the meta and the names are the same,
+/// and built again when another meta (here the same container under the systemd driver:
+/// another cgroup path) takes its place or its names change.
+#[test]
+fn a_row_follows_its_workloads_meta_and_names_under_the_same_key() {
+    let leaves = leaves();
+    let (cgroupfs, systemd) = (&leaves[0], &leaves[5]);
+    let mut table = Attribution::new(CgroupResolver::new("/nonexistent".into()));
+    table.insert_for_test(task(1, cgroupfs, "python", 0));
+    let a = Arc::new(WorkloadMeta::new(parse_cgroup_path(cgroupfs)));
+    let b = Arc::new(WorkloadMeta::new(parse_cgroup_path(systemd)));
+    assert_eq!(a.key(), b.key());
+    let sample = GpuSample {
+        taken_at: None,
+        devices: Vec::new(),
+        health: Vec::new(),
+        processes: vec![ProcessSample {
+            pid: 1,
+            device_index: 0,
+            device_uuid: "GPU-0".into(),
+            used_bytes: Some(GIB),
+            utilization: None,
+        }],
+        problems: Vec::new(),
+    };
+    let mut p = Publisher::default();
+    let mut step = |meta: &Arc<WorkloadMeta>, names: &NameCache| {
+        let procs = [AttributedProcess::new(
+            ProcessIdentity {
+                pid: 1,
+                start_ticks: 1,
+            },
+            Arc::clone(meta),
+            None,
+        )];
+        let s = p.build(StepReport {
+            sample: &sample,
+            table: &table,
+            processes: &procs,
+            policy: &PolicyState::default(),
+            names,
+            quota_trust: &HashMap::new(),
+            identity: &HashMap::new(),
+            health: Health::default(),
+            counters: Counters::default(),
+            quotas: (&QuotaSet::empty(), 0),
+            now: Duration::ZERO,
+            backends: BTreeMap::new(),
+            driver_limits: Vec::new(),
+        });
+        assert_eq!(s.workloads.len(), 1);
+        Arc::clone(&s.workloads[0].row)
+    };
+    let mut names = NameCache::default();
+    let first = step(&a, &names);
+    assert_eq!(first.cgroup_path, *cgroupfs);
+    let again = step(&a, &names);
+    assert!(
+        Arc::ptr_eq(&first, &again),
+        "the same meta and names share the row"
+    );
+    let moved = step(&b, &names);
+    assert_eq!(moved.cgroup_path, *systemd);
+    let back = step(&a, &names);
+    assert_eq!(back.cgroup_path, *cgroupfs);
+    let named = |container: &str| WorkloadNames {
+        container: Some(container.into()),
+        ..WorkloadNames::default()
+    };
+    names.insert_for_test(&a.key(), named("trainer"));
+    assert_eq!(step(&a, &names).container, "trainer");
+    names.insert_for_test(&a.key(), named("renamed"));
+    assert_eq!(step(&a, &names).container, "renamed");
+}
+
+/// A workload the policy holds without processes (an earlier run's freeze) has no meta: its
+/// row's cgroup path is the policy's, compared at every step (a state naming another path for
+/// the key gets a new row).
+#[test]
+fn a_row_without_processes_follows_the_policys_cgroup_path() {
+    let table = Attribution::new(CgroupResolver::new("/nonexistent".into()));
+    let sample = GpuSample {
+        taken_at: None,
+        devices: Vec::new(),
+        health: Vec::new(),
+        processes: Vec::new(),
+        problems: Vec::new(),
+    };
+    let names = NameCache::default();
+    let mut p = Publisher::default();
+    let mut step = |path: &str| {
+        let mut policy = PolicyState::default();
+        policy.workloads.insert(
+            "cgroup:///jobs/b".into(),
+            WorkloadState {
+                cgroup_path: path.into(),
+                quota: String::new(),
+                frozen: Some(GpuScope::All),
+                scopes: BTreeMap::new(),
+                killing: None,
+                retry: None,
+                observed: None,
+                ours: true,
+                suspended: None,
+                suspend_failed: None,
+                suspension: None,
+                waiting_for_room: None,
+            },
+        );
+        let s = p.build(StepReport {
+            sample: &sample,
+            table: &table,
+            processes: &[],
+            policy: &policy,
+            names: &names,
+            quota_trust: &HashMap::new(),
+            identity: &HashMap::new(),
+            health: Health::default(),
+            counters: Counters::default(),
+            quotas: (&QuotaSet::empty(), 0),
+            now: Duration::ZERO,
+            backends: BTreeMap::new(),
+            driver_limits: Vec::new(),
+        });
+        assert_eq!(s.workloads.len(), 1);
+        Arc::clone(&s.workloads[0].row)
+    };
+    let first = step("/jobs/b");
+    assert_eq!(first.cgroup_path, "/jobs/b");
+    assert!(Arc::ptr_eq(&first, &step("/jobs/b")));
+    assert_eq!(step("/jobs/b-moved").cgroup_path, "/jobs/b-moved");
 }
