@@ -63,10 +63,13 @@ pub enum Counter {
     TasksDropped = 1,
     /// AllocIoctl events suppressed by the per-task rate limit.
     AllocEventsRateLimited = 2,
+    /// Cgroups removed on the host (any hierarchy), since the programs were loaded: while it
+    /// stays put, no group was deleted, so none was recreated at its path.
+    CgroupsRemoved = 3,
 }
 
 /// Number of slots in `COUNTERS`.
-pub const COUNTER_SLOTS: u32 = 3;
+pub const COUNTER_SLOTS: u32 = 4;
 
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for GpuTask {}

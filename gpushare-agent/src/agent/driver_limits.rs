@@ -87,6 +87,18 @@ pub struct DriverLimiter {
     uuids: BTreeMap<u32, String>,
     /// What the record holds now (not written again when unchanged).
     written: Option<RecordFile>,
+    /// The kernel's count of removed cgroups at the last look at the limited groups' inodes.
+    looked_at: Option<u64>,
+    /// Groups looked at (a `stat` each), in total.
+    looks: u64,
+}
+
+/// Whether the limited groups' inodes must be looked at now: a group can only have been
+/// recreated at its path if some group was removed since the last look (`removed`: the kernel's
+/// count of removed cgroups, `None` when it is not counted: then always), or if limits were just
+/// taken over from an earlier run's record (removed before this run counted anything).
+fn must_look(last: Option<u64>, removed: Option<u64>, took_over: bool) -> bool {
+    took_over || removed.is_none() || removed != last
 }
 
 impl DriverLimiter {
@@ -126,6 +138,8 @@ impl DriverLimiter {
             inherited,
             uuids: BTreeMap::new(),
             written: None,
+            looked_at: None,
+            looks: 0,
         }
     }
 
@@ -139,6 +153,11 @@ impl DriverLimiter {
         }
     }
 
+    /// Limited groups looked at (a `stat` each) to notice one recreated at its path, in total.
+    pub fn looks(&self) -> u64 {
+        self.looks
+    }
+
     /// Why the driver refused limits on a GPU, if it did.
     pub fn refused(&self) -> &BTreeMap<u32, String> {
         &self.refused
@@ -146,7 +165,15 @@ impl DriverLimiter {
 
     /// Makes the driver's limits what `wanted` says: sets new and changed ones, clears the rest
     /// (an earlier run's included, once `devices` shows their GPU). `devices`: the latest sample's.
-    pub fn apply(&mut self, sampler: &NvmlSampler, devices: &[DeviceSample], wanted: &Wanted) {
+    /// `removed`: the kernel's count of removed cgroups, read before this call (see
+    /// [`must_look`]).
+    pub fn apply(
+        &mut self,
+        sampler: &NvmlSampler,
+        devices: &[DeviceSample],
+        wanted: &Wanted,
+        removed: Option<u64>,
+    ) {
         if self.api.is_none() {
             return;
         }
@@ -157,6 +184,7 @@ impl DriverLimiter {
         let uuids = &self.uuids;
         let applied = &mut self.applied;
         let inodes = &mut self.inodes;
+        let before = self.inherited.len();
         self.inherited.retain(|r| {
             let Some((&index, _)) = uuids.iter().find(|(_, u)| **u == r.gpu_uuid) else {
                 return true;
@@ -172,17 +200,21 @@ impl DriverLimiter {
         // A limit belongs to the group it was set on: a group recreated at its path (`docker
         // restart`, a restart policy, `launch` reusing a name) is a new group, limited afresh
         // (unless someone else limited it); one of ours whose group's inode is not known is set
-        // again.
+        // again. Only when a group could have been recreated since the last look (`must_look`).
+        let look = must_look(self.looked_at, removed, self.inherited.len() != before);
         let v2_root = &self.v2_root;
-        let (inodes, reset) = (&mut self.inodes, &mut self.reset);
+        let (inodes, reset, looks) = (&mut self.inodes, &mut self.reset, &mut self.looks);
         self.applied.retain(|k, _| {
             if !wanted.contains_key(k) {
                 return true;
             }
-            let now = inode_of(&v2_root.join(k.1.trim_start_matches('/')));
             match inodes.get(k) {
-                Some(i) if now == Some(*i) => true,
-                Some(_) => {
+                Some(_) if !look => true,
+                Some(i) => {
+                    *looks += 1;
+                    if inode_of(&v2_root.join(k.1.trim_start_matches('/'))) == Some(*i) {
+                        return true;
+                    }
                     inodes.remove(k);
                     false
                 }
@@ -192,6 +224,9 @@ impl DriverLimiter {
                 }
             }
         });
+        if look {
+            self.looked_at = removed;
+        }
         // Never change a limit the agent did not set: where a group already has one, the quota's
         // is not set (and nothing is cleared there).
         self.observe_foreign(sampler, wanted);
@@ -339,13 +374,13 @@ impl DriverLimiter {
     /// GPUs `devices` shows; returns how many.
     pub fn clear_recorded(&mut self, sampler: &NvmlSampler, devices: &[DeviceSample]) -> usize {
         let before = self.inherited.len();
-        self.apply(sampler, devices, &Wanted::new());
+        self.apply(sampler, devices, &Wanted::new(), None);
         before - self.inherited.len()
     }
 
     /// Clears every limit this agent set (SIGTERM), on the GPUs the samples showed.
     pub fn clear_all(&mut self, sampler: &NvmlSampler) {
-        self.apply(sampler, &[], &Wanted::new());
+        self.apply(sampler, &[], &Wanted::new(), None);
     }
 
     /// Writes the records of `limits` (those whose GPU UUID is known) and the inherited ones not
@@ -451,6 +486,24 @@ mod tests {
         };
         std::fs::write(&path, serde_json::to_vec(&file).unwrap()).unwrap();
         path
+    }
+
+    /// The limited groups are looked at on the first apply, then only when the kernel's count
+    /// of removed cgroups moved or limits were taken over from a record; always when nothing
+    /// counts removals.
+    #[test]
+    fn groups_are_looked_at_only_when_one_could_have_been_recreated() {
+        // The first apply: nothing looked at yet.
+        assert!(must_look(None, Some(5), false));
+        // Nothing removed since the last look.
+        assert!(!must_look(Some(5), Some(5), false));
+        // A group removed somewhere since.
+        assert!(must_look(Some(5), Some(6), false));
+        // An earlier run's limits taken over: their groups may have gone before this run.
+        assert!(must_look(Some(5), Some(5), true));
+        // Removals not counted (no eBPF, or the program not attached): every step, as before.
+        assert!(must_look(None, None, false));
+        assert!(must_look(Some(5), None, false));
     }
 
     #[test]

@@ -467,7 +467,8 @@ impl Agent {
             (self.limiter.as_mut(), &decision.driver_limits)
         {
             let wanted = policy::wanted_limits(per_workload, &self.policy);
-            limiter.apply(&self.sampler, &obs.sample.devices, &wanted);
+            let removed = self.tracker.cgroups_removed();
+            limiter.apply(&self.sampler, &obs.sample.devices, &wanted, removed);
         }
         n
     }

@@ -167,6 +167,12 @@ impl Tracker {
             .unwrap_or_default()
     }
 
+    /// Cgroups removed on the host since the programs were loaded (`None`: not counted, e.g.
+    /// without eBPF).
+    pub fn cgroups_removed(&self) -> Option<u64> {
+        self.kernel.as_ref().and_then(|k| k.cgroups_removed())
+    }
+
     /// Opens of nvidia nodes that turned out to have failed (their kernel entries were dropped).
     pub fn failed_opens(&self) -> u64 {
         self.work.failed_opens

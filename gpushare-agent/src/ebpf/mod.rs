@@ -47,6 +47,7 @@ pub const PROGRAMS: &[(&str, Attach)] = &[
         "sched_process_exit",
         Attach::TracePoint("sched", "sched_process_exit"),
     ),
+    ("cgroup_rmdir", Attach::TracePoint("cgroup", "cgroup_rmdir")),
     (
         "sys_enter_openat",
         Attach::TracePoint("syscalls", "sys_enter_openat"),
@@ -125,8 +126,9 @@ pub const PROBE_SETS: &[(&str, &[&str], &str)] = &[
             "sys_enter_open_pending",
             "sys_exit_open",
             "sys_enter_ioctl",
+            "cgroup_rmdir",
         ],
-        "syscalls:sys_{enter,exit}_open{,at,at2} and syscalls:sys_enter_ioctl; an open's result checked on its exit",
+        "syscalls:sys_{enter,exit}_open{,at,at2} and syscalls:sys_enter_ioctl; an open's result checked on its exit; cgroup:cgroup_rmdir counted",
     ),
     (
         "tracepoints, no exit",
@@ -578,6 +580,18 @@ impl KernelPrograms {
             tasks_dropped: read(Counter::TasksDropped),
             alloc_events_rate_limited: read(Counter::AllocEventsRateLimited),
         }
+    }
+
+    /// Cgroups removed on the host since the programs were loaded; `None` when the program
+    /// that counts them is not attached (then nothing can be concluded from it).
+    pub fn cgroups_removed(&self) -> Option<u64> {
+        if !self.attached.contains(&"cgroup_rmdir") {
+            return None;
+        }
+        let arr = PerCpuArray::<_, u64>::try_from(self.ebpf.map(COUNTERS)?).ok()?;
+        arr.get(&(Counter::CgroupsRemoved as u32), 0)
+            .ok()
+            .map(|v| v.iter().sum())
     }
 }
 

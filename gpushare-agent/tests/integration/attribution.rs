@@ -514,3 +514,28 @@ fn opens_a_tenant_keeps_blocked_do_not_hide_a_new_gpu_task() {
     );
     let _ = std::fs::remove_file(&ready);
 }
+
+/// The kernel counts every cgroup removed (what lets the agent skip looking at its limited
+/// groups' inodes while none was): removing a group moves the count; without the program that
+/// counts, nothing is claimed.
+#[test]
+fn the_kernel_counts_removed_cgroups() {
+    needs_root!("the_kernel_counts_removed_cgroups");
+    let tracker = tracker(0);
+    let before = tracker
+        .cgroups_removed()
+        .expect("the agent's probe set counts removed cgroups");
+    let cg = group("rmdir-count");
+    drop(cg);
+    let after = tracker.cgroups_removed().unwrap();
+    assert!(
+        after > before,
+        "a cgroup was removed and the count did not move: {before} -> {after}"
+    );
+    let without = KernelPrograms::load(&LoadOptions {
+        only: Some(vec!["sched_process_exec", "sched_process_exit"]),
+        ..LoadOptions::default()
+    })
+    .unwrap();
+    assert_eq!(without.cgroups_removed(), None);
+}

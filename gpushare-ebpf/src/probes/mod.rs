@@ -3,6 +3,7 @@
 //! kind of program reads syscall arguments.
 
 mod args;
+mod cgroup;
 mod ioctl;
 mod open;
 mod process;
