@@ -23,6 +23,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use log::{info, warn};
@@ -91,6 +92,11 @@ pub struct DriverLimiter {
     looked_at: Option<u64>,
     /// Groups looked at (a `stat` each), in total.
     looks: u64,
+    /// The wanted limits the last apply found in force exactly (each set by the agent, nothing
+    /// else to set, clear, reset or take over, no limit of someone else's): while the same ones
+    /// (the same allocation: never written in place) are wanted and no group can have been
+    /// recreated, there is nothing to do.
+    in_sync: Option<Arc<Wanted>>,
 }
 
 /// Whether the limited groups' inodes must be looked at now: a group can only have been
@@ -140,6 +146,7 @@ impl DriverLimiter {
             written: None,
             looked_at: None,
             looks: 0,
+            in_sync: None,
         }
     }
 
@@ -171,12 +178,13 @@ impl DriverLimiter {
         &mut self,
         sampler: &NvmlSampler,
         devices: &[DeviceSample],
-        wanted: &Wanted,
+        wanted_now: &Arc<Wanted>,
         removed: Option<u64>,
     ) {
         if self.api.is_none() {
             return;
         }
+        let wanted: &Wanted = wanted_now;
         for d in devices {
             self.uuids.insert(d.index, d.uuid.clone());
         }
@@ -202,6 +210,15 @@ impl DriverLimiter {
         // (unless someone else limited it); one of ours whose group's inode is not known is set
         // again. Only when a group could have been recreated since the last look (`must_look`).
         let look = must_look(self.looked_at, removed, self.inherited.len() != before);
+        if !look
+            && self
+                .in_sync
+                .as_ref()
+                .is_some_and(|w| Arc::ptr_eq(w, wanted_now))
+        {
+            return;
+        }
+        self.in_sync = None;
         let v2_root = &self.v2_root;
         let (inodes, reset, looks) = (&mut self.inodes, &mut self.reset, &mut self.looks);
         self.applied.retain(|k, _| {
@@ -230,16 +247,24 @@ impl DriverLimiter {
         // Never change a limit the agent did not set: where a group already has one, the quota's
         // is not set (and nothing is cleared there).
         self.observe_foreign(sampler, wanted);
-        let wanted: Wanted = wanted
-            .iter()
-            .filter(|(k, _)| !self.foreign.contains_key(*k))
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
-        let wanted = &wanted;
+        let ours: Wanted;
+        let wanted = if self.foreign.is_empty() {
+            wanted
+        } else {
+            ours = wanted
+                .iter()
+                .filter(|(k, _)| !self.foreign.contains_key(*k))
+                .map(|(k, v)| (k.clone(), *v))
+                .collect();
+            &ours
+        };
         let changes = !self.reset.is_empty()
             || self.applied.iter().any(|(k, v)| wanted.get(k) != Some(v))
             || wanted.iter().any(|(k, v)| self.applied.get(k) != Some(v));
         if !changes {
+            if self.foreign.is_empty() && self.inherited.is_empty() {
+                self.in_sync = Some(Arc::clone(wanted_now));
+            }
             return;
         }
         // Recorded before the driver is asked (what the next start must know of), and again after.
@@ -374,13 +399,13 @@ impl DriverLimiter {
     /// GPUs `devices` shows; returns how many.
     pub fn clear_recorded(&mut self, sampler: &NvmlSampler, devices: &[DeviceSample]) -> usize {
         let before = self.inherited.len();
-        self.apply(sampler, devices, &Wanted::new(), None);
+        self.apply(sampler, devices, &Arc::default(), None);
         before - self.inherited.len()
     }
 
     /// Clears every limit this agent set (SIGTERM), on the GPUs the samples showed.
     pub fn clear_all(&mut self, sampler: &NvmlSampler) {
-        self.apply(sampler, &[], &Wanted::new(), None);
+        self.apply(sampler, &[], &Arc::default(), None);
     }
 
     /// Writes the records of `limits` (those whose GPU UUID is known) and the inherited ones not

@@ -85,6 +85,11 @@ pub struct Agent {
     pending_releases: Vec<String>,
     ready: bool,
     limiter: Option<DriverLimiter>,
+    /// The driver limits wanted at the last step and the decision's per-workload limits they
+    /// were made from: the same while the decision is carried (see [`Agent::wanted_limits`]).
+    wanted: Option<(Arc<policy::PerWorkloadLimits>, Arc<policy::WantedLimits>)>,
+    /// Whether this step's decision was carried from the last one (nothing it reads changed).
+    carried: bool,
     /// The slowest suspend or resume of this run, bytes per second.
     slowest_rate: Option<f64>,
     /// Kubernetes Events on pods, when `[kubernetes] events` is on.
@@ -133,6 +138,8 @@ impl Agent {
             pending_releases: Vec::new(),
             ready: false,
             limiter: None,
+            wanted: None,
+            carried: false,
             slowest_rate: None,
             events: None,
         };
@@ -413,7 +420,8 @@ impl Agent {
     }
 
     fn decide(&mut self, obs: &Observation) -> Decision {
-        self.decider.evaluate(
+        let carried = self.decider.carried;
+        let decision = self.decider.evaluate(
             std::mem::take(&mut self.policy),
             &policy::PolicyInput {
                 now: self.started.elapsed(),
@@ -426,7 +434,27 @@ impl Agent {
                 observe_only: self.quotas.observe_only(),
                 observed: &obs.groups,
             },
-        )
+        );
+        self.carried = self.decider.carried != carried;
+        decision
+    }
+
+    /// The driver limits `per_workload` (the decision's) wants at the workloads' root groups in
+    /// the policy state: those of the last step when the decision was carried from it with the
+    /// same per-workload limits (the state is then the last step's too: a carried step has no
+    /// action, so no report changes it), built afresh otherwise.
+    fn wanted_limits(
+        &mut self,
+        per_workload: &Arc<policy::PerWorkloadLimits>,
+    ) -> Arc<policy::WantedLimits> {
+        let wanted = match &self.wanted {
+            Some((from, wanted)) if self.carried && Arc::ptr_eq(from, per_workload) => {
+                Arc::clone(wanted)
+            }
+            _ => Arc::new(policy::wanted_limits(per_workload, &self.policy)),
+        };
+        self.wanted = Some((Arc::clone(per_workload), Arc::clone(&wanted)));
+        wanted
     }
 
     /// Executes the decision's actions, folds what the executors reported back into the policy
@@ -463,12 +491,12 @@ impl Agent {
         crate::trace::acted(n);
         self.counters.step(&decision.stats, &reports);
         self.policy = policy::fold_reports(decision.state, &reports);
-        if let (Some(limiter), Some(per_workload)) =
-            (self.limiter.as_mut(), &decision.driver_limits)
-        {
-            let wanted = policy::wanted_limits(per_workload, &self.policy);
+        if let (true, Some(per_workload)) = (self.limiter.is_some(), &decision.driver_limits) {
+            let wanted = self.wanted_limits(per_workload);
             let removed = self.tracker.cgroups_removed();
-            limiter.apply(&self.sampler, &obs.sample.devices, &wanted, removed);
+            if let Some(limiter) = self.limiter.as_mut() {
+                limiter.apply(&self.sampler, &obs.sample.devices, &wanted, removed);
+            }
         }
         n
     }

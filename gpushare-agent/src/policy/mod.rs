@@ -54,7 +54,10 @@ pub use self::{
     incremental::Incremental,
     input::{AttributedProcess, GpuScope, GroupState, ObservedGroup, PolicyInput, Suspension},
     ladder::KILL_GRACE,
-    outcome::{Action, ActionKind, Decision, DriverLimits, Stats, WantedLimits, wanted_limits},
+    outcome::{
+        Action, ActionKind, Decision, DriverLimits, PerWorkloadLimits, Stats, WantedLimits,
+        wanted_limits,
+    },
     reconcile::{RETRY_BASE, RETRY_MAX},
     report::{Report, fold_reports},
     room::{listed_for, resume_room, resume_room_keeping},

@@ -112,6 +112,9 @@ pub type DriverLimits = BTreeMap<u32, (u64, u64)>;
 /// hard) bytes.
 pub type WantedLimits = BTreeMap<(u32, String), (u64, u64)>;
 
+/// Each workload's driver limits (by key), as [`Decision::driver_limits`] carries them.
+pub type PerWorkloadLimits = BTreeMap<String, DriverLimits>;
+
 /// The result of one evaluation.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Decision {

@@ -195,3 +195,27 @@ fn a_limit_the_agent_did_not_set_is_never_changed_or_cleared() {
     assert_eq!(driver_limit(&sc, "GPU-susp", ours.dir()), None);
     assert_eq!(driver_limit(&sc, "GPU-susp", theirs.dir()), Some(hook));
 }
+
+/// A limit in force and steady (the agent has nothing to do step after step) follows its quota
+/// when the file changes under the running agent, and goes when the quota goes.
+#[test]
+fn a_steady_limit_follows_its_quota_when_the_file_changes() {
+    needs_root!("a_steady_limit_follows_its_quota");
+    let (cg, p) = sleeping_group("dlim-steady");
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB)], json!({}))).unwrap();
+    let quotas = |gib: u64| {
+        format!(
+            "[defaults]\nladder = []\n{}",
+            cgroup_quota(&cg, &format!("{gib}GiB"))
+        )
+    };
+    let agent = AgentProcess::start(&sc, &quotas(2), &[]);
+    wait_driver_limit(&sc, &cg, Some(2 * GIB), &agent);
+    // Steady: several steps with the same limits wanted and in force.
+    agent.steps_over(Duration::from_secs(1), |_| {});
+    agent.write_quotas(&quotas(3));
+    wait_driver_limit(&sc, &cg, Some(3 * GIB), &agent);
+    agent.steps_over(Duration::from_secs(1), |_| {});
+    agent.write_quotas("[defaults]\nladder = []\n");
+    wait_driver_limit(&sc, &cg, None, &agent);
+}
