@@ -517,6 +517,59 @@ fn facts<'a>(
     }
 }
 
+/// `attributed` ((workload key, process) in sample order) sorted by key, then GPU UUID, then
+/// sample order, each with its (key, GPU) rank: equal exactly for the same key and UUID.
+/// A workload's processes share its key (one address), so keys are told apart by address and
+/// only the distinct ones compared as strings; UUIDs are few.
+pub(super) fn by_workload_and_gpu<'a>(
+    attributed: &[(&'a str, &'a ProcessSample)],
+) -> Vec<((u32, u32), &'a str, &'a ProcessSample)> {
+    // Each distinct key (by address), and its place in `distinct`.
+    let mut slot: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut distinct: Vec<(&str, usize)> = Vec::new();
+    let mut gpus: HashMap<&str, u32> = HashMap::new();
+    for (k, p) in attributed {
+        let next = distinct.len();
+        slot.entry((k.as_ptr() as usize, k.len()))
+            .or_insert_with(|| {
+                distinct.push((k, next));
+                next
+            });
+        gpus.entry(p.device_uuid.as_str()).or_insert(0);
+    }
+    // Ranks in string order; equal strings (at other addresses) get equal ranks.
+    distinct.sort_unstable();
+    let mut rank = vec![0u32; distinct.len()];
+    let mut r = 0;
+    for (i, (k, at)) in distinct.iter().enumerate() {
+        if i > 0 && distinct[i - 1].0 != *k {
+            r += 1;
+        }
+        rank[*at] = r;
+    }
+    let mut uuids: Vec<&str> = gpus.keys().copied().collect();
+    uuids.sort_unstable();
+    for (i, u) in uuids.iter().enumerate() {
+        gpus.insert(u, i as u32);
+    }
+    let mut order: Vec<(u32, u32, u32)> = attributed
+        .iter()
+        .enumerate()
+        .map(|(i, (k, p))| {
+            let key = rank[slot[&(k.as_ptr() as usize, k.len())]];
+            (key, gpus[p.device_uuid.as_str()], i as u32)
+        })
+        .collect();
+    order.sort_unstable();
+    order
+        .into_iter()
+        .map(|(k, g, i)| {
+            let (key, p) = attributed[i as usize];
+            ((k, g), key, p)
+        })
+        .collect()
+}
+
 impl Publisher {
     /// The snapshot of one step.
     pub fn build(&mut self, r: StepReport) -> Snapshot {
@@ -586,21 +639,19 @@ impl Publisher {
         }
         drop(last_by_id);
 
-        // Per (workload, GPU): bytes, pids (in sample order), utilization.
-        attributed
-            .sort_by(|a, b| (a.0, a.1.device_uuid.as_str()).cmp(&(b.0, b.1.device_uuid.as_str())));
-        let pids: Vec<u32> = attributed.iter().map(|(_, p)| p.pid).collect();
+        // Per (workload, GPU): bytes, pids (in sample order), utilization. Ordered by key, then
+        // GPU UUID, then sample order, through ranks (integers compared, not strings).
+        let attributed = by_workload_and_gpu(&attributed);
+        let pids: Vec<u32> = attributed.iter().map(|(_, _, p)| p.pid).collect();
         let mut sorted: Vec<Draft> = Vec::new();
         let mut start = 0;
         while start < attributed.len() {
-            let (key, first) = attributed[start];
+            let (rank, key, first) = attributed[start];
             let gpu = first.device_uuid.as_str();
             let end = start
                 + attributed[start..]
                     .iter()
-                    .take_while(|(k, p)| {
-                        (std::ptr::eq(*k, key) || *k == key) && p.device_uuid == gpu
-                    })
+                    .take_while(|(r, _, _)| *r == rank)
                     .count();
             let mut busy = Busy::default();
             let mut d = Draft::new(
@@ -609,7 +660,7 @@ impl Publisher {
                 Some(first.device_index),
                 metas.get(key).map(|m| &***m),
             );
-            for (_, p) in &attributed[start..end] {
+            for (_, _, p) in &attributed[start..end] {
                 d.used_bytes += p.used_bytes.unwrap_or(0);
                 busy.add(p.utilization);
             }

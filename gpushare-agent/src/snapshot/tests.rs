@@ -865,3 +865,50 @@ fn a_row_without_processes_follows_the_policys_cgroup_path() {
     assert!(Arc::ptr_eq(&first, &step("/jobs/b")));
     assert_eq!(step("/jobs/b-moved").cgroup_path, "/jobs/b-moved");
 }
+
+/// Processes ordered by workload key, then GPU UUID, then sample order, equal keys at other
+/// addresses together (one rank), as sorting the strings would order them.
+#[test]
+fn processes_are_grouped_by_key_then_gpu_in_string_order() {
+    let proc = |pid: u32, gpu: &str| ProcessSample {
+        pid,
+        device_index: 0,
+        device_uuid: gpu.into(),
+        used_bytes: None,
+        utilization: None,
+    };
+    let samples = [
+        proc(1, "GPU-1"),
+        proc(2, "GPU-0"),
+        proc(3, "GPU-1"),
+        proc(4, "GPU-1"),
+        proc(5, "GPU-0"),
+    ];
+    let (b1, a, b2) = (String::from("b"), String::from("a"), String::from("b"));
+    let keys = [
+        b1.as_str(),
+        a.as_str(),
+        b2.as_str(),
+        a.as_str(),
+        b1.as_str(),
+    ];
+    let attributed: Vec<(&str, &ProcessSample)> = keys.into_iter().zip(&samples).collect();
+    let sorted = super::publish::by_workload_and_gpu(&attributed);
+    let got: Vec<(&str, &str, u32)> = sorted
+        .iter()
+        .map(|(_, k, p)| (*k, p.device_uuid.as_str(), p.pid))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("a", "GPU-0", 2),
+            ("a", "GPU-1", 4),
+            ("b", "GPU-0", 5),
+            ("b", "GPU-1", 1),
+            ("b", "GPU-1", 3),
+        ]
+    );
+    // One rank per (key, GPU): the two "b" on GPU-1 (other addresses) share theirs.
+    let ranks: Vec<(u32, u32)> = sorted.iter().map(|(r, _, _)| *r).collect();
+    assert_eq!(ranks, [(0, 0), (0, 1), (1, 0), (1, 1), (1, 1)]);
+}
