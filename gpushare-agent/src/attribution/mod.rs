@@ -381,7 +381,8 @@ impl Attribution {
             // Alive at a time after the sample began (a sweep since, or a check now) and started
             // before it: it held the pid for the whole sample.
             if entry.alive_at_boot_ns >= sample_started_boot_ns || Self::alive(entry) {
-                return self.started_before(pid, sample_started_boot_ns);
+                let before = Self::entry_started_before(entry, sample_started_boot_ns);
+                return self.verdict(before);
             }
             self.tasks.remove(&pid);
             self.stats.stale_identity += 1;
@@ -406,9 +407,19 @@ impl Attribution {
         let Some(entry) = self.tasks.get(&pid) else {
             return Verified::Gone;
         };
-        // Start times have tick resolution: a process that started within a tick of the sample
-        // might have started after it.
-        if entry.start_boot_ns.saturating_add(procinfo::tick_ns()) < sample_started_boot_ns {
+        let before = Self::entry_started_before(entry, sample_started_boot_ns);
+        self.verdict(before)
+    }
+
+    /// Start times have tick resolution: a process that started within a tick of the sample
+    /// might have started after it.
+    fn entry_started_before(entry: &GpuTaskEntry, sample_started_boot_ns: u64) -> bool {
+        entry.start_boot_ns.saturating_add(procinfo::tick_ns()) < sample_started_boot_ns
+    }
+
+    /// `Charged` for a process that started before the sample, else `Unverifiable` (counted).
+    fn verdict(&mut self, started_before: bool) -> Verified {
+        if started_before {
             Verified::Charged
         } else {
             self.stats.unverifiable_samples += 1;

@@ -249,21 +249,21 @@ struct ProcessDraft<'a> {
 }
 
 impl ProcessDraft<'_> {
+    /// Whether `v`, the last row of this process's pid and GPU UUID (the caller matched them),
+    /// has this row's fields.
     fn same(&self, v: &ProcessView) -> bool {
         let ProcessView {
-            pid,
+            pid: _,
             comm,
             workload,
-            gpu_uuid,
+            gpu_uuid: _,
             used_bytes,
             utilization,
             memory_utilization,
         } = v;
         let p = self.p;
-        *pid == p.pid
-            && comm == self.comm
+        comm == self.comm
             && workload == self.workload
-            && *gpu_uuid == p.device_uuid
             && *used_bytes == p.used_bytes
             && *utilization == p.utilization.map(|u| ratio(u.sm))
             && *memory_utilization == p.utilization.map(|u| ratio(u.memory))
