@@ -148,6 +148,15 @@ pub(super) struct LastRow {
     meta: Option<Arc<WorkloadMeta>>,
     /// The name cache's generation then.
     names: u64,
+    /// The row's state, quota trust and identity as the step that built or kept it had them:
+    /// static strings, so the same address and length is the same text (compared without
+    /// reading the row's copies).
+    statics: [&'static str; 3],
+}
+
+/// `a` is `b` (the same static text) or has its text.
+fn same_static(a: &'static str, b: &'static str, text: &str) -> bool {
+    std::ptr::eq(a, b) || a == text
 }
 
 /// Builds snapshots; remembers what reports need across steps.
@@ -407,13 +416,13 @@ impl<'a> Draft<'a> {
             && *used_bytes == self.used_bytes
             && *quota_bytes == self.quota_bytes
             && quota_source == self.quota_source
-            && quota_trust == self.quota_trust
-            && state == self.state
+            && same_static(self.quota_trust, last.statics[1], quota_trust)
+            && same_static(self.state, last.statics[0], state)
             && *detail == self.detail
             && *suspended_bytes == self.suspended_bytes
             && *utilization == self.utilization
             && *memory_utilization == self.memory_utilization
-            && identity == f.identity
+            && same_static(f.identity, last.statics[2], identity)
             && nested.as_slice() == f.nested
             && pids.as_slice() == self.pids
             && *ioctls == self.ioctls
@@ -801,7 +810,8 @@ impl Publisher {
             };
             let (row, since) = match last.peek() {
                 Some(l) if matched => {
-                    let since = if l.row.state == d.state { l.since } else { now };
+                    let kept = same_static(d.state, l.statics[0], &l.row.state);
+                    let since = if kept { l.since } else { now };
                     match d.same(f, l) {
                         true => (Arc::clone(&l.row), since),
                         false => (Arc::new(d.view(f)), since),
@@ -818,6 +828,7 @@ impl Publisher {
                 since,
                 meta: f.meta.cloned(),
                 names: f.names_generation,
+                statics: [d.state, d.quota_trust, f.identity],
             });
         }
         drop(rows);
