@@ -31,12 +31,32 @@ fn build(p: &mut Publisher, table: &Attribution, procs: &[AttributedProcess]) ->
         processes: Vec::new(),
         problems: Vec::new(),
     };
-    p.build(StepReport {
-        sample: &sample,
+    build_with(
+        p,
+        &sample,
         table,
-        processes: procs,
-        policy: &PolicyState::default(),
-        names: &NameCache::default(),
+        procs,
+        &PolicyState::default(),
+        &NameCache::default(),
+    )
+}
+
+/// One step's snapshot from these inputs, everything else empty (no quota, trust or identity
+/// note, no driver limit, at time zero).
+fn build_with(
+    p: &mut Publisher,
+    sample: &GpuSample,
+    table: &Attribution,
+    processes: &[AttributedProcess],
+    policy: &PolicyState,
+    names: &NameCache,
+) -> Snapshot {
+    p.build(StepReport {
+        sample,
+        table,
+        processes,
+        policy,
+        names,
         quota_trust: &HashMap::new(),
         identity: &HashMap::new(),
         health: Health::default(),
@@ -768,21 +788,14 @@ fn a_row_follows_its_workloads_meta_and_names_under_the_same_key() {
             Arc::clone(meta),
             None,
         )];
-        let s = p.build(StepReport {
-            sample: &sample,
-            table: &table,
-            processes: &procs,
-            policy: &PolicyState::default(),
+        let s = build_with(
+            &mut p,
+            &sample,
+            &table,
+            &procs,
+            &PolicyState::default(),
             names,
-            quota_trust: &HashMap::new(),
-            identity: &HashMap::new(),
-            health: Health::default(),
-            counters: Counters::default(),
-            quotas: (&QuotaSet::empty(), 0),
-            now: Duration::ZERO,
-            backends: BTreeMap::new(),
-            driver_limits: Vec::new(),
-        });
+        );
         assert_eq!(s.workloads.len(), 1);
         Arc::clone(&s.workloads[0].row)
     };
@@ -842,21 +855,7 @@ fn a_row_without_processes_follows_the_policys_cgroup_path() {
                 waiting_for_room: None,
             },
         );
-        let s = p.build(StepReport {
-            sample: &sample,
-            table: &table,
-            processes: &[],
-            policy: &policy,
-            names: &names,
-            quota_trust: &HashMap::new(),
-            identity: &HashMap::new(),
-            health: Health::default(),
-            counters: Counters::default(),
-            quotas: (&QuotaSet::empty(), 0),
-            now: Duration::ZERO,
-            backends: BTreeMap::new(),
-            driver_limits: Vec::new(),
-        });
+        let s = build_with(&mut p, &sample, &table, &[], &policy, &names);
         assert_eq!(s.workloads.len(), 1);
         Arc::clone(&s.workloads[0].row)
     };
