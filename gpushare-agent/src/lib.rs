@@ -60,5 +60,6 @@ pub mod shown;
 pub mod snapshot;
 pub mod status;
 pub mod sys;
+pub mod ticker;
 pub mod trace;
 pub mod workload;

@@ -186,18 +186,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
         None => None,
     };
 
-    let mut drain = interval(DRAIN_INTERVAL);
+    // The kernel's timer, not tokio's: re-arming the nearest tokio timer wakes the loop twice.
+    let mut drain = crate::ticker::Ticker::new(DRAIN_INTERVAL);
     let mut sample = interval(args.interval);
     let mut reconcile = interval(args.reconcile_interval);
     let mut quota_poll = interval(QUOTA_POLL);
     let mut settle = interval(SETTLE_POLL);
-    for t in [
-        &mut drain,
-        &mut sample,
-        &mut reconcile,
-        &mut quota_poll,
-        &mut settle,
-    ] {
+    for t in [&mut sample, &mut reconcile, &mut quota_poll, &mut settle] {
         t.set_missed_tick_behavior(MissedTickBehavior::Delay);
     }
     info!(
