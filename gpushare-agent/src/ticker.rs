@@ -58,7 +58,8 @@ impl Ticker {
     }
 
     /// The same ticker on tokio's timer (the fallback), for tests.
-    pub fn tokio(period: Duration) -> Self {
+    #[cfg(test)]
+    fn tokio(period: Duration) -> Self {
         let period = period.max(Duration::from_millis(1));
         Self {
             period,
