@@ -63,42 +63,105 @@ impl Busy {
 /// ioctl totals per workload, monotonic while the workload has tasks.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Ioctls {
-    seen: HashMap<ProcessIdentity, (String, u64)>,
+    seen: HashMap<ProcessIdentity, Seen>,
+    /// How many entries of `seen` were attributed at the last update.
+    live: usize,
     totals: BTreeMap<String, u64>,
     /// `totals` as last published: shared while no total changed.
     published: Arc<BTreeMap<String, u64>>,
 }
 
+/// A task as the last update saw it.
+#[derive(Clone, Debug)]
+struct Seen {
+    /// The workload it was last attributed to: the key attribution shared then (compared by
+    /// allocation in the steady check; by text when counting).
+    key: Arc<str>,
+    /// Its ioctl count then.
+    count: u64,
+    /// Attributed at the last update.
+    live: bool,
+}
+
 impl Ioctls {
     /// Adds what each task of `table` issued since the last step to its workload's total
-    /// (`by_pid`: each attributed task's workload). Updated in place: no string is built for a
-    /// task or workload already known, and a total is looked up only for a task that issued
-    /// ioctls since (then once per workload with tasks, to add the ones without a total yet).
-    fn update(
+    /// (`by_pid`: each attributed task's workload). When no task issued an ioctl, came, went,
+    /// or changed workload since, one pass over the table finds it and the last totals are
+    /// returned as they are; else [`Self::update_all`].
+    pub(super) fn update(
         &mut self,
         table: &Attribution,
-        by_pid: &HashMap<u32, &str>,
+        by_pid: &HashMap<u32, &Arc<str>>,
+    ) -> Arc<BTreeMap<String, u64>> {
+        if self.steady(table, by_pid) {
+            return Arc::clone(&self.published);
+        }
+        self.update_all(table, by_pid)
+    }
+
+    /// Whether [`Self::update_all`] would change nothing: every attributed task was seen with
+    /// the same workload and count, the others were not attributed at the last update, as many
+    /// are attributed as were then (so the same ones), and every task seen is still in the table.
+    pub(super) fn steady(&self, table: &Attribution, by_pid: &HashMap<u32, &Arc<str>>) -> bool {
+        let (mut attributed, mut present) = (0, 0);
+        for t in table.tasks() {
+            let seen = self.seen.get(&t.identity);
+            present += usize::from(seen.is_some());
+            match (by_pid.get(&t.identity.pid), seen) {
+                (Some(key), Some(s)) if s.count == t.ioctls && Arc::ptr_eq(&s.key, key) => {
+                    attributed += 1
+                }
+                (None, None) => {}
+                (None, Some(s)) if !s.live => {}
+                _ => return false,
+            }
+        }
+        attributed == self.live && present == self.seen.len()
+    }
+
+    /// [`Self::update`] without the steady check. Updated in place: no string is built for a
+    /// task or workload already known, and a total is looked up only for a task that issued
+    /// ioctls since (then once per workload with tasks, to add the ones without a total yet).
+    pub(super) fn update_all(
+        &mut self,
+        table: &Attribution,
+        by_pid: &HashMap<u32, &Arc<str>>,
     ) -> Arc<BTreeMap<String, u64>> {
         let mut changed = false;
         let mut live_workloads: HashSet<&str> = HashSet::new();
+        for s in self.seen.values_mut() {
+            s.live = false;
+        }
         for t in table.tasks() {
             let Some(&key) = by_pid.get(&t.identity.pid) else {
                 continue;
             };
             live_workloads.insert(key);
             let prev = match self.seen.get_mut(&t.identity) {
-                Some(seen) if seen.0 == key => std::mem::replace(&mut seen.1, t.ioctls),
+                Some(seen) if seen.key == *key => {
+                    // The allocation shared now, for the next steady check.
+                    seen.key = Arc::clone(key);
+                    seen.live = true;
+                    std::mem::replace(&mut seen.count, t.ioctls)
+                }
                 _ => self
                     .seen
-                    .insert(t.identity, (key.to_string(), t.ioctls))
-                    .map_or(0, |(_, c)| c),
+                    .insert(
+                        t.identity,
+                        Seen {
+                            key: Arc::clone(key),
+                            count: t.ioctls,
+                            live: true,
+                        },
+                    )
+                    .map_or(0, |s| s.count),
             };
             let delta = t.ioctls.saturating_sub(prev);
             if delta == 0 {
                 continue;
             }
             changed = true;
-            match self.totals.get_mut(key) {
+            match self.totals.get_mut(&**key) {
                 Some(total) => *total += delta,
                 None => {
                     self.totals.insert(key.to_string(), delta);
@@ -114,6 +177,7 @@ impl Ioctls {
         }
         self.seen
             .retain(|id, _| table.get(id.pid).is_some_and(|t| t.identity == *id));
+        self.live = self.seen.values().filter(|s| s.live).count();
         let before = self.totals.len();
         self.totals
             .retain(|k, _| live_workloads.contains(k.as_str()));
@@ -600,10 +664,10 @@ impl Publisher {
         };
         // Each process's workload key, shared by attribution; each workload's meta (of its
         // last process).
-        let mut by_pid: HashMap<u32, &str> = HashMap::with_capacity(r.processes.len());
+        let mut by_pid: HashMap<u32, &Arc<str>> = HashMap::with_capacity(r.processes.len());
         let mut metas: HashMap<&str, &Arc<WorkloadMeta>> = HashMap::new();
         for p in r.processes {
-            by_pid.insert(p.identity.pid, p.key());
+            by_pid.insert(p.identity.pid, p.shared_key());
             metas.insert(p.key(), &p.workload);
         }
         let gpu_ioctls = self.ioctls.update(table, &by_pid);
@@ -615,7 +679,7 @@ impl Publisher {
         let mut processes = Vec::with_capacity(sample.processes.len());
         let mut last_by_id: Option<HashMap<(u32, &str), &Arc<ProcessView>>> = None;
         for (i, p) in sample.processes.iter().enumerate() {
-            let key = by_pid.get(&p.pid).copied();
+            let key = by_pid.get(&p.pid).map(|k| &***k);
             match key {
                 Some(k) => attributed.push((k, p)),
                 None => {

@@ -118,6 +118,86 @@ fn ioctl_totals_add_what_each_task_issued_since_the_last_step_and_follow_a_move(
     assert_eq!(s.counters.gpu_ioctls.get(&ka), None);
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Totals kept across steps (the steady pass skipping the count when nothing changed) are
+    /// at every step the totals counted in full from the same tables: tasks come and go, a pid
+    /// is reused by another task, a task moves between workloads or out of attribution, and a
+    /// workload's key is the allocation shared last step or an equal new one. A step shares the
+    /// last totals exactly when they are unchanged.
+    #[test]
+    fn ioctl_totals_kept_equal_totals_counted_in_full(
+        steps in prop::collection::vec(
+            prop::collection::vec(
+                (1u32..5, 1u64..3, prop::option::of(0usize..2), any::<bool>(), prop_oneof![3 => Just(0u64), 1 => 1u64..3]),
+                0..5,
+            ),
+            1..30,
+        )
+    ) {
+        let keys = ["cgroup:///jobs/a", "cgroup:///jobs/b"];
+        let mut shared: Vec<Arc<str>> = keys.iter().map(|k| Arc::from(*k)).collect();
+        let mut counts: HashMap<(u32, u64), u64> = HashMap::new();
+        let (mut kept, mut counted) = (publish::Ioctls::default(), publish::Ioctls::default());
+        let mut prev: Option<Arc<BTreeMap<String, u64>>> = None;
+        for (i, step) in steps.iter().enumerate() {
+            let mut table = Attribution::new(CgroupResolver::new("/nonexistent".into()));
+            let mut attributed: Vec<(u32, Arc<str>)> = Vec::new();
+            for &(pid, start, workload, same_key, more) in step {
+                if table.get(pid).is_some() {
+                    continue;
+                }
+                let count = counts.entry((pid, start)).or_default();
+                *count += more;
+                let mut t = task(pid, "/jobs/a", "python", *count);
+                t.identity.start_ticks = start;
+                table.insert_for_test(t);
+                if let Some(w) = workload {
+                    if !same_key {
+                        shared[w] = Arc::from(keys[w]);
+                    }
+                    attributed.push((pid, Arc::clone(&shared[w])));
+                }
+            }
+            let by_pid: foldhash::HashMap<u32, &Arc<str>> =
+                attributed.iter().map(|(p, k)| (*p, k)).collect();
+            let a = kept.update(&table, &by_pid);
+            let b = counted.update_all(&table, &by_pid);
+            prop_assert_eq!(&*a, &*b, "step {}", i);
+            prop_assert!(kept.steady(&table, &by_pid), "the same step again is steady ({})", i);
+            if let Some(p) = &prev {
+                prop_assert_eq!(Arc::ptr_eq(p, &a), **p == *a, "step {}", i);
+            }
+            prev = Some(a);
+        }
+    }
+}
+
+/// A task attributed at the last step and not now, while another, attributed before that and
+/// not at the last step, is again (same workload, no new ioctl): as many tasks are attributed,
+/// but not the same ones, so the totals change (the workload the first left has no task).
+#[test]
+fn ioctl_totals_follow_which_tasks_are_attributed_not_how_many() {
+    let (ka, kb): (Arc<str>, Arc<str>) = ("cgroup:///jobs/a".into(), "cgroup:///jobs/b".into());
+    let mut table = Attribution::new(CgroupResolver::new("/nonexistent".into()));
+    table.insert_for_test(task(1, "/jobs/a", "python", 5));
+    table.insert_for_test(task(2, "/jobs/b", "python", 7));
+    let mut ioctls = publish::Ioctls::default();
+    fn by<'a>(v: &[(u32, &'a Arc<str>)]) -> foldhash::HashMap<u32, &'a Arc<str>> {
+        v.iter().map(|(p, k)| (*p, *k)).collect()
+    }
+    ioctls.update(&table, &by(&[(2, &kb)]));
+    let t = ioctls.update(&table, &by(&[(1, &ka)]));
+    assert_eq!(*t, BTreeMap::from([(ka.to_string(), 5)]));
+    let t = ioctls.update(&table, &by(&[(2, &kb)]));
+    assert_eq!(
+        *t,
+        BTreeMap::from([(kb.to_string(), 0)]),
+        "task 1's workload left"
+    );
+}
+
 /// The JSON of a workload row is what it was before rows were shared: `state_for_secs` among
 /// the row's fields in its old place, `identity` and `nested` left out when empty, and it reads
 /// back as the same entry.
