@@ -196,6 +196,9 @@ pub(super) struct Rows {
     /// Workload rows in the snapshot's order (by key, then GPU UUID).
     workloads: Vec<LastRow>,
     processes: Vec<Arc<ProcessView>>,
+    /// Each process row's workload key as attribution shared it (kept alive here, so the same
+    /// allocation is the same text: compared without reading the row's copy).
+    process_keys: Vec<Option<Arc<str>>>,
     gpus: Vec<Arc<GpuView>>,
     /// The quota views, and the generation of the set they were built from.
     quotas: Option<(u64, Arc<[QuotaView]>)>,
@@ -319,12 +322,14 @@ struct ProcessDraft<'a> {
     p: &'a ProcessSample,
     comm: &'a str,
     workload: &'a str,
+    /// The key `workload` is the text of, when attributed.
+    key: Option<&'a Arc<str>>,
 }
 
 impl ProcessDraft<'_> {
     /// Whether `v`, the last row of this process's pid and GPU UUID (the caller matched them),
-    /// has this row's fields.
-    fn same(&self, v: &ProcessView) -> bool {
+    /// built from the key `key`, has this row's fields.
+    fn same(&self, v: &ProcessView, key: Option<&Arc<str>>) -> bool {
         let ProcessView {
             pid: _,
             comm,
@@ -335,8 +340,9 @@ impl ProcessDraft<'_> {
             memory_utilization,
         } = v;
         let p = self.p;
+        let same_key = matches!((self.key, key), (Some(a), Some(b)) if Arc::ptr_eq(a, b));
         comm == self.comm
-            && workload == self.workload
+            && (same_key || workload == self.workload)
             && *used_bytes == p.used_bytes
             && *utilization == p.utilization.map(|u| ratio(u.sm))
             && *memory_utilization == p.utilization.map(|u| ratio(u.memory))
@@ -677,9 +683,11 @@ impl Publisher {
         let mut attributed: Vec<(&str, &ProcessSample)> =
             Vec::with_capacity(sample.processes.len());
         let mut processes = Vec::with_capacity(sample.processes.len());
-        let mut last_by_id: Option<HashMap<(u32, &str), &Arc<ProcessView>>> = None;
+        let mut process_keys = Vec::with_capacity(sample.processes.len());
+        let mut last_by_id: Option<HashMap<(u32, &str), usize>> = None;
         for (i, p) in sample.processes.iter().enumerate() {
-            let key = by_pid.get(&p.pid).map(|k| &***k);
+            let shared = by_pid.get(&p.pid).copied();
+            let key = shared.map(|k| &**k);
             match key {
                 Some(k) => attributed.push((k, p)),
                 None => {
@@ -691,24 +699,30 @@ impl Publisher {
                 p,
                 comm: table.get(p.pid).map_or("", |t| t.comm.as_str()),
                 workload: key.unwrap_or_default(),
+                key: shared,
             };
             let last = match self.rows.processes.get(i) {
-                Some(l) if l.pid == p.pid && l.gpu_uuid == p.device_uuid => Some(l),
+                Some(l) if l.pid == p.pid && l.gpu_uuid == p.device_uuid => Some(i),
                 _ => last_by_id
                     .get_or_insert_with(|| {
                         self.rows
                             .processes
                             .iter()
-                            .map(|l| ((l.pid, l.gpu_uuid.as_str()), l))
+                            .enumerate()
+                            .map(|(j, l)| ((l.pid, l.gpu_uuid.as_str()), j))
                             .collect()
                     })
                     .get(&(p.pid, p.device_uuid.as_str()))
                     .copied(),
             };
+            let last_key = |j: usize| self.rows.process_keys.get(j).and_then(Option::as_ref);
             processes.push(match last {
-                Some(l) if draft.same(l) => Arc::clone(l),
+                Some(j) if draft.same(&self.rows.processes[j], last_key(j)) => {
+                    Arc::clone(&self.rows.processes[j])
+                }
                 _ => Arc::new(draft.view()),
             });
+            process_keys.push(shared.cloned());
         }
         drop(last_by_id);
 
@@ -916,6 +930,7 @@ impl Publisher {
             .collect();
         self.rows.gpus.clone_from(&gpus);
         self.rows.processes.clone_from(&processes);
+        self.rows.process_keys = process_keys;
 
         let (set, generation) = r.quotas;
         let quotas = match &self.rows.quotas {

@@ -461,13 +461,14 @@ fn workload_state(s: &WsSpec) -> WorkloadState {
 }
 
 impl World {
-    /// The world of `spec`. `metas`: each leaf's workload meta, kept across steps as the agent
-    /// keeps them (the same `Arc` while the leaf's workload lives).
+    /// The world of `spec`. `metas`: each leaf's workload meta and key, kept across steps as
+    /// the agent keeps them (the same `Arc`s while the leaf's workload lives; two leaves of one
+    /// workload have equal keys in two allocations).
     fn of(
         spec: &StepSpec,
         keys: &[String],
         ioctls: &mut [u64],
-        metas: &mut HashMap<String, Arc<WorkloadMeta>>,
+        metas: &mut HashMap<String, (Arc<WorkloadMeta>, Arc<str>)>,
     ) -> Self {
         let (tasks, devices, procs, policy, (trust, notes), _, _) = spec;
         let leaves = leaves();
@@ -486,15 +487,18 @@ impl World {
                 ["python", "train"][usize::from(comm)],
                 ioctls[i],
             ));
-            let meta = metas
-                .entry(leaf.clone())
-                .or_insert_with(|| Arc::new(WorkloadMeta::new(parse_cgroup_path(leaf))));
-            processes.push(AttributedProcess::new(
+            let (meta, key) = metas.entry(leaf.clone()).or_insert_with(|| {
+                let meta = WorkloadMeta::new(parse_cgroup_path(leaf));
+                let key = meta.key().into();
+                (Arc::new(meta), key)
+            });
+            processes.push(AttributedProcess::sharing(
                 ProcessIdentity {
                     pid,
                     start_ticks: 1,
                 },
                 Arc::clone(meta),
+                Arc::clone(key),
                 None,
             ));
         }
