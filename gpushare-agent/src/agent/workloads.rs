@@ -375,34 +375,40 @@ impl Workloads {
         let tasks: Vec<&GpuTaskEntry> = tasks
             .filter(|t| t.workload.is_some() && t.cgroup_path.is_some())
             .collect();
-        // Several tasks share a cgroup: its identity is worked out once per step.
-        // Per-step maps, sized once, with foldhash's hasher (several times faster than SipHash
+        // Several tasks share a cgroup: its identity is worked out once per step. Each task's
+        // leaf is hashed once, to its slot among the step's leaves.
+        // A per-step map, sized once, with foldhash's hasher (several times faster than SipHash
         // on short strings): the keys are cgroup paths a tenant names, but the seed is random
         // per process and never shown, so there is no collision to plan.
-        let mut of_leaf: FastMap<&str, (WorkloadId, Option<Identity>)> =
+        let mut slots: FastMap<&str, usize> =
             FastMap::with_capacity_and_hasher(self.leaves.len(), Default::default());
+        let mut of_leaf: Vec<(&str, (WorkloadId, Option<Identity>))> =
+            Vec::with_capacity(self.leaves.len());
+        let mut slot_of_task = Vec::with_capacity(tasks.len());
         for t in &tasks {
             let leaf = t.cgroup_path.as_deref().unwrap_or("/");
-            if !of_leaf.contains_key(leaf) {
+            let slot = *slots.entry(leaf).or_insert_with(|| {
                 let mut found = self.identify(leaf, quotas);
                 if let Some(v) = &view {
                     found = sharing_pod(found, v);
                 }
-                of_leaf.insert(leaf, found);
-            }
+                of_leaf.push((leaf, found));
+                of_leaf.len() - 1
+            });
+            slot_of_task.push(slot);
         }
+        drop(slots);
         self.one_root_per_identity(&mut of_leaf);
         let mut out = Vec::with_capacity(tasks.len());
         let mut env_of: FastMap<String, _> =
             FastMap::with_capacity_and_hasher(self.leaves.len(), Default::default());
         type Built = (Arc<WorkloadMeta>, Arc<str>, Option<crate::quota::EnvQuota>);
-        let mut metas: FastMap<&str, Built> =
-            FastMap::with_capacity_and_hasher(self.leaves.len(), Default::default());
+        let mut metas: Vec<Option<Built>> = vec![None; of_leaf.len()];
         self.notes.clear();
-        for t in &tasks {
-            let leaf = t.cgroup_path.as_deref().unwrap_or("/");
-            if !metas.contains_key(leaf) {
-                let (id, identity) = &of_leaf[leaf];
+        for (t, &slot) in tasks.iter().zip(&slot_of_task) {
+            if metas[slot].is_none() {
+                let (leaf, (id, identity)) = &of_leaf[slot];
+                let leaf = *leaf;
                 let claimed = !matches!(identity, None | Some(Identity::Conflict));
                 let env = env_of
                     .entry(id.key())
@@ -459,9 +465,11 @@ impl Workloads {
                     let key = meta.key().into();
                     (Arc::new(meta), key)
                 });
-                metas.insert(leaf, (meta, key, env));
+                metas[slot] = Some((meta, key, env));
             }
-            let (meta, key, env) = &metas[leaf];
+            let Some((meta, key, env)) = &metas[slot] else {
+                unreachable!("built above")
+            };
             out.push(AttributedProcess::sharing(
                 t.identity,
                 meta.clone(),
@@ -475,11 +483,14 @@ impl Workloads {
         self.names.retain(&live_keys);
         self.records.retain(&live_keys);
         if let Some(k) = self.kubelet.as_mut() {
-            let uids: HashSet<&str> = of_leaf.values().filter_map(|(w, _)| w.pod_uid()).collect();
+            let uids: HashSet<&str> = of_leaf
+                .iter()
+                .filter_map(|(_, (w, _))| w.pod_uid())
+                .collect();
             k.retain(|u| uids.contains(u));
         }
         self.quota_trust.clear();
-        for (workload, _, env) in metas.values() {
+        for (workload, _, env) in metas.iter().flatten() {
             let key = workload.id.key();
             if self.quota_trust.contains_key(&key) {
                 continue;
@@ -507,12 +518,9 @@ impl Workloads {
     /// One identity, one root: where two roots claim one container or pod identity, neither has
     /// it; each is a plain cgroup at its root (only quotas naming a path apply). Logged and
     /// counted once per conflict, when it starts.
-    fn one_root_per_identity(
-        &mut self,
-        of_leaf: &mut FastMap<&str, (WorkloadId, Option<Identity>)>,
-    ) {
+    fn one_root_per_identity(&mut self, of_leaf: &mut [(&str, (WorkloadId, Option<Identity>))]) {
         let mut roots: HashMap<String, BTreeSet<&str>> = HashMap::new();
-        for (id, identity) in of_leaf.values() {
+        for (_, (id, identity)) in of_leaf.iter() {
             if identity.is_some() {
                 roots.entry(id.key()).or_default().insert(&id.cgroup_path);
             }
@@ -533,7 +541,7 @@ impl Workloads {
                 key
             })
             .collect();
-        for (id, identity) in of_leaf.values_mut() {
+        for (_, (id, identity)) in of_leaf.iter_mut() {
             if identity.is_some() && conflicted.contains(&id.key()) {
                 id.kind = WorkloadKind::Cgroup;
                 *identity = Some(Identity::Conflict);
