@@ -128,9 +128,60 @@ pub enum Verified {
     Gone,
 }
 
+/// The tasks by pid: found by hash (a step looks a pid up tens of thousands of times at 10,000
+/// tasks; a B-tree of entries this size missed the cache at each level), walked in pid order
+/// (what reads the table sees its tasks in a fixed order, as before).
+#[derive(Default)]
+struct TaskMap {
+    by_pid: foldhash::HashMap<u32, GpuTaskEntry>,
+    order: std::collections::BTreeSet<u32>,
+}
+
+impl TaskMap {
+    fn get(&self, pid: &u32) -> Option<&GpuTaskEntry> {
+        self.by_pid.get(pid)
+    }
+
+    fn get_mut(&mut self, pid: &u32) -> Option<&mut GpuTaskEntry> {
+        self.by_pid.get_mut(pid)
+    }
+
+    fn contains_key(&self, pid: &u32) -> bool {
+        self.by_pid.contains_key(pid)
+    }
+
+    fn insert(&mut self, pid: u32, entry: GpuTaskEntry) -> Option<GpuTaskEntry> {
+        self.order.insert(pid);
+        self.by_pid.insert(pid, entry)
+    }
+
+    fn remove(&mut self, pid: &u32) -> Option<GpuTaskEntry> {
+        self.order.remove(pid);
+        self.by_pid.remove(pid)
+    }
+
+    /// In pid order.
+    fn values(&self) -> impl Iterator<Item = &GpuTaskEntry> {
+        self.order.iter().map(|pid| &self.by_pid[pid])
+    }
+
+    /// In no order.
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut GpuTaskEntry> {
+        self.by_pid.values_mut()
+    }
+
+    fn len(&self) -> usize {
+        self.by_pid.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_pid.is_empty()
+    }
+}
+
 /// The GPU task table.
 pub struct Attribution {
-    tasks: BTreeMap<u32, GpuTaskEntry>,
+    tasks: TaskMap,
     resolver: CgroupResolver,
     stats: AttributionStats,
     /// Per task, the first-open time of its kernel entry when a reconcile last found the task
@@ -148,7 +199,7 @@ impl Attribution {
     /// An empty table resolving cgroups with `resolver`.
     pub fn new(resolver: CgroupResolver) -> Self {
         Self {
-            tasks: BTreeMap::new(),
+            tasks: TaskMap::default(),
             resolver,
             stats: AttributionStats::default(),
             confirmed: std::collections::HashMap::new(),
@@ -573,5 +624,44 @@ mod tests {
         c.wait().unwrap();
         assert_eq!(table.drop_exited(), vec![c.id()]);
         assert_eq!(table.tasks().count(), 0);
+    }
+
+    fn entry(pid: u32) -> GpuTaskEntry {
+        GpuTaskEntry {
+            identity: ProcessIdentity {
+                pid,
+                start_ticks: 1,
+            },
+            start_boot_ns: 0,
+            pidfd: None,
+            cgroup_id: 0,
+            cgroup_path: None,
+            workload: None,
+            comm: String::new(),
+            ioctls: 0,
+            alloc_ioctls: 0,
+            alloc_events: 0,
+            source: Source::Procfs,
+            alive_at_boot_ns: 0,
+        }
+    }
+
+    /// The table is walked in pid order, whatever the order tasks came and went in; a task
+    /// put again under its pid replaces the last one.
+    #[test]
+    fn tasks_are_walked_in_pid_order() {
+        let mut table = Attribution::new(CgroupResolver::new("/nonexistent".into()));
+        for pid in [40, 7, 300, 12, 9000, 1] {
+            table.insert_for_test(entry(pid));
+        }
+        table.tasks.remove(&12);
+        let mut again = entry(300);
+        again.ioctls = 5;
+        table.insert_for_test(again);
+        let pids: Vec<u32> = table.tasks().map(|t| t.identity.pid).collect();
+        assert_eq!(pids, vec![1, 7, 40, 300, 9000]);
+        assert_eq!(table.len(), 5);
+        assert_eq!(table.get(300).map(|t| t.ioctls), Some(5));
+        assert!(table.get(12).is_none());
     }
 }
