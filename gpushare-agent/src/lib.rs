@@ -46,6 +46,7 @@ pub mod cli;
 pub mod client;
 pub mod crash;
 pub mod cuda;
+pub mod drain_pace;
 pub mod ebpf;
 pub mod enforce;
 pub mod kube;

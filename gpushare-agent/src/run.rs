@@ -25,16 +25,14 @@ use crate::{
     api,
     attribution::{Change, cgroupfs, tracker::Tracker},
     cli::RunArgs,
+    drain_pace::{self, Cause, DrainPace},
     ebpf::LoadOptions,
     enforce::Enforcer,
     metrics::{Compat, Metrics, SharedSnapshot},
     nvml::NvmlSampler,
+    ticker::Ticker,
 };
 
-/// How often pending no-wakeup events are drained. Also bounds the delay of forced wakeups on
-/// machines where the kernel defers irq_work to the next interrupt (seen on this VM: a forced
-/// ring-buffer wakeup was only delivered when the agent next woke up).
-const DRAIN_INTERVAL: Duration = Duration::from_millis(25);
 /// How often a pending freeze or thaw is read again while one is pending.
 const SETTLE_POLL: Duration = Duration::from_millis(5);
 /// Backstop for file watching (files on filesystems without inotify, missed events).
@@ -187,7 +185,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
 
     // The kernel's timer, not tokio's: re-arming the nearest tokio timer wakes the loop twice.
-    let mut drain = crate::ticker::Ticker::new(DRAIN_INTERVAL);
+    // Its period follows the ring buffer (drain_pace.rs): slow while wake-ups come on time.
+    let mut pace = DrainPace::default();
+    let mut drain = Ticker::new(pace.period(Instant::now()));
     let mut sample = interval(args.interval);
     let mut reconcile = interval(args.reconcile_interval);
     let mut quota_poll = interval(QUOTA_POLL);
@@ -214,13 +214,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
             ready = readable(&events_fd) => {
                 log::trace!("ring buffer readable");
                 if let Ok(mut guard) = ready { guard.clear_ready(); }
-                if let Some(at) = on_changes(&mut agent) {
+                let changed = on_changes(&mut agent);
+                pace_drain(&mut pace, &mut drain, &agent, false);
+                if let Some(at) = changed {
                     resample_now(&mut agent, at).await;
                     sample.reset();
                 }
             }
             _ = drain.tick() => {
-                if let Some(at) = on_changes(&mut agent) {
+                let changed = on_changes(&mut agent);
+                pace_drain(&mut pace, &mut drain, &agent, changed.is_some());
+                if let Some(at) = changed {
                     resample_now(&mut agent, at).await;
                     sample.reset();
                 }
@@ -252,6 +256,33 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// After a drain (`by_timer_prompt`: a timer drain that found an event asking for a prompt answer,
+/// whose wake-up did not come): the drain's period as [`DrainPace`] says, the change to fast logged.
+fn pace_drain(pace: &mut DrainPace, drain: &mut Ticker, agent: &Agent, by_timer_prompt: bool) {
+    let now = Instant::now();
+    match pace.drained(now, by_timer_prompt, agent.tracker.last_drained()) {
+        Some(Cause::LateWakeup) => info!(
+            "a ring-buffer wake-up came late (the {:?} drain found its event): draining every \
+             {:?} for the next {:?}",
+            drain_pace::SLOW,
+            drain_pace::FAST,
+            drain_pace::FAST_HOLD
+        ),
+        Some(Cause::Busy(n)) => info!(
+            "the ring buffer is busy ({n} events in one drain): draining every {:?} for the next \
+             {:?}",
+            drain_pace::FAST,
+            drain_pace::FAST_HOLD
+        ),
+        None => {}
+    }
+    let period = pace.period(now);
+    if period != drain.period() {
+        log::debug!("draining the ring buffer every {period:?}");
+        drain.set_period(period);
+    }
 }
 
 /// Gives the heap's free pages back to the kernel (glibc's `malloc_trim`). glibc returns only the

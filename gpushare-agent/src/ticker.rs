@@ -68,6 +68,34 @@ impl Ticker {
         }
     }
 
+    /// The period.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// Ticks every `period` from now on, the first tick one `period` from now (a zero period is
+    /// taken as 1 ms); a no-op when it is the period already. A timerfd that cannot be set falls
+    /// back to tokio's timer, logged.
+    pub fn set_period(&mut self, period: Duration) {
+        let period = period.max(Duration::from_millis(1));
+        if period == self.period {
+            return;
+        }
+        self.period = period;
+        match &mut self.inner {
+            Inner::Timerfd(fd) => {
+                if let Err(e) = arm(fd.get_ref(), period) {
+                    warn!(
+                        "setting the timerfd failed ({e}): ticking every {period:?} with tokio's \
+                         timer from now on"
+                    );
+                    self.inner = Inner::Interval(interval(period));
+                }
+            }
+            Inner::Interval(i) => *i = interval(period),
+        }
+    }
+
     /// Whether the kernel keeps this ticker's time (a timerfd), not tokio's wheel.
     pub fn is_kernel_timer(&self) -> bool {
         matches!(self.inner, Inner::Timerfd(_))
@@ -126,22 +154,29 @@ fn interval(period: Duration) -> Interval {
 
 /// A non-blocking periodic timerfd on the monotonic clock, registered with the runtime.
 fn timerfd(period: Duration) -> io::Result<AsyncFd<OwnedFd>> {
-    let ts = Timespec::try_from(period)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "period out of range"))?;
     let fd = timerfd_create(
         TimerfdClockId::Monotonic,
         TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
     )?;
+    arm(&fd, period)?;
+    // SAFETY: the AsyncFd owns the fd and deregisters it before closing it.
+    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| e.into_parts().1)
+}
+
+/// Arms the timerfd `fd` to expire every `period`, the first one `period` from now (a pending
+/// expiration count is cleared).
+fn arm(fd: &OwnedFd, period: Duration) -> io::Result<()> {
+    let ts = Timespec::try_from(period)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "period out of range"))?;
     timerfd_settime(
-        &fd,
+        fd,
         TimerfdTimerFlags::empty(),
         &Itimerspec {
             it_interval: ts,
             it_value: ts,
         },
     )?;
-    // SAFETY: the AsyncFd owns the fd and deregisters it before closing it.
-    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| e.into_parts().1)
+    Ok(())
 }
 
 /// The timerfd's count of expirations since the last read (`WouldBlock` when none).
@@ -211,6 +246,40 @@ mod tests {
     #[test]
     fn the_fallback_ticks_once_per_period_without_replay() {
         ticks_once_per_period_without_replay(Ticker::tokio, false);
+    }
+
+    /// A new period takes effect at once: a 10 s ticker set to 50 ms ticks within a few of them,
+    /// and set back to 10 s does not tick again soon (a pending tick is not carried over).
+    fn a_new_period_takes_effect_at_once(make: fn(Duration) -> Ticker) {
+        rt().block_on(async move {
+            let mut t = make(Duration::from_secs(10));
+            t.set_period(Duration::from_millis(50));
+            assert_eq!(t.period(), Duration::from_millis(50));
+            assert!(
+                tokio::time::timeout(Duration::from_millis(2_000), t.tick())
+                    .await
+                    .is_ok(),
+                "no tick within 2 s of a 50 ms period"
+            );
+            assert!(t.tick().await >= 1);
+            t.set_period(Duration::from_secs(10));
+            assert!(
+                tokio::time::timeout(Duration::from_millis(200), t.tick())
+                    .await
+                    .is_err(),
+                "ticked at the old period after being set to 10 s"
+            );
+        });
+    }
+
+    #[test]
+    fn the_kernel_timer_takes_a_new_period_at_once() {
+        a_new_period_takes_effect_at_once(Ticker::new);
+    }
+
+    #[test]
+    fn the_fallback_takes_a_new_period_at_once() {
+        a_new_period_takes_effect_at_once(Ticker::tokio);
     }
 
     /// A read error (here: the fd is not a timerfd) degrades to tokio's timer, which then ticks.

@@ -189,6 +189,11 @@ impl Tracker {
         }
     }
 
+    /// How many kernel events the last [`Self::poll`] drained.
+    pub fn last_drained(&self) -> usize {
+        self.scratch.len()
+    }
+
     /// Drains pending kernel events into the table and returns what changed. An open sent on its
     /// entry is taken only once its result is known (checked now and at each later poll).
     pub fn poll(&mut self) -> Vec<Change> {
