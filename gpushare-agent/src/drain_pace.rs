@@ -22,6 +22,9 @@ pub const SLOW: Duration = Duration::from_millis(250);
 pub const FAST: Duration = Duration::from_millis(25);
 /// How long the fast period holds after its last cause.
 pub const FAST_HOLD: Duration = Duration::from_secs(60);
+/// How old an event that asks for a prompt answer must be when a timer drain finds it for its
+/// wake-up to count as late: one submitted just before the drain, its wake-up under way, is not.
+pub const LATE_AFTER: Duration = Duration::from_millis(5);
 /// Events in one drain that make the ring buffer busy: a quarter of its 256 KiB at 56 bytes an
 /// event (its header included).
 pub const BUSY_EVENTS: usize = 1_170;
@@ -33,6 +36,13 @@ pub enum Cause {
     LateWakeup,
     /// One drain took this many events.
     Busy(usize),
+}
+
+/// Whether a timer drain at `now_boot_ns` (CLOCK_BOOTTIME) that found events asking for a prompt
+/// answer, the oldest fired at `oldest_prompt_boot_ns`, found one whose wake-up came late.
+pub fn late(oldest_prompt_boot_ns: Option<u64>, now_boot_ns: u64) -> bool {
+    oldest_prompt_boot_ns
+        .is_some_and(|at| now_boot_ns.saturating_sub(at) >= LATE_AFTER.as_nanos() as u64)
 }
 
 /// The drain's pace (pure: the event loop gives it the clock).
@@ -50,11 +60,11 @@ impl DrainPace {
         }
     }
 
-    /// After a drain at `now` that took `events` events; `by_timer_prompt`: it was a timer drain
-    /// and it found an event that asks for a prompt answer. Returns the cause when this drain made
+    /// After a drain at `now` that took `events` events; `late_wakeup`: it was a timer drain and
+    /// it found an event asking for a prompt answer whose wake-up came [`late`]. Returns the cause when this drain made
     /// the pace fast (it was slow), so the caller logs it once.
-    pub fn drained(&mut self, now: Instant, by_timer_prompt: bool, events: usize) -> Option<Cause> {
-        let cause = if by_timer_prompt {
+    pub fn drained(&mut self, now: Instant, late_wakeup: bool, events: usize) -> Option<Cause> {
+        let cause = if late_wakeup {
             Cause::LateWakeup
         } else if events >= BUSY_EVENTS {
             Cause::Busy(events)
@@ -106,6 +116,20 @@ mod tests {
         );
         assert_eq!(p.period(t0 + FAST_HOLD - Duration::from_millis(1)), FAST);
         assert_eq!(p.period(t0 + FAST_HOLD), SLOW);
+    }
+
+    /// An event asking for a prompt answer found by the timer is late once it is `LATE_AFTER`
+    /// old; one just submitted (its wake-up under way) or none is not; a clock read before the
+    /// event's time (another CPU's) is not either.
+    #[test]
+    fn a_prompt_event_is_late_once_it_waited_the_mark() {
+        let mark = LATE_AFTER.as_nanos() as u64;
+        let at = 1_000_000_000;
+        assert!(!late(None, at + 10 * mark));
+        assert!(!late(Some(at), at));
+        assert!(!late(Some(at), at + mark - 1));
+        assert!(late(Some(at), at + mark));
+        assert!(!late(Some(at + 5), at), "a clock behind the event's");
     }
 
     /// The busy mark is a quarter of the ring buffer's room, whatever its size.

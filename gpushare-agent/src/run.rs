@@ -223,7 +223,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
             _ = drain.tick() => {
                 let changed = on_changes(&mut agent);
-                pace_drain(&mut pace, &mut drain, &agent, changed.is_some());
+                pace_drain(&mut pace, &mut drain, &agent, true);
                 if let Some(at) = changed {
                     resample_now(&mut agent, at).await;
                     sample.reset();
@@ -258,11 +258,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// After a drain (`by_timer_prompt`: a timer drain that found an event asking for a prompt answer,
-/// whose wake-up did not come): the drain's period as [`DrainPace`] says, the change to fast logged.
-fn pace_drain(pace: &mut DrainPace, drain: &mut Ticker, agent: &Agent, by_timer_prompt: bool) {
+/// After a drain (`by_timer`: the timer's, not a wake-up's): the drain's period as [`DrainPace`]
+/// says, the change to fast logged.
+fn pace_drain(pace: &mut DrainPace, drain: &mut Ticker, agent: &Agent, by_timer: bool) {
     let now = Instant::now();
-    match pace.drained(now, by_timer_prompt, agent.tracker.last_drained()) {
+    let late = by_timer
+        && drain_pace::late(
+            agent.tracker.last_drained_prompt_boot_ns(),
+            crate::ebpf::boot_time_ns(),
+        );
+    match pace.drained(now, late, agent.tracker.last_drained()) {
         Some(Cause::LateWakeup) => info!(
             "a ring-buffer wake-up came late (the {:?} drain found its event): draining every \
              {:?} for the next {:?}",

@@ -194,6 +194,16 @@ impl Tracker {
         self.scratch.len()
     }
 
+    /// When the oldest event the last [`Self::poll`] drained that the kernel sends with a wake-up
+    /// (a new GPU task's open, an allocation) fired (CLOCK_BOOTTIME ns).
+    pub fn last_drained_prompt_boot_ns(&self) -> Option<u64> {
+        self.scratch
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::GpuOpen | EventKind::AllocIoctl))
+            .map(|e| e.ktime_boot_ns)
+            .min()
+    }
+
     /// Drains pending kernel events into the table and returns what changed. An open sent on its
     /// entry is taken only once its result is known (checked now and at each later poll).
     pub fn poll(&mut self) -> Vec<Change> {
