@@ -573,23 +573,7 @@ mod tests {
     const UID: &str = "0f3d8e2a-6b1c-4d5e-9f7a-8b2c1d0e3f4a";
 
     fn task(pid: u32, path: &str) -> GpuTaskEntry {
-        GpuTaskEntry {
-            identity: crate::attribution::ProcessIdentity {
-                pid,
-                start_ticks: 1,
-            },
-            start_boot_ns: 0,
-            pidfd: None,
-            cgroup_id: 0,
-            cgroup_path: Some(path.to_string()),
-            workload: Some(crate::workload::parse_cgroup_path(path)),
-            comm: "t".into(),
-            ioctls: 0,
-            alloc_ioctls: 0,
-            alloc_events: 0,
-            source: crate::attribution::Source::Procfs,
-            alive_at_boot_ns: 0,
-        }
+        GpuTaskEntry::for_test(pid, Some(path))
     }
 
     /// A workloads builder over an empty runtime state in `dir` (no records, no specs).

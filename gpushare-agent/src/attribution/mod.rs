@@ -582,6 +582,31 @@ pub struct ReconcileReport {
 }
 
 #[cfg(test)]
+impl GpuTaskEntry {
+    /// A task of `pid` (start tick 1) in the group `leaf` (its workload as the path says), from
+    /// `/proc`, with no pidfd, comm "t" and no ioctl: for tests of what reads the table.
+    pub(crate) fn for_test(pid: u32, leaf: Option<&str>) -> Self {
+        Self {
+            identity: ProcessIdentity {
+                pid,
+                start_ticks: 1,
+            },
+            start_boot_ns: 0,
+            pidfd: None,
+            cgroup_id: 0,
+            cgroup_path: leaf.map(str::to_string),
+            workload: leaf.map(parse_cgroup_path),
+            comm: "t".into(),
+            ioctls: 0,
+            alloc_ioctls: 0,
+            alloc_events: 0,
+            source: Source::Procfs,
+            alive_at_boot_ns: 0,
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -626,36 +651,16 @@ mod tests {
         assert_eq!(table.tasks().count(), 0);
     }
 
-    fn entry(pid: u32) -> GpuTaskEntry {
-        GpuTaskEntry {
-            identity: ProcessIdentity {
-                pid,
-                start_ticks: 1,
-            },
-            start_boot_ns: 0,
-            pidfd: None,
-            cgroup_id: 0,
-            cgroup_path: None,
-            workload: None,
-            comm: String::new(),
-            ioctls: 0,
-            alloc_ioctls: 0,
-            alloc_events: 0,
-            source: Source::Procfs,
-            alive_at_boot_ns: 0,
-        }
-    }
-
     /// The table is walked in pid order, whatever the order tasks came and went in; a task
     /// put again under its pid replaces the last one.
     #[test]
     fn tasks_are_walked_in_pid_order() {
         let mut table = Attribution::new(CgroupResolver::new("/nonexistent".into()));
         for pid in [40, 7, 300, 12, 9000, 1] {
-            table.insert_for_test(entry(pid));
+            table.insert_for_test(GpuTaskEntry::for_test(pid, None));
         }
         table.tasks.remove(&12);
-        let mut again = entry(300);
+        let mut again = GpuTaskEntry::for_test(300, None);
         again.ioctls = 5;
         table.insert_for_test(again);
         let pids: Vec<u32> = table.tasks().map(|t| t.identity.pid).collect();

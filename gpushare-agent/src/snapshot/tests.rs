@@ -12,8 +12,8 @@ use super::{
 };
 use crate::{
     attribution::{
-        Attribution, GpuTaskEntry, ProcessIdentity, Source, cgroupfs::CgroupResolver,
-        names::WorkloadNames, parse_cgroup_path,
+        Attribution, GpuTaskEntry, ProcessIdentity, cgroupfs::CgroupResolver, names::WorkloadNames,
+        parse_cgroup_path,
     },
     policy::{
         ActionKind, GpuScope, GroupState, Killing, Retry, ScopeState, Status, Suspension,
@@ -261,21 +261,9 @@ fn leaf_keys() -> Vec<String> {
 
 fn task(pid: u32, leaf: &str, comm: &str, ioctls: u64) -> GpuTaskEntry {
     GpuTaskEntry {
-        identity: ProcessIdentity {
-            pid,
-            start_ticks: 1,
-        },
-        start_boot_ns: 0,
-        pidfd: None,
-        cgroup_id: 0,
-        cgroup_path: Some(leaf.to_string()),
-        workload: Some(parse_cgroup_path(leaf)),
         comm: comm.into(),
         ioctls,
-        alloc_ioctls: 0,
-        alloc_events: 0,
-        source: Source::Procfs,
-        alive_at_boot_ns: 0,
+        ..GpuTaskEntry::for_test(pid, Some(leaf))
     }
 }
 
