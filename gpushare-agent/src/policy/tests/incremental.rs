@@ -70,42 +70,177 @@ const TWO_GIB: &str = "[[quota]]\ncgroup = \"/docker/*\"\ngpu_memory = \"2GiB\"\
 #[test]
 fn a_calm_step_is_carried_and_a_changed_one_evaluated() {
     let mut s = Steady::new(TWO_GIB);
+    let counts = |s: &Steady| (s.inc.evaluated, s.inc.partial, s.inc.carried);
     let under = sample(
         &[(0, 40 * GIB, true)],
         &[(10, 0, Some(GIB)), (20, 0, Some(GIB))],
     );
     assert!(s.at(0, &under).is_empty());
     assert!(s.at(1_000, &under).is_empty());
-    assert_eq!(
-        (s.inc.evaluated, s.inc.carried),
-        (2, 0),
-        "the first step's state was new"
-    );
+    assert_eq!(counts(&s), (2, 0, 0), "the first step changed both states");
     for t in 2..10 {
         assert!(s.at(t * 1_000, &under).is_empty());
     }
-    assert_eq!((s.inc.evaluated, s.inc.carried), (2, 8));
+    assert_eq!(counts(&s), (2, 0, 8));
     // What the policy does not read (utilization) changes nothing.
     let mut busy = under.clone();
     busy.processes[0].utilization = Some(crate::sample::Utilization { sm: 90, memory: 5 });
     busy.devices[0].temperature_c = Some(80);
     s.at(10_000, &busy);
-    assert_eq!((s.inc.evaluated, s.inc.carried), (2, 9));
-    // Usage it reads does.
+    assert_eq!(counts(&s), (2, 0, 9));
+    // Usage it reads does: only the workload whose usage changed is evaluated, and at the next
+    // step again (its state changed), then carried.
     let more = sample(
         &[(0, 40 * GIB, true)],
         &[(10, 0, Some(GIB + MIB)), (20, 0, Some(GIB))],
     );
     s.at(11_000, &more);
-    assert_eq!((s.inc.evaluated, s.inc.carried), (3, 9));
-    // A GPU's free memory (elastic pressure reads it) does too.
+    assert_eq!(counts(&s), (2, 1, 9));
+    s.at(12_000, &more);
+    assert_eq!(counts(&s), (2, 2, 9));
+    s.at(13_000, &more);
+    assert_eq!(counts(&s), (2, 2, 10));
+    // A GPU's free memory changes nothing where no liability is over (only elastic pressure
+    // and a resume read it).
     let fuller = sample(
         &[(0, 10 * GIB, true)],
         &[(10, 0, Some(GIB + MIB)), (20, 0, Some(GIB))],
     );
-    s.at(12_000, &more);
-    s.at(13_000, &fuller);
-    assert_eq!((s.inc.evaluated, s.inc.carried), (5, 9));
+    s.at(14_000, &fuller);
+    assert_eq!(counts(&s), (2, 2, 11));
+    // Both workloads' usage: evaluated in full.
+    let both_more = sample(
+        &[(0, 10 * GIB, true)],
+        &[(10, 0, Some(GIB)), (20, 0, Some(GIB + MIB))],
+    );
+    s.at(15_000, &both_more);
+    assert_eq!(counts(&s), (3, 2, 11));
+}
+
+#[test]
+fn a_gpus_free_memory_is_read_where_an_elastic_liability_is_over() {
+    let toml = "[[quota]]\ncgroup = \"/docker/*\"\ngpu_memory = \"2GiB\"\nmode = \"elastic\"\n";
+    let mut s = Steady::new(toml);
+    let counts = |s: &Steady| (s.inc.evaluated, s.inc.partial, s.inc.carried);
+    let over = |free| {
+        sample(
+            &[(0, free, true)],
+            &[(10, 0, Some(3 * GIB)), (20, 0, Some(GIB))],
+        )
+    };
+    assert!(
+        s.at(0, &over(40 * GIB)).is_empty(),
+        "elastic, room to spare"
+    );
+    s.at(1_000, &over(40 * GIB));
+    s.at(2_000, &over(40 * GIB));
+    assert_eq!(counts(&s), (2, 0, 1));
+    // The other workload's usage changes: an over liability couples the workloads.
+    let other = sample(
+        &[(0, 40 * GIB, true)],
+        &[(10, 0, Some(3 * GIB)), (20, 0, Some(GIB + MIB))],
+    );
+    s.at(3_000, &other);
+    assert_eq!(counts(&s), (3, 0, 1));
+    // Then the free memory: evaluated in full, and pressure makes the borrower liable.
+    let full = sample(
+        &[(0, GIB / 2, true)],
+        &[(10, 0, Some(3 * GIB)), (20, 0, Some(GIB + MIB))],
+    );
+    s.at(5_000, &full);
+    assert!(
+        s.plain
+            .workloads
+            .values()
+            .any(|w| w.scopes.values().any(|x| x.over_since.is_some())),
+        "pressure: the borrower is liable"
+    );
+    assert_eq!(counts(&s), (4, 0, 1));
+}
+
+#[test]
+fn a_workload_going_over_alone_climbs_its_ladder_on_time() {
+    let toml = format!("{TWO_GIB}grace = \"3s\"\nladder = [{{ action = \"freeze\" }}]\n");
+    let mut s = Steady::new(&toml);
+    let under = sample(
+        &[(0, 40 * GIB, true)],
+        &[(10, 0, Some(GIB)), (20, 0, Some(GIB))],
+    );
+    for t in 0..3 {
+        assert!(s.at(t * 1_000, &under).is_empty());
+    }
+    let over = sample(
+        &[(0, 40 * GIB, true)],
+        &[(10, 0, Some(3 * GIB)), (20, 0, Some(GIB))],
+    );
+    let mut seen = Vec::new();
+    for t in 3..9 {
+        seen.push((t, s.at(t * 1_000, &over)));
+    }
+    assert_eq!(s.inc.partial, 1, "going over: that workload alone");
+    assert!(
+        seen.iter()
+            .any(|(t, a)| *t == 6 && a == &vec![ActionKind::Freeze]),
+        "frozen when its grace ran out: {seen:?}"
+    );
+}
+
+#[test]
+fn a_pid_shared_with_a_changed_workload_is_evaluated_in_full() {
+    let mut s = Steady::new(TWO_GIB);
+    let (a, b, c, d) = (docker('a'), docker('b'), docker('c'), docker('d'));
+    // pid 10 is attributed to two identities, in `a` and in `b`: its usage is unknown to both.
+    let shared = |w: &WorkloadMeta, start| {
+        AttributedProcess::new(
+            ProcessIdentity {
+                pid: 10,
+                start_ticks: start,
+            },
+            w.clone(),
+            None,
+        )
+    };
+    s.procs = vec![
+        shared(&a, 1),
+        shared(&b, 2),
+        attributed(30, &c),
+        attributed(40, &d),
+    ];
+    let gpus = sample(
+        &[(0, 40 * GIB, true)],
+        &[(10, 0, Some(GIB)), (30, 0, Some(GIB)), (40, 0, Some(GIB))],
+    );
+    for t in 0..3 {
+        s.at(t * 1_000, &gpus);
+    }
+    assert_eq!(s.inc.carried, 1);
+    assert_eq!(
+        s.plain.workloads[&b.key()]
+            .scopes
+            .values()
+            .next()
+            .unwrap()
+            .usage,
+        None
+    );
+    // `a`'s process is now another pid: `b` alone owns pid 10, its usage known again.
+    s.procs[0] = attributed(11, &a);
+    let (evaluated, partial) = (s.inc.evaluated, s.inc.partial);
+    s.at(3_000, &gpus);
+    assert_eq!(
+        (s.inc.evaluated, s.inc.partial),
+        (evaluated + 1, partial),
+        "a pid on both sides of the split"
+    );
+    assert_eq!(
+        s.plain.workloads[&b.key()]
+            .scopes
+            .values()
+            .next()
+            .unwrap()
+            .usage,
+        Some(GIB)
+    );
 }
 
 #[test]
@@ -150,7 +285,8 @@ fn a_state_changed_by_the_executors_is_evaluated() {
 
 /// Each generated step is held for a few steps while the clock runs (a steady node), so the
 /// incremental path carries some of them; every decision equals the from-scratch one.
-fn check_world(w: &World, holds: &[usize], dts: &[u64]) -> (u64, u64) {
+/// `nudges`: MiB added to one process sample at held steps (a few usages change), cycled.
+fn check_world(w: &World, holds: &[usize], dts: &[u64], nudges: &[u64]) -> (u64, u64, u64) {
     let pool = pool();
     let quotas = QuotaSet::parse(&w.toml, "gen.toml").unwrap();
     let processes = world_processes(w, &pool);
@@ -159,9 +295,18 @@ fn check_world(w: &World, holds: &[usize], dts: &[u64]) -> (u64, u64) {
     let mut kernel: BTreeMap<String, ObservedGroup> = BTreeMap::new();
     let mut now = Duration::ZERO;
     let mut dt = dts.iter().cycle();
+    let mut nudge = nudges.iter().cycle();
     for (i, (_, _, first_dt)) in w.steps.iter().enumerate() {
-        let s = world_sample(w, i);
+        let base = world_sample(w, i);
         for hold in 0..holds[i % holds.len()] {
+            let mut s = base.clone();
+            let n = *nudge.next().unwrap();
+            if hold > 0 && n > 0 && !s.processes.is_empty() {
+                let j = (i * 3 + hold) % s.processes.len();
+                if let Some(b) = s.processes[j].used_bytes.as_mut() {
+                    *b += n * MIB;
+                }
+            }
             let releases: Vec<String> = if hold == 0 {
                 now += Duration::from_millis(*first_dt);
                 perturb(&mut kernel, w.perturb[i]);
@@ -190,7 +335,7 @@ fn check_world(w: &World, holds: &[usize], dts: &[u64]) -> (u64, u64) {
             apply_to_kernel(&mut kernel, &d.actions);
         }
     }
-    (inc.evaluated, inc.carried)
+    (inc.evaluated, inc.partial, inc.carried)
 }
 
 proptest! {
@@ -201,8 +346,9 @@ proptest! {
         w in world(),
         holds in proptest::collection::vec(1usize..5, 1..6),
         dts in proptest::collection::vec(0u64..10_000, 1..8),
+        nudges in proptest::collection::vec(prop_oneof![Just(0u64), 1u64..2048], 1..6),
     ) {
-        check_world(&w, &holds, &dts);
+        check_world(&w, &holds, &dts, &nudges);
     }
 }
 
@@ -212,11 +358,12 @@ proptest! {
 fn generated_worlds_carry_steps() {
     use proptest::strategy::ValueTree;
     let mut runner = proptest::test_runner::TestRunner::deterministic();
-    let (mut evaluated, mut carried) = (0, 0);
+    let (mut evaluated, mut partial, mut carried) = (0, 0, 0);
     for _ in 0..300 {
         let w = world().new_tree(&mut runner).unwrap().current();
-        let (e, c) = check_world(&w, &[3], &[9_000]);
+        let (e, p, c) = check_world(&w, &[4], &[9_000], &[0, 0, 700]);
         evaluated += e;
+        partial += p;
         carried += c;
     }
     assert!(
@@ -225,4 +372,9 @@ fn generated_worlds_carry_steps() {
         evaluated + carried
     );
     assert!(evaluated > 100, "only {evaluated} steps evaluated");
+    assert!(
+        partial > 100,
+        "only {partial} of {} steps evaluated in part",
+        evaluated + partial + carried
+    );
 }
