@@ -76,6 +76,8 @@ struct Carried {
     stats: Stats,
     driver_limits: Option<Arc<BTreeMap<String, DriverLimits>>>,
     sample: GpuSample,
+    /// Every process sample of `sample` is on a GPU it lists (by UUID).
+    listed: bool,
     processes: Vec<AttributedProcess>,
     quotas: QuotaSet,
     observed: BTreeMap<String, ObservedGroup>,
@@ -89,10 +91,26 @@ enum Delta {
     /// The same inputs (the GPUs' used and free memory aside where nothing is over), from a
     /// fixed point: the same decision.
     Same,
-    /// The workloads (keys) to evaluate again; the others are carried.
-    Some(BTreeSet<String>),
+    /// Some workloads to evaluate again; the others are carried.
+    Some(Split),
     /// Evaluate in full.
     All,
+}
+
+/// The workloads a step evaluates again, and what their evaluations read.
+struct Split {
+    /// Their keys.
+    k: BTreeSet<String>,
+    /// Whether each process of the step is one of theirs (of the last step too: a process that
+    /// moved was theirs then and is now).
+    inside: Vec<bool>,
+    /// The processes (by position) that differ from the last step's: theirs, then and now.
+    moved: Vec<usize>,
+    /// The process samples their evaluations read, by position (the same in both steps): those
+    /// of their pids, then or now, and those that changed. `None`: all of them (a process
+    /// sample on a GPU the sample does not list: a quota naming that GPU's UUID finds its index
+    /// there).
+    samples: Option<Vec<usize>>,
 }
 
 impl Incremental {
@@ -113,9 +131,9 @@ impl Incremental {
                     driver_limits: c.driver_limits.clone(),
                 }
             }
-            (Delta::Some(k), Some(_)) => {
+            (Delta::Some(split), Some(_)) => {
                 self.partial += 1;
-                self.evaluate_some(prev, input, &k)
+                self.evaluate_some(prev, input, &split)
             }
             _ => {
                 self.evaluated += 1;
@@ -146,6 +164,11 @@ impl Incremental {
                         stats: d.stats.clone(),
                         driver_limits: d.driver_limits.clone(),
                         sample: input.sample.clone(),
+                        listed: input
+                            .sample
+                            .processes
+                            .iter()
+                            .all(|p| listed(input.sample, p)),
                         processes: input.processes.to_vec(),
                         quotas: input.quotas.clone(),
                         observed: input.observed.clone(),
@@ -163,16 +186,33 @@ impl Incremental {
         &mut self,
         mut prev: PolicyState,
         input: &PolicyInput,
-        k: &BTreeSet<String>,
+        split: &Split,
     ) -> Decision {
         let Some(c) = self.last.as_mut() else {
             return evaluate(&prev, input);
         };
-        let inside = |p: &&AttributedProcess| k.contains(p.key());
-        let procs_was: Vec<AttributedProcess> =
-            c.processes.iter().filter(inside).cloned().collect();
-        let procs_is: Vec<AttributedProcess> =
-            input.processes.iter().filter(inside).cloned().collect();
+        let k = &split.k;
+
+        let theirs = |all: &[AttributedProcess], inside: &[bool]| -> Vec<AttributedProcess> {
+            all.iter()
+                .zip(inside)
+                .filter(|(_, i)| **i)
+                .map(|(p, _)| p.clone())
+                .collect()
+        };
+        // A process that moved was theirs then and is now: the same positions.
+        let procs_was = theirs(&c.processes, &split.inside);
+        let procs_is = theirs(input.processes, &split.inside);
+        let read = |all: &GpuSample| -> Option<GpuSample> {
+            split.samples.as_ref().map(|at| GpuSample {
+                taken_at: None,
+                devices: all.devices.clone(),
+                health: all.health.clone(),
+                processes: at.iter().map(|&i| all.processes[i].clone()).collect(),
+                problems: all.problems.clone(),
+            })
+        };
+        let (sample_was, sample_is) = (read(&c.sample), read(input.sample));
         let observed: BTreeMap<String, ObservedGroup> = k
             .iter()
             .filter_map(|key| c.observed.get(key).map(|o| (key.clone(), o.clone())))
@@ -206,8 +246,18 @@ impl Incremental {
             observe_only: input.observe_only,
             observed: &observed,
         };
-        let was = evaluate(&state_was, &sub(c.now, &c.sample, &procs_was));
-        let is = evaluate(&state_is, &sub(input.now, input.sample, &procs_is));
+        let was = evaluate(
+            &state_was,
+            &sub(c.now, sample_was.as_ref().unwrap_or(&c.sample), &procs_was),
+        );
+        let is = evaluate(
+            &state_is,
+            &sub(
+                input.now,
+                sample_is.as_ref().unwrap_or(input.sample),
+                &procs_is,
+            ),
+        );
         let stats = rebase(&c.stats, &was.stats, &is.stats);
         let driver_limits = match (&c.driver_limits, &was.driver_limits, &is.driver_limits) {
             (Some(all), Some(w), Some(i)) if w != i => {
@@ -255,13 +305,12 @@ impl Incremental {
             c.sample.devices.clone_from(&input.sample.devices);
             for (a, b) in c.sample.processes.iter_mut().zip(&input.sample.processes) {
                 if !same_process(a, b) {
+                    c.listed &= listed(input.sample, b);
                     *a = b.clone();
                 }
             }
-            for (a, b) in c.processes.iter_mut().zip(input.processes) {
-                if a != b {
-                    *a = b.clone();
-                }
+            for &i in &split.moved {
+                c.processes[i] = input.processes[i].clone();
             }
         } else {
             self.last = None;
@@ -301,10 +350,12 @@ impl Carried {
             .filter(|&i| self.processes[i] != input.processes[i])
             .collect();
         let mut pids: foldhash::HashSet<u32> = foldhash::HashSet::default();
-        for (a, b) in c.processes.iter().zip(&s.processes) {
+        let mut changed = Vec::new();
+        for (i, (a, b)) in c.processes.iter().zip(&s.processes).enumerate() {
             if !same_process(a, b) {
                 pids.insert(a.pid);
                 pids.insert(b.pid);
+                changed.push(i);
             }
         }
         if self.before.is_empty() && moved.is_empty() && pids.is_empty() && (memory || uncoupled) {
@@ -334,10 +385,11 @@ impl Carried {
             return Delta::All;
         }
         // No pid on both sides of the split.
+        let members: foldhash::HashSet<&str> = k.iter().map(String::as_str).collect();
         let inside: Vec<bool> = input
             .processes
             .iter()
-            .map(|p| k.contains(p.key()))
+            .map(|p| members.contains(p.key()))
             .collect();
         let k_pids: foldhash::HashSet<u32> = input
             .processes
@@ -355,8 +407,31 @@ impl Carried {
         {
             return Delta::All;
         }
-        Delta::Some(k)
+        // Their samples, and those that changed (so that the samples left out are the same in
+        // both steps, each attributed to a workload outside or to none in both).
+        let samples =
+            (self.listed && changed.iter().all(|&i| listed(s, &s.processes[i]))).then(|| {
+                let mut at: Vec<usize> = (0..s.processes.len())
+                    .filter(|&i| k_pids.contains(&s.processes[i].pid))
+                    .collect();
+                at.extend(changed);
+                at.sort_unstable();
+                at.dedup();
+                at
+            });
+        drop(members);
+        Delta::Some(Split {
+            k,
+            inside,
+            moved,
+            samples,
+        })
     }
+}
+
+/// `p` is on a GPU `sample` lists.
+fn listed(sample: &GpuSample, p: &ProcessSample) -> bool {
+    sample.devices.iter().any(|d| d.uuid == p.device_uuid)
 }
 
 /// The entries of `prev` that `next` changed, removed or added, with their value in `prev`.

@@ -186,6 +186,46 @@ fn a_workload_going_over_alone_climbs_its_ladder_on_time() {
 }
 
 #[test]
+fn a_gpu_only_a_process_sample_names_is_found_by_a_changed_workload() {
+    // The quota names GPU 7 by UUID; the sample lists GPU 0 only, but a process of another
+    // workload is sampled on GPU 7: the UUID is found there.
+    let toml = "[[quota]]\ncgroup = \"/docker/*\"\ngpu = \"GPU-00000007\"\ngpu_memory = \"2GiB\"\n";
+    let mut s = Steady::new(toml);
+    s.procs = ['a', 'b', 'c', 'd']
+        .iter()
+        .zip([10, 20, 30, 40])
+        .map(|(&c, pid)| attributed(pid, &docker(c)))
+        .collect();
+    let at = |used| {
+        sample(
+            &[(0, 40 * GIB, true)],
+            &[
+                (10, 0, Some(used)),
+                (20, 7, Some(GIB)),
+                (30, 0, Some(GIB)),
+                (40, 0, Some(GIB)),
+            ],
+        )
+    };
+    for t in 0..3 {
+        s.at(t * 1_000, &at(GIB));
+    }
+    let scopes = |s: &Steady| {
+        s.plain.workloads[&docker('a').key()]
+            .scopes
+            .keys()
+            .copied()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(scopes(&s), vec![GpuScope::Gpu(7)]);
+    // Only `a`'s usage changes: `a` is evaluated alone, and still finds GPU 7.
+    let partial = s.inc.partial;
+    s.at(3_000, &at(GIB + MIB));
+    assert_eq!(s.inc.partial, partial + 1);
+    assert_eq!(scopes(&s), vec![GpuScope::Gpu(7)]);
+}
+
+#[test]
 fn a_pid_shared_with_a_changed_workload_is_evaluated_in_full() {
     let mut s = Steady::new(TWO_GIB);
     let (a, b, c, d) = (docker('a'), docker('b'), docker('c'), docker('d'));
@@ -286,7 +326,16 @@ fn a_state_changed_by_the_executors_is_evaluated() {
 /// Each generated step is held for a few steps while the clock runs (a steady node), so the
 /// incremental path carries some of them; every decision equals the from-scratch one.
 /// `nudges`: MiB added to one process sample at held steps (a few usages change), cycled.
-fn check_world(w: &World, holds: &[usize], dts: &[u64], nudges: &[u64]) -> (u64, u64, u64) {
+/// `moves`: what else changes at held steps, cycled: 0 nothing; a process moves to another
+/// process's workload (1), takes a pid nothing samples (2) or another process's pid (4); a
+/// process sample takes a pid no process has (3) or another process's (5).
+fn check_world(
+    w: &World,
+    holds: &[usize],
+    dts: &[u64],
+    nudges: &[u64],
+    moves: &[u8],
+) -> (u64, u64, u64) {
     let pool = pool();
     let quotas = QuotaSet::parse(&w.toml, "gen.toml").unwrap();
     let processes = world_processes(w, &pool);
@@ -296,6 +345,7 @@ fn check_world(w: &World, holds: &[usize], dts: &[u64], nudges: &[u64]) -> (u64,
     let mut now = Duration::ZERO;
     let mut dt = dts.iter().cycle();
     let mut nudge = nudges.iter().cycle();
+    let mut moving = moves.iter().cycle();
     for (i, (_, _, first_dt)) in w.steps.iter().enumerate() {
         let base = world_sample(w, i);
         for hold in 0..holds[i % holds.len()] {
@@ -305,6 +355,35 @@ fn check_world(w: &World, holds: &[usize], dts: &[u64], nudges: &[u64]) -> (u64,
                 let j = (i * 3 + hold) % s.processes.len();
                 if let Some(b) = s.processes[j].used_bytes.as_mut() {
                     *b += n * MIB;
+                }
+            }
+            let mut procs = processes.clone();
+            let m = *moving.next().unwrap();
+            if hold > 0 && !procs.is_empty() && !s.processes.is_empty() {
+                let n = procs.len();
+                let j = (i + hold) % n;
+                let other = procs[(j + 1) % n].clone();
+                let id = procs[j].identity;
+                let e = (i + 2 * hold) % s.processes.len();
+                match m {
+                    1 => procs[j] = AttributedProcess::new(id, other.workload.clone(), None),
+                    2 => {
+                        procs[j] = AttributedProcess::new(
+                            ident(200 + j as u32),
+                            procs[j].workload.clone(),
+                            None,
+                        )
+                    }
+                    3 => s.processes[e].pid = 200 + e as u32,
+                    4 => {
+                        let shared = ProcessIdentity {
+                            pid: other.identity.pid,
+                            start_ticks: 999,
+                        };
+                        procs[j] = AttributedProcess::new(shared, procs[j].workload.clone(), None)
+                    }
+                    5 => s.processes[e].pid = other.identity.pid,
+                    _ => {}
                 }
             }
             let releases: Vec<String> = if hold == 0 {
@@ -322,7 +401,7 @@ fn check_world(w: &World, holds: &[usize], dts: &[u64], nudges: &[u64]) -> (u64,
                 &PolicyInput {
                     now,
                     sample: &s,
-                    processes: &processes,
+                    processes: &procs,
                     quotas: &quotas,
                     releases: &releases,
                     agent_pid: w.agent,
@@ -347,8 +426,9 @@ proptest! {
         holds in proptest::collection::vec(1usize..5, 1..6),
         dts in proptest::collection::vec(0u64..10_000, 1..8),
         nudges in proptest::collection::vec(prop_oneof![Just(0u64), 1u64..2048], 1..6),
+        moves in proptest::collection::vec(prop_oneof![3 => Just(0u8), 5 => 1u8..6], 1..6),
     ) {
-        check_world(&w, &holds, &dts, &nudges);
+        check_world(&w, &holds, &dts, &nudges, &moves);
     }
 }
 
@@ -361,7 +441,7 @@ fn generated_worlds_carry_steps() {
     let (mut evaluated, mut partial, mut carried) = (0, 0, 0);
     for _ in 0..300 {
         let w = world().new_tree(&mut runner).unwrap().current();
-        let (e, p, c) = check_world(&w, &[4], &[9_000], &[0, 0, 700]);
+        let (e, p, c) = check_world(&w, &[4], &[9_000], &[0, 0, 700], &[0]);
         evaluated += e;
         partial += p;
         carried += c;
