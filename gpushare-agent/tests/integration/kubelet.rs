@@ -335,7 +335,16 @@ fn kubelet_grant_beats_larger_or_zero_env_and_a_smaller_env_beats_the_grant() {
         (Some(GIB), "gpushare env", "init_environ"),
         "the environment's 1 beats the grant's 4: {sm:?}"
     );
-    // `Get` answered `Unimplemented` once; the agent said so once and used `List`.
+    // `Get` answered `Unimplemented` once; the agent said so once and used `List`. The smaller
+    // pod's environment quota may freeze it before the reader's `Get` (asked 200 ms after the
+    // pod shows up): wait for the call, bounded, before reading the log.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while (kubelet.fake.gets.load(Ordering::SeqCst) == 0
+        || !agent.log().contains("Get is not served"))
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let log = agent.log();
     assert_eq!(
         log.matches("Get is not served").count(),
