@@ -15,7 +15,8 @@
 //! same processes, `GPUSHARE_BENCH_FOOTPRINT_ROUNDS=N` of them (the median is shown);
 //! `GPUSHARE_BENCH_STEP_PROCS=N` runs one size of the step part (`..._STEP_COUNT=N` steps), and
 //! `GPUSHARE_BENCH_FOOTPRINT_PROCS=N` one size of the footprint part (1000 or 10000);
-//! `GPUSHARE_BENCH_STEP_CHURN=0` leaves out the steps with 1% of the usage changed;
+//! `GPUSHARE_BENCH_STEP_CHURN=0` leaves out the steps with 1% of the usage changed (`=only`: only
+//! those, to profile them);
 //! `GPUSHARE_BENCH_FOOTPRINT_SECS=N` widens the footprint's window (to profile the agent meanwhile).
 //! `GPUSHARE_BENCH_QUICK=1`: small sizes and a short window, figures not to be judged.
 
@@ -141,7 +142,9 @@ fn per_sample_cost() {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(20);
-        let mut v: Vec<f64> = (0..steps)
+        // GPUSHARE_BENCH_STEP_CHURN=only: the changing steps only (one steady step).
+        let only_churn = std::env::var("GPUSHARE_BENCH_STEP_CHURN").is_ok_and(|v| v == "only");
+        let mut v: Vec<f64> = (0..if only_churn { 1 } else { steps })
             .map(|_| {
                 let t = Instant::now();
                 agent.tick(None);

@@ -41,8 +41,10 @@ use crate::{
     workload::{Placement, nested_container, parse_cgroup_path_in, parse_without_runtime},
 };
 
-/// A map built and dropped within one step.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+/// A map with foldhash's hasher (several times faster than SipHash on short strings): the keys
+/// are cgroup paths a tenant names, but the seed is random per process and never shown, so
+/// there is no collision to plan.
+pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The root of a plain cgroup workload: the topmost of `path` and its ancestors that a `cgroup`
 /// glob of the quota set names; `path` itself when none does.
@@ -134,16 +136,16 @@ pub struct Workloads {
     /// The kubelet's pod-resources reader, per the quota file's `[kubernetes]` table.
     kubelet: Option<PodResourcesSource>,
     v2_root: std::path::PathBuf,
-    quota_trust: HashMap<String, &'static str>,
+    quota_trust: FastMap<String, &'static str>,
     placement: Placement,
     records: RuntimeRecords,
-    notes: HashMap<String, IdentityNote>,
+    notes: FastMap<String, IdentityNote>,
     conflicts: HashSet<String>,
     mismatches: HashSet<String>,
     events: Vec<IdentityEvent>,
     /// Per leaf group seen at the last step: what its path says (placement only) and its
     /// workload as last built, shared with every process of it while it stays equal.
-    leaves: HashMap<String, Leaf>,
+    leaves: FastMap<String, Leaf>,
     /// The quota set the leaves' roots were found under (a root depends on its globs).
     rooted_under: Option<QuotaSet>,
     /// The API server's grants (DRA claims, pod annotations), when `[kubernetes] api` is on.
@@ -223,14 +225,14 @@ impl Workloads {
             env_quotas: EnvQuotaReader::new(roots.clone(), v2_root.clone()),
             kubelet: None,
             v2_root,
-            quota_trust: HashMap::new(),
+            quota_trust: FastMap::default(),
             placement,
             records: RuntimeRecords::new(roots),
-            notes: HashMap::new(),
+            notes: FastMap::default(),
             conflicts: HashSet::new(),
             mismatches: HashSet::new(),
             events: Vec::new(),
-            leaves: HashMap::new(),
+            leaves: FastMap::default(),
             rooted_under: None,
             kube: None,
         }
@@ -280,12 +282,12 @@ impl Workloads {
     }
 
     /// How far each workload's quota source is trusted (`file`, `runtime_spec`, `init_environ`).
-    pub fn quota_trust(&self) -> &HashMap<String, &'static str> {
+    pub fn quota_trust(&self) -> &FastMap<String, &'static str> {
         &self.quota_trust
     }
 
     /// What each workload's identity rests on, and its nested containers.
-    pub fn identity_notes(&self) -> &HashMap<String, IdentityNote> {
+    pub fn identity_notes(&self) -> &FastMap<String, IdentityNote> {
         &self.notes
     }
 

@@ -223,6 +223,12 @@ impl Attribution {
         self.tasks.values()
     }
 
+    /// All tasks, in no order (one walk of the hash table: for what does not depend on the
+    /// order).
+    pub fn tasks_in_any_order(&self) -> impl Iterator<Item = &GpuTaskEntry> {
+        self.tasks.by_pid.values()
+    }
+
     /// Number of tasks.
     pub fn len(&self) -> usize {
         self.tasks.len()

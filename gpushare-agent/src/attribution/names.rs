@@ -2,7 +2,7 @@
 //! that the node's own files can tell, without an API server, cached per workload key.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     path::Path,
     time::{Duration, Instant},
 };
@@ -24,7 +24,8 @@ pub struct WorkloadNames {
 /// engine's state) and cached; a miss is retried at most every 10 s.
 #[derive(Default)]
 pub struct NameCache {
-    names: HashMap<String, (WorkloadNames, Instant)>,
+    /// foldhash (looked up per workload row at every step; a random seed per process).
+    names: foldhash::HashMap<String, (WorkloadNames, Instant)>,
     /// Changes whenever an entry is added, replaced or forgotten, and is never the same for two
     /// caches with different entries (numbers drawn from one counter): two reads with the same
     /// generation read the same names.

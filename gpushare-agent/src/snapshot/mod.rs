@@ -13,7 +13,7 @@
 //! group frozen.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     ops::{Deref, DerefMut},
     sync::Arc,
 };
@@ -318,9 +318,9 @@ pub struct StepReport<'a> {
     /// Names of workloads.
     pub names: &'a NameCache,
     /// How far each workload's quota source is trusted (`file`, `runtime_spec`, `init_environ`).
-    pub quota_trust: &'a HashMap<String, &'static str>,
+    pub quota_trust: &'a foldhash::HashMap<String, &'static str>,
     /// What each workload's identity rests on, and its nested containers.
-    pub identity: &'a HashMap<String, IdentityNote>,
+    pub identity: &'a foldhash::HashMap<String, IdentityNote>,
     /// Health: readiness and degraded modes.
     pub health: Health,
     /// Monotonic totals kept by the agent (this builder adds the ioctl totals).

@@ -104,7 +104,7 @@ impl Ioctls {
     /// are attributed as were then (so the same ones), and every task seen is still in the table.
     pub(super) fn steady(&self, table: &Attribution, by_pid: &HashMap<u32, &Arc<str>>) -> bool {
         let (mut attributed, mut present) = (0, 0);
-        for t in table.tasks() {
+        for t in table.tasks_in_any_order() {
             let seen = self.seen.get(&t.identity);
             present += usize::from(seen.is_some());
             match (by_pid.get(&t.identity.pid), seen) {
@@ -231,6 +231,7 @@ fn same_static(a: &'static str, b: &'static str, text: &str) -> bool {
 pub struct Publisher {
     pub(super) ioctls: Ioctls,
     pub(super) rows: Rows,
+    pub(super) order: Order,
 }
 
 fn detail(retry: Option<&Retry>, now: std::time::Duration) -> String {
@@ -600,9 +601,23 @@ fn facts<'a>(
 /// sample order, each with its (key, GPU) rank: equal exactly for the same key and UUID.
 /// A workload's processes share its key (one address), so keys are told apart by address and
 /// only the distinct ones compared as strings; UUIDs are few.
+#[cfg(test)]
 pub(super) fn by_workload_and_gpu<'a>(
     attributed: &[(&'a str, &'a ProcessSample)],
 ) -> Vec<((u32, u32), &'a str, &'a ProcessSample)> {
+    ranked(attributed)
+        .0
+        .into_iter()
+        .map(|(k, g, i)| {
+            let (key, p) = attributed[i as usize];
+            ((k, g), key, p)
+        })
+        .collect()
+}
+
+/// [`by_workload_and_gpu`]'s order: (key rank, GPU rank, place in `attributed`), sorted; and the
+/// GPU UUIDs in rank order.
+fn ranked<'a>(attributed: &[(&'a str, &'a ProcessSample)]) -> (Vec<(u32, u32, u32)>, Vec<&'a str>) {
     // Each distinct key (by address), and its place in `distinct`.
     let mut slot: HashMap<(usize, usize), usize> = HashMap::new();
     let mut distinct: Vec<(&str, usize)> = Vec::new();
@@ -640,13 +655,66 @@ pub(super) fn by_workload_and_gpu<'a>(
         })
         .collect();
     order.sort_unstable();
-    order
-        .into_iter()
-        .map(|(k, g, i)| {
-            let (key, p) = attributed[i as usize];
-            ((k, g), key, p)
-        })
-        .collect()
+    (order, uuids)
+}
+
+/// The last step's [`by_workload_and_gpu`] order and what it was worked out from: reused while
+/// every attributed process has the same key (the same allocation, kept alive here, so the same
+/// text) and GPU UUID at the same place (then the distinct keys and UUIDs, so the ranks, are
+/// the same too). A step with the same processes sorts nothing.
+#[derive(Debug, Default)]
+pub(super) struct Order {
+    /// Per attributed process, in sample order: its key.
+    keys: Vec<Arc<str>>,
+    /// Per attributed process: its GPU UUID's rank (its place in `uuids`).
+    gpus: Vec<u32>,
+    /// The GPU UUIDs in rank (string) order.
+    uuids: Vec<String>,
+    /// (key rank, GPU rank, place in sample order), sorted.
+    order: Vec<(u32, u32, u32)>,
+}
+
+impl Order {
+    /// `attributed` (each process's shared key) in [`by_workload_and_gpu`]'s order.
+    pub(super) fn of<'a>(
+        &mut self,
+        attributed: &[(&'a Arc<str>, &'a ProcessSample)],
+    ) -> Vec<((u32, u32), &'a str, &'a ProcessSample)> {
+        if !self.holds(attributed) {
+            let text: Vec<(&str, &ProcessSample)> =
+                attributed.iter().map(|(k, p)| (&***k, *p)).collect();
+            let (order, uuids) = ranked(&text);
+            self.gpus = vec![0; attributed.len()];
+            for &(_, g, i) in &order {
+                self.gpus[i as usize] = g;
+            }
+            self.keys = attributed.iter().map(|(k, _)| Arc::clone(k)).collect();
+            self.uuids = uuids.into_iter().map(str::to_string).collect();
+            self.order = order;
+        }
+        self.order
+            .iter()
+            .map(|&(k, g, i)| {
+                let (key, p) = attributed[i as usize];
+                ((k, g), &**key, p)
+            })
+            .collect()
+    }
+
+    /// Whether the kept order is `attributed`'s.
+    pub(super) fn holds(&self, attributed: &[(&Arc<str>, &ProcessSample)]) -> bool {
+        self.keys.len() == attributed.len()
+            && attributed
+                .iter()
+                .zip(self.keys.iter().zip(&self.gpus))
+                .all(|((k, p), (kept, g))| {
+                    Arc::ptr_eq(k, kept)
+                        && self
+                            .uuids
+                            .get(*g as usize)
+                            .is_some_and(|u| *u == p.device_uuid)
+                })
+    }
 }
 
 impl Publisher {
@@ -680,7 +748,7 @@ impl Publisher {
 
         // Processes, and the attributed ones by (workload, GPU), in sample order.
         let mut unattributed: BTreeMap<String, u64> = BTreeMap::new();
-        let mut attributed: Vec<(&str, &ProcessSample)> =
+        let mut attributed: Vec<(&Arc<str>, &ProcessSample)> =
             Vec::with_capacity(sample.processes.len());
         let mut processes = Vec::with_capacity(sample.processes.len());
         let mut process_keys = Vec::with_capacity(sample.processes.len());
@@ -688,7 +756,7 @@ impl Publisher {
         for (i, p) in sample.processes.iter().enumerate() {
             let shared = by_pid.get(&p.pid).copied();
             let key = shared.map(|k| &**k);
-            match key {
+            match shared {
                 Some(k) => attributed.push((k, p)),
                 None => {
                     *unattributed.entry(p.device_uuid.clone()).or_default() +=
@@ -728,7 +796,7 @@ impl Publisher {
 
         // Per (workload, GPU): bytes, pids (in sample order), utilization. Ordered by key, then
         // GPU UUID, then sample order, through ranks (integers compared, not strings).
-        let attributed = by_workload_and_gpu(&attributed);
+        let attributed = self.order.of(&attributed);
         let pids: Vec<u32> = attributed.iter().map(|(_, _, p)| p.pid).collect();
         let mut sorted: Vec<Draft> = Vec::new();
         let mut start = 0;

@@ -6,10 +6,7 @@ use std::{
 
 use proptest::prelude::*;
 
-use super::{
-    publish::{Busy, Rows},
-    *,
-};
+use super::{publish::Busy, *};
 use crate::{
     attribution::{
         Attribution, GpuTaskEntry, ProcessIdentity, cgroupfs::CgroupResolver, names::WorkloadNames,
@@ -57,8 +54,8 @@ fn build_with(
         processes,
         policy,
         names,
-        quota_trust: &HashMap::new(),
-        identity: &HashMap::new(),
+        quota_trust: &Default::default(),
+        identity: &Default::default(),
         health: Health::default(),
         counters: Counters::default(),
         quotas: (&QuotaSet::empty(), 0),
@@ -357,8 +354,8 @@ struct World {
     processes: Vec<AttributedProcess>,
     sample: GpuSample,
     policy: PolicyState,
-    quota_trust: HashMap<String, &'static str>,
-    identity: HashMap<String, IdentityNote>,
+    quota_trust: foldhash::HashMap<String, &'static str>,
+    identity: foldhash::HashMap<String, IdentityNote>,
 }
 
 const GIB: u64 = 1 << 30;
@@ -674,7 +671,7 @@ proptest! {
         for (i, step) in spec.iter().enumerate() {
             now += Duration::from_millis(step.5.1);
             let world = World::of(step, &keys, &mut ioctls, &mut metas);
-            let mut scratch = Publisher { ioctls: incremental.ioctls.clone(), rows: Rows::default() };
+            let mut scratch = Publisher { ioctls: incremental.ioctls.clone(), ..Publisher::default() };
             let a = incremental.build_at(world.report(step, &names, &quotas, now), t0 + now);
             let b = scratch.build_at(world.report(step, &names, &quotas, now), t0 + now);
             prop_assert_eq!(comparable(&a), comparable(&b), "step {}", i);
@@ -750,7 +747,7 @@ fn an_unchanged_step_shares_every_row_and_a_change_renews_only_its_rows() {
     )
     .unwrap();
     let names = NameCache::default();
-    let (trust, notes) = (HashMap::new(), HashMap::new());
+    let (trust, notes) = (foldhash::HashMap::default(), foldhash::HashMap::default());
     let policy = PolicyState::default();
     let mut p = Publisher::default();
     let mut step = |sample: &GpuSample| {
@@ -982,4 +979,66 @@ fn processes_are_grouped_by_key_then_gpu_in_string_order() {
     // One rank per (key, GPU): the two "b" on GPU-1 (other addresses) share theirs.
     let ranks: Vec<(u32, u32)> = sorted.iter().map(|(r, _, _)| *r).collect();
     assert_eq!(ranks, [(0, 0), (0, 1), (1, 0), (1, 1), (1, 1)]);
+}
+
+/// The order kept from the last step is reused only while every process has the same key (by
+/// allocation) and GPU UUID at the same place, and is then the order worked out afresh: a key
+/// of the same text in another allocation, a process on another GPU, one more process, each
+/// work it out again.
+#[test]
+fn the_kept_order_is_reused_only_where_it_is_the_order_worked_out_afresh() {
+    let proc = |pid: u32, gpu: &str| ProcessSample {
+        pid,
+        device_index: 0,
+        device_uuid: gpu.into(),
+        used_bytes: None,
+        utilization: None,
+    };
+    let (a, b, b2, c): (Arc<str>, Arc<str>, Arc<str>, Arc<str>) =
+        ("a".into(), "b".into(), "b".into(), "c".into());
+    let s1 = [proc(1, "GPU-1"), proc(2, "GPU-0"), proc(3, "GPU-1")];
+    // The same processes on other GPUs (the UUIDs' ranks swap).
+    let s2 = [proc(1, "GPU-0"), proc(2, "GPU-1"), proc(3, "GPU-1")];
+    let s3 = [
+        proc(1, "GPU-0"),
+        proc(2, "GPU-1"),
+        proc(3, "GPU-1"),
+        proc(4, "GPU-0"),
+    ];
+    // Each step's attributed processes, and whether the last step's order is reused.
+    type Step<'a> = (Vec<(&'a Arc<str>, &'a ProcessSample)>, bool);
+    let steps: Vec<Step> = vec![
+        (vec![(&b, &s1[0]), (&a, &s1[1]), (&b, &s1[2])], false),
+        (vec![(&b, &s1[0]), (&a, &s1[1]), (&b, &s1[2])], true),
+        // "b" in another allocation, before "a" would be: worked out again.
+        (vec![(&b2, &s1[0]), (&a, &s1[1]), (&b, &s1[2])], false),
+        (vec![(&b2, &s1[0]), (&a, &s1[1]), (&b, &s1[2])], true),
+        (vec![(&b2, &s2[0]), (&a, &s2[1]), (&b, &s2[2])], false),
+        (vec![(&c, &s2[0]), (&a, &s2[1]), (&b, &s2[2])], false),
+        (
+            vec![(&c, &s3[0]), (&a, &s3[1]), (&b, &s3[2]), (&a, &s3[3])],
+            false,
+        ),
+        (
+            vec![(&c, &s3[0]), (&a, &s3[1]), (&b, &s3[2]), (&a, &s3[3])],
+            true,
+        ),
+        (vec![(&c, &s3[0]), (&a, &s3[1]), (&b, &s3[2])], false),
+    ];
+    let mut order = super::publish::Order::default();
+    for (i, (attributed, reused)) in steps.iter().enumerate() {
+        assert_eq!(order.holds(attributed), *reused, "step {i}");
+        let text: Vec<(&str, &ProcessSample)> =
+            attributed.iter().map(|(k, p)| (&***k, *p)).collect();
+        let fresh: Vec<((u32, u32), &str, u32)> = super::publish::by_workload_and_gpu(&text)
+            .into_iter()
+            .map(|(r, k, p)| (r, k, p.pid))
+            .collect();
+        let kept: Vec<((u32, u32), &str, u32)> = order
+            .of(attributed)
+            .into_iter()
+            .map(|(r, k, p)| (r, k, p.pid))
+            .collect();
+        assert_eq!(kept, fresh, "step {i}");
+    }
 }
