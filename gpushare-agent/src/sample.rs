@@ -67,8 +67,8 @@ pub struct ProcessSample {
     pub pid: u32,
     /// NVML index of the GPU.
     pub device_index: u32,
-    /// GPU UUID.
-    pub device_uuid: String,
+    /// GPU UUID (one allocation per GPU and sample, shared by its processes).
+    pub device_uuid: std::sync::Arc<str>,
     /// Used memory, bytes; `None` when NVML reports it as not available.
     pub used_bytes: Option<u64>,
     /// Utilization over the GPU's sample window (0 when it had no sample: idle); `None` where

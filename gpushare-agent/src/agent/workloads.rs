@@ -869,7 +869,7 @@ mod tests {
                     .map(|&(pid, dev, mib)| ProcessSample {
                         pid,
                         device_index: dev,
-                        device_uuid: format!("GPU-{dev}"),
+                        device_uuid: format!("GPU-{dev}").into(),
                         used_bytes: Some(mib << 20),
                         utilization: None,
                     })

@@ -308,12 +308,13 @@ impl NvmlSampler {
         if let Some(d) = sample.devices.last_mut() {
             d.process_utilization = busy.state.clone();
         }
+        let shared: std::sync::Arc<str> = uuid.as_str().into();
         sample
             .processes
             .extend(merged.into_iter().map(|p| ProcessSample {
                 pid: p.pid,
                 device_index: index,
-                device_uuid: uuid.clone(),
+                device_uuid: std::sync::Arc::clone(&shared),
                 used_bytes: p.used_bytes,
                 utilization: busy.of(p.pid),
             }));

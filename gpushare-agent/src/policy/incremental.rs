@@ -163,7 +163,7 @@ impl Incremental {
 
 /// `p` is on a GPU `sample` lists.
 fn listed(sample: &GpuSample, p: &ProcessSample) -> bool {
-    sample.devices.iter().any(|d| d.uuid == p.device_uuid)
+    sample.devices.iter().any(|d| *d.uuid == *p.device_uuid)
 }
 
 /// The entries of `prev` that `next` changed, removed or added, with their value in `prev`.

@@ -118,7 +118,7 @@ fn plan_one(
                         sample
                             .processes
                             .iter()
-                            .find(|p| p.device_uuid == *u)
+                            .find(|p| *p.device_uuid == **u)
                             .map(|p| p.device_index)
                     });
                 if found.is_none() && !devices.trustworthy() {

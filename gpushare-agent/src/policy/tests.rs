@@ -82,7 +82,7 @@ fn sample(gpus: &[(u32, u64, bool)], usage: &[(u32, u32, Option<u64>)]) -> GpuSa
             .map(|&(pid, dev, used)| ProcessSample {
                 pid,
                 device_index: dev,
-                device_uuid: format!("GPU-0000000{dev}"),
+                device_uuid: format!("GPU-0000000{dev}").into(),
                 used_bytes: used,
                 ..Default::default()
             })
@@ -1586,7 +1586,7 @@ fn independent_threshold(q: &ResolvedQuota, scope: GpuScope, s: &GpuSample) -> O
             .or_else(|| {
                 s.processes
                     .iter()
-                    .find(|p| p.device_uuid == u)
+                    .find(|p| *p.device_uuid == *u)
                     .map(|p| p.device_index)
             })
     };

@@ -355,7 +355,7 @@ impl ProcessDraft<'_> {
             pid: p.pid,
             comm: self.comm.to_string(),
             workload: self.workload.to_string(),
-            gpu_uuid: p.device_uuid.clone(),
+            gpu_uuid: p.device_uuid.to_string(),
             used_bytes: p.used_bytes,
             utilization: p.utilization.map(|u| ratio(u.sm)),
             memory_utilization: p.utilization.map(|u| ratio(u.memory)),
@@ -629,7 +629,7 @@ fn ranked<'a>(attributed: &[(&'a str, &'a ProcessSample)]) -> (Vec<(u32, u32, u3
                 distinct.push((k, next));
                 next
             });
-        gpus.entry(p.device_uuid.as_str()).or_insert(0);
+        gpus.entry(&*p.device_uuid).or_insert(0);
     }
     // Ranks in string order; equal strings (at other addresses) get equal ranks.
     distinct.sort_unstable();
@@ -651,7 +651,7 @@ fn ranked<'a>(attributed: &[(&'a str, &'a ProcessSample)]) -> (Vec<(u32, u32, u3
         .enumerate()
         .map(|(i, (k, p))| {
             let key = rank[slot[&(k.as_ptr() as usize, k.len())]];
-            (key, gpus[p.device_uuid.as_str()], i as u32)
+            (key, gpus[&*p.device_uuid], i as u32)
         })
         .collect();
     order.sort_unstable();
@@ -712,7 +712,7 @@ impl Order {
                         && self
                             .uuids
                             .get(*g as usize)
-                            .is_some_and(|u| *u == p.device_uuid)
+                            .is_some_and(|u| **u == *p.device_uuid)
                 })
     }
 }
@@ -759,7 +759,7 @@ impl Publisher {
             match shared {
                 Some(k) => attributed.push((k, p)),
                 None => {
-                    *unattributed.entry(p.device_uuid.clone()).or_default() +=
+                    *unattributed.entry(p.device_uuid.to_string()).or_default() +=
                         p.used_bytes.unwrap_or(0)
                 }
             }
@@ -770,7 +770,7 @@ impl Publisher {
                 key: shared,
             };
             let last = match self.rows.processes.get(i) {
-                Some(l) if l.pid == p.pid && l.gpu_uuid == p.device_uuid => Some(i),
+                Some(l) if l.pid == p.pid && *l.gpu_uuid == *p.device_uuid => Some(i),
                 _ => last_by_id
                     .get_or_insert_with(|| {
                         self.rows
@@ -780,7 +780,7 @@ impl Publisher {
                             .map(|(j, l)| ((l.pid, l.gpu_uuid.as_str()), j))
                             .collect()
                     })
-                    .get(&(p.pid, p.device_uuid.as_str()))
+                    .get(&(p.pid, &*p.device_uuid))
                     .copied(),
             };
             let last_key = |j: usize| self.rows.process_keys.get(j).and_then(Option::as_ref);
@@ -802,7 +802,7 @@ impl Publisher {
         let mut start = 0;
         while start < attributed.len() {
             let (rank, key, first) = attributed[start];
-            let gpu = first.device_uuid.as_str();
+            let gpu = &*first.device_uuid;
             let end = start
                 + attributed[start..]
                     .iter()

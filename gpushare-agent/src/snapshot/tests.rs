@@ -527,7 +527,7 @@ impl World {
                 .map(|&(pid, dev, used, u)| ProcessSample {
                     pid,
                     device_index: dev,
-                    device_uuid: format!("GPU-{dev}"),
+                    device_uuid: format!("GPU-{dev}").into(),
                     used_bytes: used.map(|u| u * GIB),
                     utilization: u.map(|(sm, memory)| Utilization { sm, memory }),
                 })
@@ -734,7 +734,7 @@ fn an_unchanged_step_shares_every_row_and_a_change_renews_only_its_rows() {
             .map(|pid| ProcessSample {
                 pid,
                 device_index: pid % 2,
-                device_uuid: format!("GPU-{}", pid % 2),
+                device_uuid: format!("GPU-{}", pid % 2).into(),
                 used_bytes: Some(GIB),
                 utilization: None,
             })
@@ -964,7 +964,7 @@ fn processes_are_grouped_by_key_then_gpu_in_string_order() {
     let sorted = super::publish::by_workload_and_gpu(&attributed);
     let got: Vec<(&str, &str, u32)> = sorted
         .iter()
-        .map(|(_, k, p)| (*k, p.device_uuid.as_str(), p.pid))
+        .map(|(_, k, p)| (*k, &*p.device_uuid, p.pid))
         .collect();
     assert_eq!(
         got,
