@@ -61,6 +61,10 @@ pub struct NvmlSampler {
     last_problem: BTreeMap<String, String>,
     utilization: UtilizationReader,
     device_extras: bool,
+    /// Each GPU's UUID as the last sample shared it with its process samples: the same
+    /// allocation while the text is the same, so what compares samples across steps finds it
+    /// equal by address.
+    uuids: BTreeMap<u32, std::sync::Arc<str>>,
 }
 
 impl NvmlSampler {
@@ -80,6 +84,7 @@ impl NvmlSampler {
             last_problem: BTreeMap::new(),
             utilization: UtilizationReader::default(),
             device_extras: false,
+            uuids: BTreeMap::new(),
         };
         s.try_init(true);
         s
@@ -308,7 +313,14 @@ impl NvmlSampler {
         if let Some(d) = sample.devices.last_mut() {
             d.process_utilization = busy.state.clone();
         }
-        let shared: std::sync::Arc<str> = uuid.as_str().into();
+        let shared = match self.uuids.get(&index) {
+            Some(last) if **last == *uuid => std::sync::Arc::clone(last),
+            _ => {
+                let fresh: std::sync::Arc<str> = uuid.as_str().into();
+                self.uuids.insert(index, std::sync::Arc::clone(&fresh));
+                fresh
+            }
+        };
         sample
             .processes
             .extend(merged.into_iter().map(|p| ProcessSample {

@@ -199,6 +199,9 @@ pub(super) struct Rows {
     /// Each process row's workload key as attribution shared it (kept alive here, so the same
     /// allocation is the same text: compared without reading the row's copy).
     process_keys: Vec<Option<Arc<str>>>,
+    /// Each process row's GPU UUID as the sample shared it (kept alive here likewise: the same
+    /// allocation is the row's text).
+    process_gpus: Vec<Arc<str>>,
     gpus: Vec<Arc<GpuView>>,
     /// The quota views, and the generation of the set they were built from.
     quotas: Option<(u64, Arc<[QuotaView]>)>,
@@ -770,7 +773,17 @@ impl Publisher {
                 key: shared,
             };
             let last = match self.rows.processes.get(i) {
-                Some(l) if l.pid == p.pid && *l.gpu_uuid == *p.device_uuid => Some(i),
+                Some(l)
+                    if l.pid == p.pid
+                        && (self
+                            .rows
+                            .process_gpus
+                            .get(i)
+                            .is_some_and(|g| Arc::ptr_eq(g, &p.device_uuid))
+                            || *l.gpu_uuid == *p.device_uuid) =>
+                {
+                    Some(i)
+                }
                 _ => last_by_id
                     .get_or_insert_with(|| {
                         self.rows
@@ -999,6 +1012,10 @@ impl Publisher {
         self.rows.gpus.clone_from(&gpus);
         self.rows.processes.clone_from(&processes);
         self.rows.process_keys = process_keys;
+        self.rows.process_gpus.clear();
+        self.rows
+            .process_gpus
+            .extend(sample.processes.iter().map(|p| Arc::clone(&p.device_uuid)));
 
         let (set, generation) = r.quotas;
         let quotas = match &self.rows.quotas {

@@ -445,6 +445,21 @@ fn workload_state(s: &WsSpec) -> WorkloadState {
     }
 }
 
+/// GPU `dev`'s UUID, one allocation per GPU for the thread's life, as the sampler shares it
+/// across steps (so a publisher finds a process's GPU unchanged by address).
+fn shared_uuid(dev: u32) -> Arc<str> {
+    thread_local! {
+        static UUIDS: std::cell::RefCell<BTreeMap<u32, Arc<str>>> = Default::default();
+    }
+    UUIDS.with(|u| {
+        Arc::clone(
+            u.borrow_mut()
+                .entry(dev)
+                .or_insert_with(|| format!("GPU-{dev}").into()),
+        )
+    })
+}
+
 impl World {
     /// The world of `spec`. `metas`: each leaf's workload meta and key, kept across steps as
     /// the agent keeps them (the same `Arc`s while the leaf's workload lives; two leaves of one
@@ -527,7 +542,7 @@ impl World {
                 .map(|&(pid, dev, used, u)| ProcessSample {
                     pid,
                     device_index: dev,
-                    device_uuid: format!("GPU-{dev}").into(),
+                    device_uuid: shared_uuid(dev),
                     used_bytes: used.map(|u| u * GIB),
                     utilization: u.map(|(sm, memory)| Utilization { sm, memory }),
                 })
