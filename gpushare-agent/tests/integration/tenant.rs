@@ -150,17 +150,30 @@ fn oddly_named_gpu_process(
     let dir = gpushare_testkit::TempTree::new("gpushare-odd-name");
     let exe = dir.path().join(ODD_NAME);
     std::fs::copy(workspace_bin("gpushare-fake-gpu-proc"), &exe).unwrap();
-    let p = Reaped(
-        cg.spawn(
+    // Another test's fork may hold the copy's write descriptor for a moment (ETXTBSY until its
+    // child execs): tried again, bounded.
+    let mut tries = 0;
+    let child = loop {
+        match cg.spawn(
             Command::new(&exe)
                 .arg("--device")
                 .arg(node.path())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null()),
-        )
-        .unwrap(),
-    );
-    (p, dir, node)
+        ) {
+            Err(e)
+                if tries < 100
+                    && e.downcast_ref::<std::io::Error>()
+                        .and_then(std::io::Error::raw_os_error)
+                        == Some(libc::ETXTBSY) =>
+            {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            r => break r.unwrap(),
+        }
+    };
+    (Reaped(child), dir, node)
 }
 
 /// 15 bytes, as the kernel keeps a comm: an escape sequence that clears the screen, a line break.
