@@ -949,17 +949,21 @@ fn a_row_without_processes_follows_the_policys_cgroup_path() {
     assert_eq!(step("/jobs/b-moved").cgroup_path, "/jobs/b-moved");
 }
 
-/// Processes ordered by workload key, then GPU UUID, then sample order, equal keys at other
-/// addresses together (one rank), as sorting the strings would order them.
-#[test]
-fn processes_are_grouped_by_key_then_gpu_in_string_order() {
-    let proc = |pid: u32, gpu: &str| ProcessSample {
+/// A process sample of `pid` on the GPU of UUID `gpu`, usage unknown.
+fn proc(pid: u32, gpu: &str) -> ProcessSample {
+    ProcessSample {
         pid,
         device_index: 0,
         device_uuid: gpu.into(),
         used_bytes: None,
         utilization: None,
-    };
+    }
+}
+
+/// Processes ordered by workload key, then GPU UUID, then sample order, equal keys at other
+/// addresses together (one rank), as sorting the strings would order them.
+#[test]
+fn processes_are_grouped_by_key_then_gpu_in_string_order() {
     let samples = [
         proc(1, "GPU-1"),
         proc(2, "GPU-0"),
@@ -1002,13 +1006,6 @@ fn processes_are_grouped_by_key_then_gpu_in_string_order() {
 /// work it out again.
 #[test]
 fn the_kept_order_is_reused_only_where_it_is_the_order_worked_out_afresh() {
-    let proc = |pid: u32, gpu: &str| ProcessSample {
-        pid,
-        device_index: 0,
-        device_uuid: gpu.into(),
-        used_bytes: None,
-        utilization: None,
-    };
     let (a, b, b2, c): (Arc<str>, Arc<str>, Arc<str>, Arc<str>) =
         ("a".into(), "b".into(), "b".into(), "c".into());
     let s1 = [proc(1, "GPU-1"), proc(2, "GPU-0"), proc(3, "GPU-1")];
