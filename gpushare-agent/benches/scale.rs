@@ -2,10 +2,12 @@
 //! 1. Attribution cost for 10 / 100 / 1,000 / 10,000 GPU processes: the agent's eBPF-fed table
 //!    (a map lookup) next to reading and parsing `/proc/<pid>/cgroup` per process (what
 //!    dcgm-exporter and HAMi's monitor do), side by side in one run, as a ratio.
-//! 2. The per-step cost of utilization sampling at 1,000 GPU processes on 8 GPUs: agent steps
+//! 2. One in-process agent step at 100 to 10,000 GPU processes: its time and the agent's heap
+//!    allocations in it (median), steady and with 1% of the processes' usage changed.
+//! 3. The per-step cost of utilization sampling at 1,000 GPU processes on 8 GPUs: agent steps
 //!    with every process sampled (fresh per-process samples each step) next to steps on GPUs that
 //!    answer NOT_SUPPORTED, alternating in one run.
-//! 3. Agent footprint with 1,000 GPU processes in 200 workloads (and 10,000 in 2,000) sampled every
+//! 4. Agent footprint with 1,000 GPU processes in 200 workloads (and 10,000 in 2,000) sampled every
 //!    second (the release binary against the mock NVML): CPU share of one core and RSS, over 30 s.
 //!
 //! Needs root and `cargo build --release` (for the agent) and `cargo build` (mock, fake process).
@@ -37,6 +39,44 @@ use gpushare_testkit::{
     unique,
 };
 use serde_json::json;
+
+/// Counts the heap allocations this process makes (the agent's, in the in-process step; the mock
+/// NVML is its own library with its own allocator, so its allocations are not counted).
+struct Counting;
+static ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+// SAFETY: every call is passed on to the system allocator unchanged; only a counter is added.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        unsafe { std::alloc::System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        unsafe { std::alloc::System.realloc(ptr, layout, new) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+}
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+/// Runs `f`, returning its result, the milliseconds it took and the allocations it made.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, f64, u64) {
+    let a = ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed);
+    let t = Instant::now();
+    let out = f();
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    (
+        out,
+        ms,
+        ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed) - a,
+    )
+}
 
 struct Procs(Vec<Child>);
 impl Drop for Procs {
@@ -111,8 +151,13 @@ fn per_sample_cost() {
     let node = FakeDeviceNode::create(&unique("step")).unwrap();
     println!("one agent step (sample 8 GPUs, attribute, decide, publish), median of the steps");
     println!(
-        "{:>10} {:>10} {:>14} {:>16} {:>18}",
-        "processes", "workloads", "step (ms)", "per process (us)", "1% changed (ms)"
+        "{:>10} {:>10} {:>14} {:>16} {:>18} {:>20}",
+        "processes",
+        "workloads",
+        "step (ms)",
+        "per process (us)",
+        "1% changed (ms)",
+        "allocations a step"
     );
     let sizes: &[(usize, usize)] = if quick() {
         &[(100, 20)]
@@ -144,14 +189,14 @@ fn per_sample_cost() {
             .unwrap_or(20);
         // GPUSHARE_BENCH_STEP_CHURN=only: the changing steps only (one steady step).
         let only_churn = std::env::var("GPUSHARE_BENCH_STEP_CHURN").is_ok_and(|v| v == "only");
-        let mut v: Vec<f64> = (0..if only_churn { 1 } else { steps })
+        let (mut v, mut va): (Vec<f64>, Vec<u64>) = (0..if only_churn { 1 } else { steps })
             .map(|_| {
-                let t = Instant::now();
-                agent.tick(None);
-                t.elapsed().as_secs_f64() * 1e3
+                let ((), ms, allocs) = timed(|| agent.tick(None));
+                (ms, allocs)
             })
-            .collect();
+            .unzip();
         v.sort_by(|a, b| a.total_cmp(b));
+        va.sort_unstable();
         let med = v[v.len() / 2];
         // 1% of the processes (the next ones in turn) change their usage before each step.
         let poke = nvml_wrapper::Nvml::builder()
@@ -161,21 +206,23 @@ fn per_sample_cost() {
         let changing = (procs_n / 100).max(1);
         // GPUSHARE_BENCH_STEP_CHURN=0: steady steps only (e.g. to count their instructions).
         let churn = std::env::var("GPUSHARE_BENCH_STEP_CHURN").map_or(true, |v| v != "0");
-        let mut c: Vec<f64> = (0..if churn { steps } else { 1 })
+        let (mut c, mut ca): (Vec<f64>, Vec<u64>) = (0..if churn { steps } else { 1 })
             .map(|i| {
                 let from = (i * changing) % procs_n;
                 let bumped: Vec<usize> = (from..from + changing).map(|j| j % procs_n).collect();
                 sc.write(&usage_scenario(&pids, &bumped)).unwrap();
                 poke.device_count().unwrap();
-                let t = Instant::now();
-                agent.tick(None);
-                t.elapsed().as_secs_f64() * 1e3
+                let ((), ms, allocs) = timed(|| agent.tick(None));
+                (ms, allocs)
             })
-            .collect();
+            .unzip();
         c.sort_by(|a, b| a.total_cmp(b));
+        ca.sort_unstable();
         let changed = c[c.len() / 2];
+        // The agent's heap allocations in a step (median), steady / 1% changed.
+        let allocs = format!("{} / {}", va[va.len() / 2], ca[ca.len() / 2]);
         println!(
-            "{procs_n:>10} {workloads_n:>10} {med:>14.2} {:>16.1} {changed:>18.2}",
+            "{procs_n:>10} {workloads_n:>10} {med:>14.2} {:>16.1} {changed:>18.2} {allocs:>20}",
             med * 1e3 / procs_n as f64
         );
         drop(poke);

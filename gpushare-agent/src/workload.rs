@@ -282,6 +282,11 @@ pub fn parse_without_runtime(path: &str) -> WorkloadId {
 /// container nested in the workload (rootless Podman in a user's manager, Docker in an LXD
 /// guest), which belongs to the outer workload.
 pub fn nested_container(leaf: &str, root: &str) -> Option<String> {
+    // The common case, asked per workload per step: a workload's processes in its root group,
+    // below which nothing is nested.
+    if leaf == root {
+        return None;
+    }
     let leaf = normalize(leaf);
     let root = normalize(root);
     let below = if root == "/" {

@@ -34,7 +34,7 @@ use crate::{
     },
     policy::AttributedProcess,
     quota::{
-        EnvQuota, EnvSource, GpuInfo, KubeletSettings, QuotaSet, QuotaSource, Selector,
+        EnvQuota, EnvSource, GpuInfo, KubeletSettings, QuotaSet, ResolvedFrom, Selector,
         WorkloadMeta, trusted,
     },
     snapshot::IdentityNote,
@@ -152,13 +152,18 @@ pub struct Workloads {
     kube: Option<KubeWatch>,
 }
 
+/// The workload a leaf group belongs to (shared with the leaf's memo), and what its identity
+/// rests on.
+type Found = (Arc<WorkloadId>, Option<Identity>);
+
 /// What the last steps found for one leaf group: the pure parts are kept while the quota set is
 /// the same, the workload while it is equal to what the step builds.
 struct Leaf {
     /// `parse_cgroup_path_in(leaf, placement)` (placement is fixed for the agent's life).
-    parsed: WorkloadId,
+    /// Shared with each step's result: a steady step copies no workload.
+    parsed: Arc<WorkloadId>,
     /// `path_rooted` of `parse_without_runtime(leaf)` and of `parsed`, under `rooted_under`.
-    rooted: Option<(WorkloadId, WorkloadId)>,
+    rooted: Option<(Arc<WorkloadId>, Arc<WorkloadId>)>,
     /// The workload and its key as last built.
     meta: Option<(Arc<WorkloadMeta>, Arc<str>)>,
     /// Seen at this step.
@@ -168,10 +173,7 @@ struct Leaf {
 /// A container that shares a DRA claim with another container of its pod belongs to the pod: the
 /// claim bounds their union (see [`crate::kube::claims`]). Only a container at its runtime's place
 /// in that very pod.
-fn sharing_pod(
-    found: (WorkloadId, Option<Identity>),
-    view: &KubeView,
-) -> (WorkloadId, Option<Identity>) {
+fn sharing_pod(found: Found, view: &KubeView) -> Found {
     let (w, identity) = &found;
     if let (
         WorkloadKind::Container {
@@ -192,7 +194,7 @@ fn sharing_pod(
                 qos: qos.unwrap_or(crate::workload::QosClass::BestEffort),
             },
         };
-        return (pod, Some(Identity::Placement));
+        return (Arc::new(pod), Some(Identity::Placement));
     }
     found
 }
@@ -300,9 +302,9 @@ impl Workloads {
     /// where one can be read; else its unit (or an inner group a quota names by its path), or
     /// the plain path rooted by the quotas' `cgroup` globs. What depends on the path and the quota
     /// set only is worked out once per leaf (while the quota set is the same).
-    fn identify(&mut self, leaf: &str, quotas: &QuotaSet) -> (WorkloadId, Option<Identity>) {
+    fn identify(&mut self, leaf: &str, quotas: &QuotaSet) -> Found {
         if !self.leaves.contains_key(leaf) {
-            let parsed = parse_cgroup_path_in(leaf, &self.placement);
+            let parsed = Arc::new(parse_cgroup_path_in(leaf, &self.placement));
             self.leaves.insert(
                 leaf.to_string(),
                 Leaf {
@@ -317,8 +319,8 @@ impl Workloads {
         memo.live = true;
         let rooted = memo.rooted.get_or_insert_with(|| {
             (
-                path_rooted(parse_without_runtime(leaf), leaf, quotas),
-                path_rooted(memo.parsed.clone(), leaf, quotas),
+                Arc::new(path_rooted(parse_without_runtime(leaf), leaf, quotas)),
+                Arc::new(path_rooted(WorkloadId::clone(&memo.parsed), leaf, quotas)),
             )
         });
         let w = &memo.parsed;
@@ -384,8 +386,7 @@ impl Workloads {
         // per process and never shown, so there is no collision to plan.
         let mut slots: FastMap<&str, usize> =
             FastMap::with_capacity_and_hasher(self.leaves.len(), Default::default());
-        let mut of_leaf: Vec<(&str, (WorkloadId, Option<Identity>))> =
-            Vec::with_capacity(self.leaves.len());
+        let mut of_leaf: Vec<(&str, Found)> = Vec::with_capacity(self.leaves.len());
         let mut slot_of_task = Vec::with_capacity(tasks.len());
         for t in &tasks {
             let leaf = t.cgroup_path.as_deref().unwrap_or("/");
@@ -402,18 +403,25 @@ impl Workloads {
         drop(slots);
         self.one_root_per_identity(&mut of_leaf);
         let mut out = Vec::with_capacity(tasks.len());
-        let mut env_of: FastMap<String, _> =
+        let mut env_of: FastMap<Arc<str>, _> =
             FastMap::with_capacity_and_hasher(self.leaves.len(), Default::default());
         type Built = (Arc<WorkloadMeta>, Arc<str>, Option<crate::quota::EnvQuota>);
         let mut metas: Vec<Option<Built>> = vec![None; of_leaf.len()];
-        self.notes.clear();
         for (t, &slot) in tasks.iter().zip(&slot_of_task) {
             if metas[slot].is_none() {
                 let (leaf, (id, identity)) = &of_leaf[slot];
                 let leaf = *leaf;
                 let claimed = !matches!(identity, None | Some(Identity::Conflict));
+                // The key: the one built at the last step where the leaf's workload is the same
+                // (no string built at a steady step).
+                let key: Arc<str> = match self.leaves.get(leaf).and_then(|l| l.meta.as_ref()) {
+                    Some((m, k)) if m.id == **id => k.clone(),
+                    _ => id.key().into(),
+                };
+                // The first leaf of its workload at this step: the workload's note starts afresh.
+                let first = !env_of.contains_key(&key);
                 let env = env_of
-                    .entry(id.key())
+                    .entry(key.clone())
                     .or_insert_with(|| {
                         if claimed
                             && let (Some(k), Some(uid)) = (self.kubelet.as_mut(), id.pod_uid())
@@ -435,18 +443,38 @@ impl Workloads {
                         trusted::smallest_of(env, granted, EnvSource::Several)
                     })
                     .clone();
+                const UNNAMED: WorkloadNames = WorkloadNames {
+                    namespace: None,
+                    pod: None,
+                    container: None,
+                };
                 let names = if claimed {
-                    self.names.get(id)
+                    self.names.get_keyed(&key, id)
                 } else {
-                    WorkloadNames::default()
+                    &UNNAMED
                 };
-                let meta = WorkloadMeta {
-                    id: id.clone(),
-                    container_name: names.container,
-                    pod_namespace: names.namespace,
-                    pod_name: names.pod,
+                // Built only where it differs from the one built at the last step.
+                let is_meta = |m: &WorkloadMeta| {
+                    m.id == **id
+                        && m.container_name == names.container
+                        && m.pod_namespace == names.namespace
+                        && m.pod_name == names.pod
                 };
-                let note = self.notes.entry(id.key()).or_default();
+                let build = || WorkloadMeta {
+                    id: WorkloadId::clone(id),
+                    container_name: names.container.clone(),
+                    pod_namespace: names.namespace.clone(),
+                    pod_name: names.pod.clone(),
+                };
+                // Kept from step to step (its key's allocation with it), emptied at the
+                // workload's first leaf, dropped below when no leaf has the workload.
+                let note = match self.notes.get_mut(&*key) {
+                    Some(note) => note,
+                    None => self.notes.entry(key.to_string()).or_default(),
+                };
+                if first {
+                    note.nested.clear();
+                }
                 note.identity = identity.map_or("", Identity::as_str);
                 if let Some(nested) = nested_container(leaf, &id.cgroup_path)
                     && !note.nested.contains(&nested)
@@ -455,18 +483,14 @@ impl Workloads {
                     note.nested.sort();
                 }
                 let shared = self.leaves.get_mut(leaf).map(|l| match &l.meta {
-                    Some((m, k)) if **m == meta => (m.clone(), k.clone()),
+                    Some((m, k)) if is_meta(m) => (m.clone(), k.clone()),
                     _ => {
-                        let key: Arc<str> = meta.key().into();
-                        let m = Arc::new(meta.clone());
+                        let m = Arc::new(build());
                         l.meta = Some((m.clone(), key.clone()));
-                        (m, key)
+                        (m, key.clone())
                     }
                 });
-                let (meta, key) = shared.unwrap_or_else(|| {
-                    let key = meta.key().into();
-                    (Arc::new(meta), key)
-                });
+                let (meta, key) = shared.unwrap_or_else(|| (Arc::new(build()), key));
                 metas[slot] = Some((meta, key, env));
             }
             let Some((meta, key, env)) = &metas[slot] else {
@@ -480,10 +504,11 @@ impl Workloads {
             ));
         }
         self.leaves.retain(|_, l| l.live);
-        let live_keys: HashSet<String> = env_of.keys().cloned().collect();
-        self.env_quotas.retain(&live_keys);
-        self.names.retain(&live_keys);
-        self.records.retain(&live_keys);
+        let live = |key: &str| env_of.contains_key(key);
+        self.env_quotas.retain(live);
+        self.names.retain(live);
+        self.records.retain(live);
+        self.notes.retain(|key, _| live(key));
         if let Some(k) = self.kubelet.as_mut() {
             let uids: HashSet<&str> = of_leaf
                 .iter()
@@ -491,28 +516,26 @@ impl Workloads {
                 .collect();
             k.retain(|u| uids.contains(u));
         }
-        self.quota_trust.clear();
-        for (workload, _, env) in metas.iter().flatten() {
-            let key = workload.id.key();
-            if self.quota_trust.contains_key(&key) {
-                continue;
-            }
-            let trust = match quotas.resolve(workload, env.as_ref()) {
-                Some(q) if matches!(q.source, QuotaSource::File { .. }) => "file",
-                Some(q)
-                    if matches!(
-                        q.source,
-                        QuotaSource::Env(
-                            EnvSource::Dra | EnvSource::Annotation | EnvSource::DraAndAnnotation
-                        )
-                    ) =>
-                {
-                    "api_server"
+        // Rebuilt in place: a workload's key keeps its allocation from step to step. The leaves
+        // of one workload agree (the same workload, names and environment quota).
+        self.quota_trust.retain(|key, _| live(key));
+        for (workload, key, env) in metas.iter().flatten() {
+            let trust = match quotas.resolved_from(workload, env.as_ref()) {
+                Some(ResolvedFrom::File) => "file",
+                Some(ResolvedFrom::Env(
+                    EnvSource::Dra | EnvSource::Annotation | EnvSource::DraAndAnnotation,
+                )) => "api_server",
+                Some(ResolvedFrom::Env(_)) => {
+                    self.env_quotas.trust_of(key).map_or("", |t| t.as_str())
                 }
-                Some(_) => self.env_quotas.trust_of(&key).map_or("", |t| t.as_str()),
                 None => "",
             };
-            self.quota_trust.insert(key, trust);
+            match self.quota_trust.get_mut(&**key) {
+                Some(t) => *t = trust,
+                None => {
+                    self.quota_trust.insert(key.to_string(), trust);
+                }
+            }
         }
         out
     }
@@ -520,7 +543,7 @@ impl Workloads {
     /// One identity, one root: where two roots claim one container or pod identity, neither has
     /// it; each is a plain cgroup at its root (only quotas naming a path apply). Logged and
     /// counted once per conflict, when it starts.
-    fn one_root_per_identity(&mut self, of_leaf: &mut [(&str, (WorkloadId, Option<Identity>))]) {
+    fn one_root_per_identity(&mut self, of_leaf: &mut [(&str, Found)]) {
         let mut roots: HashMap<String, BTreeSet<&str>> = HashMap::new();
         for (_, (id, identity)) in of_leaf.iter() {
             if identity.is_some() {
@@ -545,7 +568,7 @@ impl Workloads {
             .collect();
         for (_, (id, identity)) in of_leaf.iter_mut() {
             if identity.is_some() && conflicted.contains(&id.key()) {
-                id.kind = WorkloadKind::Cgroup;
+                Arc::make_mut(id).kind = WorkloadKind::Cgroup;
                 *identity = Some(Identity::Conflict);
             }
         }

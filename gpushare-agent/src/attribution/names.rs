@@ -2,7 +2,6 @@
 //! that the node's own files can tell, without an API server, cached per workload key.
 
 use std::{
-    collections::HashSet,
     path::Path,
     time::{Duration, Instant},
 };
@@ -40,16 +39,21 @@ impl NameCache {
 
     /// The names of `id`, from the cache or looked up.
     pub fn get(&mut self, id: &WorkloadId) -> WorkloadNames {
-        let key = id.key();
-        if let Some((names, at)) = self.names.get(&key)
-            && (*names != WorkloadNames::default() || at.elapsed() < Self::RETRY)
-        {
-            return names.clone();
+        self.get_keyed(&id.key(), id).clone()
+    }
+
+    /// [`NameCache::get`] where the caller has `id`'s key already: nothing built or copied on a
+    /// hit.
+    pub fn get_keyed(&mut self, key: &str, id: &WorkloadId) -> &WorkloadNames {
+        let fresh = self.names.get(key).is_some_and(|(names, at)| {
+            *names != WorkloadNames::default() || at.elapsed() < Self::RETRY
+        });
+        if !fresh {
+            let names = lookup_names(id);
+            self.names.insert(key.to_string(), (names, Instant::now()));
+            self.bump();
         }
-        let names = lookup_names(id);
-        self.names.insert(key, (names.clone(), Instant::now()));
-        self.bump();
-        names
+        &self.names[key].0
     }
 
     /// The cached names of a key, if looked up.
@@ -74,9 +78,9 @@ impl NameCache {
     }
 
     /// Forgets the names of every key not in `live`.
-    pub fn retain(&mut self, live: &HashSet<String>) {
+    pub fn retain(&mut self, live: impl Fn(&str) -> bool) {
         let before = self.names.len();
-        self.names.retain(|k, _| live.contains(k));
+        self.names.retain(|k, _| live(k));
         if self.names.len() != before {
             self.bump();
         }
@@ -138,9 +142,9 @@ mod tests {
         cache.get(&id);
         assert_eq!(cache.generation(), added);
         // Forgetting nothing changes nothing; forgetting an entry does.
-        cache.retain(&HashSet::from([id.key()]));
+        cache.retain(|k| k == id.key());
         assert_eq!(cache.generation(), added);
-        cache.retain(&HashSet::new());
+        cache.retain(|_| false);
         assert_ne!(cache.generation(), added);
         assert!(cache.cached(&id.key()).is_none());
         let mut other = NameCache::default();

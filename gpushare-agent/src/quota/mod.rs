@@ -515,6 +515,15 @@ pub enum QuotaSource {
     Env(EnvSource),
 }
 
+/// Which kind of source a workload's quota comes from ([`QuotaSet::resolved_from`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResolvedFrom {
+    /// The quota files.
+    File,
+    /// The workload's environment, from this source.
+    Env(EnvSource),
+}
+
 impl fmt::Display for QuotaSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -639,13 +648,7 @@ impl QuotaSet {
     /// [`select`]) with every entry that shares its selector; else (for containers and pods, when env
     /// quotas are enabled) its env quota; else `None`. Ties go to the earlier entry.
     pub fn resolve(&self, w: &WorkloadMeta, env: Option<&EnvQuota>) -> Option<ResolvedQuota> {
-        let mut best: Option<&QuotaEntry> = None;
-        for e in self.entries.iter().filter(|e| e.selector.matches(w)) {
-            if best.is_none_or(|b| e.selector.specificity() > b.selector.specificity()) {
-                best = Some(e);
-            }
-        }
-        if let Some(best) = best {
+        if let Some(best) = self.best_entry(w) {
             let limits = self
                 .entries
                 .iter()
@@ -668,14 +671,7 @@ impl QuotaSet {
                 limits,
             });
         }
-        // Only containers and pods: a unit or a plain cgroup may run many users' processes, and
-        // one of them must not set the quota of all (see `agent::env_quotas`).
-        if !self.defaults.env_quotas
-            || !matches!(
-                w.id.kind,
-                WorkloadKind::Container { .. } | WorkloadKind::Pod { .. }
-            )
-        {
+        if !self.env_applies(w) {
             return None;
         }
         let env = env?;
@@ -700,6 +696,43 @@ impl QuotaSet {
             source: QuotaSource::Env(env.source),
             limits,
         })
+    }
+
+    /// Where [`QuotaSet::resolve`] takes `w`'s quota from (`None` where it finds none), without
+    /// building the quota: no string copied (asked once per workload per step).
+    pub fn resolved_from(&self, w: &WorkloadMeta, env: Option<&EnvQuota>) -> Option<ResolvedFrom> {
+        if self.best_entry(w).is_some() {
+            return Some(ResolvedFrom::File);
+        }
+        if !self.env_applies(w) {
+            return None;
+        }
+        let env = env?;
+        // `resolve` gives a quota where it finds a limit: one per listed GPU, or one for each.
+        (!env.per_gpu.is_empty() || env.each_gpu.is_some()).then_some(ResolvedFrom::Env(env.source))
+    }
+
+    /// The file entry that sets `w`'s quota: the most specific selector matching it (the first
+    /// written, of equally specific ones).
+    fn best_entry(&self, w: &WorkloadMeta) -> Option<&QuotaEntry> {
+        let mut best: Option<&QuotaEntry> = None;
+        for e in self.entries.iter().filter(|e| e.selector.matches(w)) {
+            if best.is_none_or(|b| e.selector.specificity() > b.selector.specificity()) {
+                best = Some(e);
+            }
+        }
+        best
+    }
+
+    /// Whether an environment quota may apply to `w`: only containers and pods, where the
+    /// defaults allow them (a unit or a plain cgroup may run many users' processes, and one of
+    /// them must not set the quota of all, see `agent::env_quotas`).
+    fn env_applies(&self, w: &WorkloadMeta) -> bool {
+        self.defaults.env_quotas
+            && matches!(
+                w.id.kind,
+                WorkloadKind::Container { .. } | WorkloadKind::Pod { .. }
+            )
     }
 
     /// Whether some ladder (of an entry, or the defaults used by environment quotas) has a
@@ -877,6 +910,67 @@ mode = "elastic"
         );
         let off = QuotaSet::parse("[defaults]\nenv_quotas = false\n", "q.toml").unwrap();
         assert_eq!(off.resolve(&container(), Some(&env)), None);
+    }
+
+    /// `resolved_from` (asked per workload per step, building nothing) names the source
+    /// `resolve` takes the quota from, for every kind of workload, quota set and environment.
+    #[test]
+    fn resolved_from_names_the_source_resolve_takes() {
+        let envs = [
+            None,
+            Some(EnvQuota {
+                source: EnvSource::Hami,
+                per_gpu: vec![(DeviceRef::Index(1), GIB)],
+                each_gpu: None,
+            }),
+            Some(EnvQuota {
+                source: EnvSource::Dra,
+                per_gpu: vec![],
+                each_gpu: Some(2 * GIB),
+            }),
+            // No limit at all: `resolve` finds none.
+            Some(EnvQuota {
+                source: EnvSource::Annotation,
+                per_gpu: vec![],
+                each_gpu: None,
+            }),
+        ];
+        let sets = [
+            QuotaSet::empty(),
+            QuotaSet::parse("[defaults]\nenv_quotas = false\n", "q.toml").unwrap(),
+            QuotaSet::parse(
+                "[[quota]]\npod = \"ml/trainer-0\"\ngpu_memory = \"8GiB\"\n",
+                "q.toml",
+            )
+            .unwrap(),
+            QuotaSet::parse(
+                "[[quota]]\ncgroup = \"/custom/*\"\ngpu_memory = \"1GiB\"\n",
+                "q.toml",
+            )
+            .unwrap(),
+        ];
+        let workloads = [
+            container(),
+            WorkloadMeta::new(parse_cgroup_path("/custom/job")),
+            WorkloadMeta::new(parse_cgroup_path("/system.slice/cron.service")),
+            WorkloadMeta::new(parse_cgroup_path(&format!("/kubepods/burstable/pod{UID}"))),
+            WorkloadMeta::new(parse_cgroup_path("/")),
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for set in &sets {
+            for w in &workloads {
+                for env in &envs {
+                    let want = set.resolve(w, env.as_ref()).map(|q| match q.source {
+                        QuotaSource::File { .. } => ResolvedFrom::File,
+                        QuotaSource::Env(s) => ResolvedFrom::Env(s),
+                    });
+                    assert_eq!(set.resolved_from(w, env.as_ref()), want, "{w:?} {env:?}");
+                    seen.insert(format!("{want:?}"));
+                }
+            }
+        }
+        // Every outcome was met: a file, each environment source with a limit, and none.
+        assert_eq!(seen.len(), 4, "{seen:?}");
     }
 
     #[test]
