@@ -533,7 +533,7 @@ fn families() -> Vec<Family> {
              other: set by someone else, e.g. NVIDIA's container hook, and left as it is)",
         )
         .each(|snap, _, s| {
-            for l in &snap.driver_limits {
+            for l in snap.driver_limits.iter() {
                 let labels = |kind: &'static str| {
                     vec![
                         ("gpu_uuid", l.gpu_uuid.clone()),

@@ -309,12 +309,12 @@ impl DriverLimiter {
 
     /// The limits in force on groups of workloads under a quota: (GPU index, cgroup, soft,
     /// hard, `agent` or `other`), the agent's first.
-    pub fn in_force(&self) -> Vec<(u32, String, u64, u64, &'static str)> {
+    pub fn in_force(&self) -> Vec<(u32, &str, u64, u64, &'static str)> {
         let ours = self.applied.iter().map(|(k, v)| (k, v, "agent"));
         let theirs = self.foreign.iter().map(|(k, v)| (k, v, "other"));
         ours.chain(theirs)
             .map(|((gpu, cgroup), &(soft, hard), source)| {
-                (*gpu, cgroup.clone(), soft, hard, source)
+                (*gpu, cgroup.as_str(), soft, hard, source)
             })
             .collect()
     }

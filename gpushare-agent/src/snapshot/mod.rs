@@ -55,7 +55,7 @@ pub struct Snapshot {
     /// Driver-enforced limits on the groups of workloads under a quota: the agent's, and those
     /// someone else set (left as they are).
     #[serde(default)]
-    pub driver_limits: Vec<DriverLimitView>,
+    pub driver_limits: Arc<[DriverLimitView]>,
 }
 
 /// One driver-enforced GPU memory limit on one cgroup and GPU.
@@ -333,7 +333,7 @@ pub struct StepReport<'a> {
     /// The isolation back end per GPU index (`soft` when absent).
     pub backends: BTreeMap<u32, &'static str>,
     /// Driver limits in force: (GPU index, cgroup, soft, hard, source).
-    pub driver_limits: Vec<(u32, String, u64, u64, &'static str)>,
+    pub driver_limits: Vec<(u32, &'a str, u64, u64, &'static str)>,
 }
 
 /// One workload row of a snapshot: the row, shared with the snapshots before it while none of

@@ -235,6 +235,8 @@ pub struct Publisher {
     pub(super) ioctls: Ioctls,
     pub(super) rows: Rows,
     pub(super) order: Order,
+    /// The last snapshot's driver limits, shared with the next while they are the same.
+    pub(super) limits: Arc<[DriverLimitView]>,
 }
 
 fn detail(retry: Option<&Retry>, now: std::time::Duration) -> String {
@@ -1051,17 +1053,38 @@ impl Publisher {
             unattributed_bytes: unattributed,
             counters,
             quotas,
-            driver_limits: r
-                .driver_limits
-                .into_iter()
-                .map(|(gpu, cgroup_path, soft, hard, source)| DriverLimitView {
+            driver_limits: self.limits_of(&r.driver_limits, uuid_of),
+        }
+    }
+
+    /// The driver limits' rows: the last snapshot's (shared) while every limit is the same.
+    fn limits_of<'u>(
+        &mut self,
+        limits: &[(u32, &str, u64, u64, &'static str)],
+        uuid_of: impl Fn(u32) -> &'u str,
+    ) -> Arc<[DriverLimitView]> {
+        let same = limits.len() == self.limits.len()
+            && limits.iter().zip(self.limits.iter()).all(
+                |(&(gpu, cgroup, soft, hard, source), v)| {
+                    v.soft_bytes == soft
+                        && v.hard_bytes == hard
+                        && v.cgroup_path == cgroup
+                        && v.source == source
+                        && v.gpu_uuid == uuid_of(gpu)
+                },
+            );
+        if !same {
+            self.limits = limits
+                .iter()
+                .map(|&(gpu, cgroup, soft, hard, source)| DriverLimitView {
                     gpu_uuid: uuid_of(gpu).to_string(),
-                    cgroup_path,
+                    cgroup_path: cgroup.to_string(),
                     soft_bytes: soft,
                     hard_bytes: hard,
                     source: source.to_string(),
                 })
-                .collect(),
+                .collect();
         }
+        self.limits.clone()
     }
 }

@@ -612,7 +612,7 @@ impl World {
             driver_limits: limits
                 .iter()
                 .map(|&(gpu, path, soft, hard)| {
-                    let path = ["/jobs/a", "/docker/x"][usize::from(path)].to_string();
+                    let path = ["/jobs/a", "/docker/x"][usize::from(path)];
                     (gpu, path, soft * GIB, hard * GIB, "agent")
                 })
                 .collect(),
