@@ -1,31 +1,36 @@
 //! cgroup paths (and the `/proc/<pid>/cgroup` and mountinfo texts they come from) must never make
 //! the agent panic, and the identity parsed from a path must be self-consistent.
 //!
-//! Input: one text (invalid UTF-8 replaced). It is parsed as a cgroup path, as the text of
-//! `/proc/<pid>/cgroup` (whose `0::` path is then parsed too) and as `/proc/self/mountinfo`.
+//! Input: bytes, as the kernel hands them over (names need not be UTF-8). They are parsed as the
+//! bytes of `/proc/<pid>/cgroup` (whose `0::` path is then parsed too) and of
+//! `/proc/self/mountinfo`, kept as text by `kernel_text` (which must give every byte back), and,
+//! with invalid UTF-8 replaced, parsed as a cgroup path.
 #![no_main]
 
 use gpushare_agent::{
     quota::WorkloadMeta,
-    sys::{mountinfo, proc_cgroup},
+    sys::{kernel_text, mountinfo, proc_cgroup},
     workload::{WorkloadKind, nested_container, parse_cgroup_path},
 };
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    let kept = kernel_text::text(data);
+    assert_eq!(&*kernel_text::bytes(&kept), data, "{kept:?}");
     let text = String::from_utf8_lossy(data);
     check_path(&text);
-    if let Some(path) = proc_cgroup::v2_path_in(&text) {
+    if let Some(path) = proc_cgroup::v2_path_in(data) {
         assert!(!path.contains('\n'), "{path:?}");
+        assert!(!kernel_text::bytes(&path).contains(&b'\n'), "{path:?}");
         check_path(&path);
     }
-    if let Some(path) = proc_cgroup::v1_path_in(&text, "freezer") {
+    if let Some(path) = proc_cgroup::v1_path_in(data, "freezer") {
         assert!(!path.contains('\n'), "{path:?}");
     }
-    if let Some(mount) = mountinfo::cgroup2_mount(&text) {
+    if let Some(mount) = mountinfo::cgroup2_mount(data) {
         assert!(!mount.as_os_str().is_empty());
     }
-    if let Some(mount) = mountinfo::cgroup1_mount(&text, "freezer") {
+    if let Some(mount) = mountinfo::cgroup1_mount(data, "freezer") {
         assert!(!mount.as_os_str().is_empty());
     }
 });

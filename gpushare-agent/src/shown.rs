@@ -6,6 +6,8 @@
 
 use std::{borrow::Cow, fmt::Write as _};
 
+use crate::sys::kernel_text;
+
 /// Whether `c` must not reach a terminal as it is.
 fn unsafe_char(c: char) -> bool {
     c.is_control()
@@ -17,32 +19,33 @@ fn unsafe_char(c: char) -> bool {
         )
 }
 
-/// `name` with every unsafe character escaped; borrowed when there is none.
+/// `name` with every unsafe character escaped; borrowed when there is none. A byte that was not
+/// UTF-8 where the kernel gave the name (kept by [`kernel_text`]) is shown as `\xff`.
 pub fn shown(name: &str) -> Cow<'_, str> {
-    if !name.chars().any(unsafe_char) {
-        return Cow::Borrowed(name);
-    }
-    let mut out = String::with_capacity(name.len() + 8);
-    for c in name.chars() {
-        if unsafe_char(c) {
-            let _ = write!(out, "{}", c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
+    escape(name, false)
 }
 
 /// A log message: as [`shown`], except that a line break stays one, with the next line indented
 /// by four spaces, so a message that spans lines (a quota file's located error) stays readable
 /// and no name can start a line that looks like a record of its own.
 pub fn log_message(msg: &str) -> Cow<'_, str> {
-    if !msg.chars().any(unsafe_char) {
-        return Cow::Borrowed(msg);
+    escape(msg, true)
+}
+
+fn escape(text: &str, keep_lines: bool) -> Cow<'_, str> {
+    if !text.chars().any(unsafe_char) {
+        return Cow::Borrowed(text);
     }
-    let mut out = String::with_capacity(msg.len() + 8);
-    for c in msg.chars() {
-        if c == '\n' {
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == kernel_text::RAW
+            && let Some(&b) = chars.peek()
+            && ('\u{80}'..='\u{ff}').contains(&b)
+        {
+            chars.next();
+            let _ = write!(out, "\\x{:02x}", b as u32);
+        } else if keep_lines && c == '\n' {
             out.push_str("\n    ");
         } else if unsafe_char(c) {
             let _ = write!(out, "{}", c.escape_default());
@@ -75,6 +78,15 @@ mod tests {
             r"a\u{200b}b\u{2066}c\u{feff}"
         );
         assert_eq!(shown("\0"), r"\u{0}");
+        // A byte the kernel gave that is not UTF-8, as `kernel_text` keeps it.
+        let odd = kernel_text::text(b"/a/\xff\x85\x1b");
+        assert_eq!(shown(&odd), r"/a/\xff\x85\u{1b}");
+        assert_eq!(log_message(&odd), r"/a/\xff\x85\u{1b}");
+        assert_eq!(
+            shown("\0\u{ff}"),
+            r"\xff",
+            "the same text, however it was made"
+        );
     }
 
     #[test]

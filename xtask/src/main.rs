@@ -459,7 +459,9 @@ fn lint_fuzz(root: &Path) -> Result<()> {
     cargo(root, &["fmt", "--check", "--manifest-path", manifest])?;
     let status = Command::new("cargo")
         .current_dir(root)
-        .args(["clippy", "--manifest-path", manifest, "--all-targets"])
+        // --locked: a lock file that no longer matches fails here, where it was once rewritten
+        // by every run (and the tree left dirty).
+        .args(["clippy", "--locked", "--manifest-path", manifest, "--all-targets"])
         .args(["--", "-D", "warnings"])
         .env("CARGO_TARGET_DIR", root.join("target"))
         .status()?;

@@ -229,7 +229,7 @@ impl DriverLimiter {
                 Some(_) if !look => true,
                 Some(i) => {
                     *looks += 1;
-                    if inode_of(&v2_root.join(k.1.trim_start_matches('/'))) == Some(*i) {
+                    if inode_of(&crate::sys::kernel_text::under(v2_root, &k.1)) == Some(*i) {
                         return true;
                     }
                     inodes.remove(k);
@@ -288,7 +288,7 @@ impl DriverLimiter {
         };
         self.foreign.retain(|k, _| wanted.contains_key(k));
         for key in wanted.keys().filter(|k| !self.applied.contains_key(*k)) {
-            let dir = self.v2_root.join(key.1.trim_start_matches('/'));
+            let dir = crate::sys::kernel_text::under(&self.v2_root, &key.1);
             // SAFETY: the handle comes from the sampler's live session.
             match sampler.with_device_handle(key.0, |dev| unsafe { api.get(dev, &dir) }) {
                 Some(Ok(Some(theirs))) => {
@@ -335,7 +335,7 @@ impl DriverLimiter {
             .cloned()
             .collect();
         for key in stale {
-            let dir = self.v2_root.join(key.1.trim_start_matches('/'));
+            let dir = crate::sys::kernel_text::under(&self.v2_root, &key.1);
             if dir.exists() {
                 // SAFETY: the handle comes from the sampler's live session.
                 let r = sampler.with_device_handle(key.0, |dev| unsafe {
@@ -358,7 +358,7 @@ impl DriverLimiter {
             if self.applied.get(key) == Some(&(soft, hard)) && !self.reset.contains(key) {
                 continue;
             }
-            let dir = self.v2_root.join(key.1.trim_start_matches('/'));
+            let dir = crate::sys::kernel_text::under(&self.v2_root, &key.1);
             // SAFETY: the handle comes from the sampler's live session.
             match sampler.with_device_handle(key.0, |dev| unsafe { api.set(dev, &dir, soft, hard) })
             {

@@ -331,7 +331,7 @@ impl EnvQuotaReader {
                 }
             }
         }
-        let dir = self.v2_root.join(w.cgroup_path.trim_start_matches('/'));
+        let dir = crate::sys::kernel_text::under(&self.v2_root, &w.cgroup_path);
         if let Some(init) = runtime_spec::find_init(&dir)
             && let Some(vars) = runtime_spec::read_init_environ(init)
         {

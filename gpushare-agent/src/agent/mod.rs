@@ -118,6 +118,8 @@ impl Agent {
         snapshot: SharedSnapshot,
         opts: AgentOptions,
     ) -> Self {
+        // The hierarchy attribution resolves groups in: found once, by its filesystem type.
+        let v2_root = tracker.table().resolver().root().to_path_buf();
         let mut agent = Self {
             tracker,
             sampler,
@@ -127,10 +129,7 @@ impl Agent {
             decider: policy::Incremental::default(),
             opts,
             started: Instant::now(),
-            workloads: Workloads::new(
-                crate::attribution::cgroupfs::find_cgroup2_mount()
-                    .unwrap_or_else(|_| "/sys/fs/cgroup".into()),
-            ),
+            workloads: Workloads::new(v2_root),
             counters: Counters::default(),
             metrics,
             snapshot,

@@ -18,19 +18,44 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::sys::{mountinfo, proc_cgroup};
+use crate::sys::{kernel_text, mountinfo, proc_cgroup};
 
 /// Where the cgroup v2 hierarchy is mounted: `/sys/fs/cgroup/unified` on hybrid systems,
-/// `/sys/fs/cgroup` on pure v2. Read from `/proc/self/mountinfo`.
+/// `/sys/fs/cgroup` on pure v2. Read from `/proc/self/mountinfo` (as bytes: a mount anywhere at
+/// a path that is not UTF-8 changes nothing); where that cannot be read, the usual places whose
+/// filesystem is cgroup2 (`statfs`), never a guess.
 pub fn find_cgroup2_mount() -> Result<PathBuf> {
-    let text = mountinfo::read().context("reading /proc/self/mountinfo")?;
-    mountinfo::cgroup2_mount(&text).context(
+    let found = match mountinfo::read() {
+        Ok(text) => mountinfo::cgroup2_mount(&text),
+        Err(e) => {
+            log::warn!(
+                "reading /proc/self/mountinfo: {e}; looking for cgroup2 where it is usually mounted"
+            );
+            ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+                .into_iter()
+                .map(PathBuf::from)
+                .find(|p| is_cgroup2(p))
+        }
+    };
+    found.context(
         "no cgroup2 filesystem is mounted; gpushare needs the cgroup v2 hierarchy \
          (pure v2 at /sys/fs/cgroup, or hybrid at /sys/fs/cgroup/unified)",
     )
 }
 
-/// The v2 cgroup path of a process, from the `0::` line of `/proc/<pid>/cgroup`.
+/// Whether the filesystem at `dir` is cgroup2 (`CGROUP2_SUPER_MAGIC`).
+pub fn is_cgroup2(dir: &Path) -> bool {
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs(2) on a NUL-terminated path into a zeroed struct of the right type.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0) && st.f_type as i64 == CGROUP2_SUPER_MAGIC
+}
+
+/// The v2 cgroup path of a process, from the `0::` line of `/proc/<pid>/cgroup`, as
+/// [`kernel_text`] spells it (the group's name is the tenant's, and need not be UTF-8).
 pub fn cgroup_path_of_pid(pid: u32) -> Result<String> {
     proc_cgroup::v2_path(pid)
         .with_context(|| format!("reading /proc/{pid}/cgroup"))?
@@ -103,7 +128,7 @@ impl CgroupResolver {
 
     /// Absolute directory of a path relative to the root.
     pub fn full_path(&self, rel_path: &str) -> PathBuf {
-        self.root.join(rel_path.trim_start_matches('/'))
+        kernel_text::under(&self.root, rel_path)
     }
 
     /// Resolves `id`, using `pid` (a task seen in that cgroup) as a hint. `None` when the cgroup is
@@ -190,7 +215,7 @@ impl CgroupResolver {
         }
         match full.strip_prefix(&self.root) {
             Ok(rel) if rel.as_os_str().is_empty() => ByHandle::Found("/".to_string()),
-            Ok(rel) => ByHandle::Found(format!("/{}", rel.to_string_lossy())),
+            Ok(rel) => ByHandle::Found(format!("/{}", kernel_text::of_path(rel))),
             // Outside the mount as this process sees it (another cgroup namespace): walk.
             Err(_) => ByHandle::Unusable,
         }
@@ -216,7 +241,7 @@ impl CgroupResolver {
                     continue;
                 }
                 let Ok(meta) = entry.metadata() else { continue };
-                let name = entry.file_name().to_string_lossy().into_owned();
+                let name = kernel_text::string(entry.file_name().as_encoded_bytes());
                 let child_rel = if rel == "/" {
                     format!("/{name}")
                 } else {

@@ -21,7 +21,8 @@ pub struct ProcSnapshot {
     pub identity: ProcessIdentity,
     /// Start time as CLOCK_BOOTTIME ns (tick precision).
     pub start_boot_ns: u64,
-    /// comm.
+    /// comm, for display only: a byte that is not UTF-8 is shown as U+FFFD (the procfs crate
+    /// reads `stat` lossily); nothing is decided by a name.
     pub comm: String,
 }
 
@@ -36,11 +37,14 @@ pub fn snapshot(pid: u32) -> Result<ProcSnapshot> {
     if stat.pid as u32 != pid {
         bail!("/proc/{pid}/stat names pid {}", stat.pid);
     }
-    let status = proc
-        .status()
-        .with_context(|| format!("reading /proc/{pid}/status"))?;
-    if status.tgid as u32 != pid {
-        bail!("{pid} is a thread of process {}", status.tgid);
+    // Read as bytes: the procfs crate's `status()` rejects the whole file when the process's name
+    // is not UTF-8, and a process chooses its name (see `sys::proc_status`).
+    let status =
+        crate::sys::proc_status::of(pid).with_context(|| format!("reading /proc/{pid}/status"))?;
+    match status.tgid {
+        Some(tgid) if tgid == pid => {}
+        Some(tgid) => bail!("{pid} is a thread of process {tgid}"),
+        None => bail!("/proc/{pid}/status has no Tgid"),
     }
     Ok(ProcSnapshot {
         identity: ProcessIdentity {

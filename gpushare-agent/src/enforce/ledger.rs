@@ -30,7 +30,9 @@ pub const LEDGER_VERSION: u32 = 2;
 pub struct FreezeRecord {
     /// Workload key (e.g. `docker://<id>`).
     pub workload: String,
-    /// The frozen group's directory.
+    /// The frozen group's directory: its bytes, written as `sys::kernel_text` spells them (a
+    /// group's name need not be UTF-8, and a freeze that cannot be written is not made).
+    #[serde(with = "kernel_path")]
     pub cgroup_dir: PathBuf,
     /// Which freezer.
     pub freezer: Freezer,
@@ -249,9 +251,53 @@ fn parse(bytes: &[u8]) -> Result<(LedgerFile, bool), serde_json::Error> {
     }
 }
 
+/// A path in JSON as [`crate::sys::kernel_text`] spells its bytes: the same string as serde's own
+/// for a UTF-8 path, where serde's fails on any other.
+mod kernel_path {
+    use std::{
+        ffi::OsStr,
+        os::unix::ffi::OsStrExt,
+        path::{Path, PathBuf},
+    };
+
+    use crate::sys::kernel_text;
+
+    pub fn serialize<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&kernel_text::of_path(p))
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<PathBuf, D::Error> {
+        let text: String = serde::Deserialize::deserialize(d)?;
+        Ok(PathBuf::from(OsStr::from_bytes(&kernel_text::bytes(&text))))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A group whose name is not UTF-8 (a glob quota's workload a tenant named): its freeze is
+    /// recorded and read back byte for byte; serde's own path encoding refused it, and with the
+    /// record the freeze itself.
+    #[test]
+    fn a_group_whose_name_is_not_utf8_is_recorded_byte_for_byte() {
+        use std::os::unix::ffi::OsStrExt;
+        let mut r = rec("/sys/fs/cgroup/a");
+        r.cgroup_dir = Path::new("/sys/fs/cgroup").join(std::ffi::OsStr::from_bytes(b"t\xff"));
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(
+            json.contains(r#""cgroup_dir":"/sys/fs/cgroup/t\u0000ÿ""#),
+            "{json}"
+        );
+        let back: FreezeRecord = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.cgroup_dir, r.cgroup_dir);
+        // A UTF-8 path is written as before.
+        let plain = serde_json::to_string(&rec("/sys/fs/cgroup/é")).unwrap();
+        assert!(
+            plain.contains(r#""cgroup_dir":"/sys/fs/cgroup/é""#),
+            "{plain}"
+        );
+    }
 
     fn rec(dir: &str) -> FreezeRecord {
         FreezeRecord {

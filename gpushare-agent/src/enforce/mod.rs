@@ -225,7 +225,7 @@ impl Enforcer {
 
     /// The v2 directory of a group given by its path relative to the root.
     pub fn v2_dir(&self, rel: &str) -> PathBuf {
-        self.v2_root.join(rel.trim_start_matches('/'))
+        crate::sys::kernel_text::under(&self.v2_root, rel)
     }
 }
 

@@ -49,21 +49,17 @@ pub fn send_if_caught(identity: ProcessIdentity, signal: i32) -> Result<SignalOu
 /// Whether process `pid` catches `signal`: its bit in `SigCgt` (hex mask, bit n-1 for signal n)
 /// of `/proc/<pid>/status`.
 pub fn catches(pid: u32, signal: i32) -> Result<bool> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let mask = status
-        .lines()
-        .find_map(|l| l.strip_prefix("SigCgt:"))
-        .map(str::trim)
+    // Bytes: the file's first line is the process's name, which need not be UTF-8.
+    let mask = crate::sys::proc_status::of(pid)?
+        .sig_cgt
         .ok_or_else(|| anyhow::anyhow!("/proc/{pid}/status has no SigCgt"))?;
     caught_in_mask(mask, signal)
 }
 
-fn caught_in_mask(mask: &str, signal: i32) -> Result<bool> {
+fn caught_in_mask(mask: u64, signal: i32) -> Result<bool> {
     if !(1..=64).contains(&signal) {
         bail!("no signal {signal}");
     }
-    let mask = u64::from_str_radix(mask, 16)
-        .map_err(|e| anyhow::anyhow!("SigCgt {mask:?} is not a hex mask: {e}"))?;
     Ok(mask & (1u64 << (signal - 1)) != 0)
 }
 
@@ -128,12 +124,13 @@ mod tests {
     #[test]
     fn the_caught_mask_is_read_bit_by_signal() {
         // SIGUSR1 (10) is bit 9; SIGTERM (15) bit 14.
-        assert!(caught_in_mask("0000000000000200", libc::SIGUSR1).unwrap());
-        assert!(!caught_in_mask("0000000000000200", libc::SIGTERM).unwrap());
-        assert!(caught_in_mask("0000000000004000", libc::SIGTERM).unwrap());
-        assert!(!caught_in_mask("0000000000000000", libc::SIGUSR1).unwrap());
-        assert!(caught_in_mask("zz", libc::SIGUSR1).is_err());
-        assert!(caught_in_mask("0", 0).is_err());
+        assert!(caught_in_mask(0x200, libc::SIGUSR1).unwrap());
+        assert!(!caught_in_mask(0x200, libc::SIGTERM).unwrap());
+        assert!(caught_in_mask(0x4000, libc::SIGTERM).unwrap());
+        assert!(!caught_in_mask(0, libc::SIGUSR1).unwrap());
+        assert!(caught_in_mask(1 << 63, 64).unwrap());
+        assert!(caught_in_mask(0, 0).is_err());
+        assert!(caught_in_mask(0, 65).is_err());
         // This test process: whatever it catches, the answer comes without error.
         assert!(catches(std::process::id(), libc::SIGUSR1).is_ok());
     }

@@ -240,7 +240,7 @@ fn container_room(dir: &Path, pid: Option<u32>) -> Option<(u64, String)> {
     }
     let path = super::v1::v1_group_of(pid?, "memory").ok()?;
     let root = freeze::v1_root("memory")?;
-    let group = root.join(path.trim_start_matches('/'));
+    let group = crate::sys::kernel_text::under(&root, &path);
     let limit = read_u64(&group.join("memory.limit_in_bytes"))?;
     let usage = read_u64(&group.join("memory.usage_in_bytes"))?;
     // cgroup v1 reports "no limit" as a page-rounded i64::MAX.

@@ -16,7 +16,7 @@ impl Enforcer {
             .as_ref()
             .context("no v1 freezer mounted")?;
         let path = v1_group_of(pid, "freezer")?;
-        Ok(root.join(path.trim_start_matches('/')))
+        Ok(crate::sys::kernel_text::under(root, &path))
     }
 
     /// The group to freeze and its freezer: the v2 root group, else the workload's root in the v1
@@ -53,7 +53,7 @@ impl Enforcer {
             bail!("the v1 freezer group of pid {pid} ({v1_path}) is not {workload}'s");
         };
         self.check_target(&group)?;
-        Ok((root.join(group.trim_start_matches('/')), Freezer::V1))
+        Ok((crate::sys::kernel_text::under(root, &group), Freezer::V1))
     }
 }
 

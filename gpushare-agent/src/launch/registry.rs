@@ -125,7 +125,7 @@ impl Registry {
                 pid: owner.pid,
                 start_ticks: owner.start_ticks,
             });
-            let dir = cgroup_root.join(owner.cgroup.trim_start_matches('/'));
+            let dir = crate::sys::kernel_text::under(cgroup_root, &owner.cgroup);
             if alive || (dir.exists() && scope::populated(&dir)) {
                 continue;
             }

@@ -18,8 +18,8 @@ use gpushare_testkit::{
 };
 
 use crate::util::{
-    AgentProcess, Reaped, cgroup_quota, counter_value, group, needs_root, one_gpu, sleeping_group,
-    wait_until,
+    AgentProcess, Reaped, cgroup_quota, counter_value, group, needs_root, one_gpu, sleeper,
+    sleeping_group, wait_until, workload,
 };
 
 const GIB: u64 = 1 << 30;
@@ -149,13 +149,22 @@ fn oddly_named_gpu_process(
     let node = FakeDeviceNode::create(&unique("odd-name")).unwrap();
     let dir = gpushare_testkit::TempTree::new("gpushare-odd-name");
     let exe = dir.path().join(ODD_NAME);
-    std::fs::copy(workspace_bin("gpushare-fake-gpu-proc"), &exe).unwrap();
+    (spawn_copy(cg, &exe, &node), dir, node)
+}
+
+/// The fake GPU process, copied to `exe`, started in `cg` opening `node`.
+fn spawn_copy(
+    cg: &gpushare_testkit::TestCgroup,
+    exe: &std::path::Path,
+    node: &FakeDeviceNode,
+) -> Reaped {
+    std::fs::copy(workspace_bin("gpushare-fake-gpu-proc"), exe).unwrap();
     // Another test's fork may hold the copy's write descriptor for a moment (ETXTBSY until its
     // child execs): tried again, bounded.
     let mut tries = 0;
     let child = loop {
         match cg.spawn(
-            Command::new(&exe)
+            Command::new(exe)
                 .arg("--device")
                 .arg(node.path())
                 .stdin(Stdio::piped())
@@ -173,7 +182,7 @@ fn oddly_named_gpu_process(
             r => break r.unwrap(),
         }
     };
-    (Reaped(child), dir, node)
+    Reaped(child)
 }
 
 /// 15 bytes, as the kernel keeps a comm: an escape sequence that clears the screen, a line break.
@@ -372,4 +381,160 @@ fn a_listener_on_a_non_loopback_address_answers_metrics_and_health_only() {
     assert_eq!(state.1, 404, "the state is served off the node: {state:?}");
     assert_eq!(release.1, 404, "{release:?}");
     drop(agent);
+}
+
+/// A group below a test group whose name is bytes that are not UTF-8 (as any user may make below
+/// its own delegated `user@UID.service`); its processes are killed and it is removed on drop.
+struct ByteNamedGroup(std::path::PathBuf);
+
+impl ByteNamedGroup {
+    fn create(parent: &gpushare_testkit::TestCgroup, name: &[u8]) -> Self {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = parent.dir().join(std::ffi::OsStr::from_bytes(name));
+        std::fs::create_dir(&dir).unwrap();
+        Self(dir)
+    }
+
+    /// Moves `pid` into the group.
+    fn adopt(&self, pid: u32) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+}
+
+impl Drop for ByteNamedGroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("cgroup.freeze"), "0");
+        let _ = std::fs::write(self.0.join("cgroup.kill"), "1");
+        wait_until(
+            Duration::from_secs(5),
+            || format!("{} did not empty", self.0.display()),
+            || std::fs::remove_dir(&self.0).is_ok(),
+        );
+    }
+}
+
+/// Issue 41: a name that is not UTF-8 hides no GPU memory. In a unit under a 2 GiB quota, one
+/// GPU process is named with the byte 0xff (its executable is, so its comm is) and another sits
+/// in a child group named 0xff; each uses 1.5 GiB, so the unit is over only if both are charged
+/// to it. The agent once read `/proc/<pid>/status` and `/proc/<pid>/cgroup` as UTF-8, failed on
+/// both, and charged neither: the unit ran at 3 GiB, never frozen.
+#[test]
+fn a_process_named_with_byte_0xff_and_one_in_a_0xff_group_are_charged_and_frozen() {
+    needs_root!("a_process_named_with_byte_0xff_and_one_in_a_0xff_group_are_charged");
+    let unit =
+        gpushare_testkit::TestCgroup::create(&format!("{}.service", unique("bytes"))).unwrap();
+    let unit_name = unit.rel_path().rsplit('/').next().unwrap().to_string();
+    let key = format!("unit://{}", unit.rel_path());
+    let quotas = format!("{FREEZE}\n[[quota]]\nunit = \"{unit_name}\"\ngpu_memory = \"2GiB\"\n");
+    let sc = Scenario::create(&one_gpu(&[])).unwrap();
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    let (named, _dir, _node) = gpu_process_named(&unit, b"gpu\xff\xfe");
+    let child = ByteNamedGroup::create(&unit, b"\xff");
+    let in_child = Reaped(unit.spawn(&mut sleeper()).unwrap());
+    child.adopt(in_child.pid());
+    assert!(
+        std::fs::read(format!("/proc/{}/comm", named.pid()))
+            .unwrap()
+            .starts_with(b"gpu\xff\xfe"),
+        "the kernel keeps the name's bytes"
+    );
+    let half = 3 * GIB / 2;
+    sc.write(&one_gpu(&[(named.pid(), half), (in_child.pid(), half)]))
+        .unwrap();
+    let s = agent.wait_for(Duration::from_secs(20), |s| {
+        workload(s, &key, "all").is_some_and(|w| w.state == "frozen")
+    });
+    assert!(unit.wait_frozen(true), "the unit is frozen at its root");
+    let row = workload(&s, &key, "all").unwrap();
+    assert_eq!(row.used_bytes, 3 * GIB, "both processes are charged");
+    for pid in [named.pid(), in_child.pid()] {
+        let p = s.processes.iter().find(|q| q.pid == pid).unwrap();
+        assert_eq!(p.workload, key, "{p:?}");
+    }
+    let p = s.processes.iter().find(|q| q.pid == named.pid()).unwrap();
+    assert_eq!(p.comm, "gpu\u{fffd}\u{fffd}", "the name, lossy for display");
+}
+
+/// A GPU process in `cg` whose executable, and so whose comm, is named `name` (bytes).
+fn gpu_process_named(
+    cg: &gpushare_testkit::TestCgroup,
+    name: &[u8],
+) -> (Reaped, gpushare_testkit::TempTree, FakeDeviceNode) {
+    use std::os::unix::ffi::OsStrExt;
+    let node = FakeDeviceNode::create(&unique("byte-name")).unwrap();
+    let dir = gpushare_testkit::TempTree::new("gpushare-byte-name");
+    let exe = dir.path().join(std::ffi::OsStr::from_bytes(name));
+    (spawn_copy(cg, &exe, &node), dir, node)
+}
+
+/// `unshare` into a private mount namespace where a tmpfs is mounted at `point`, then exec the
+/// arguments that follow: what a host with such a mount looks like, without touching the host's.
+fn with_a_mount_at(point: &std::path::Path) -> Vec<std::ffi::OsString> {
+    let mut w: Vec<std::ffi::OsString> = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        r#"mount -t tmpfs gpushare-odd-mount "$0" && exec "$@""#,
+    ]
+    .into_iter()
+    .map(Into::into)
+    .collect();
+    w.push(point.as_os_str().to_owned());
+    w
+}
+
+/// Issue 41: a mount whose path is not UTF-8, anywhere on the host (a FUSE mount any user may
+/// make, an operator's Latin-1 share), stops neither the agent nor `thaw --all`. Both once read
+/// `/proc/self/mountinfo` as UTF-8 and failed: the agent could not start (a crash loop under
+/// systemd) and a crashed agent's freezes could not be undone. Here, in a private mount namespace
+/// with a tmpfs at `.../m\xff`, the agent starts and freezes a workload over its quota, is
+/// killed, and `thaw --all` in the same kind of namespace thaws it.
+#[test]
+fn a_mount_at_a_path_that_is_not_utf8_stops_neither_the_agent_nor_thaw_all() {
+    needs_root!("a_mount_at_a_path_that_is_not_utf8_stops_neither_the_agent_nor_thaw_all");
+    use std::os::unix::ffi::OsStrExt;
+    let tree = gpushare_testkit::TempTree::new("gpushare-odd-mount");
+    let point = tree.path().join(std::ffi::OsStr::from_bytes(b"m\xff"));
+    std::fs::create_dir(&point).unwrap();
+    let (cg, p) = sleeping_group("odd-mount");
+    let sc = Scenario::create(&one_gpu(&[(p.pid(), 2 * GIB)])).unwrap();
+    let quotas = format!("{FREEZE}{}", cgroup_quota(&cg, "1GiB"));
+    let mut agent = AgentProcess::unstarted(crate::util::agent_dir(&quotas), &sc, &[], "200ms")
+        .wrapped(&with_a_mount_at(&point));
+    agent.restart();
+    let pid = agent.pid().unwrap();
+    let mounts = std::fs::read(format!("/proc/{pid}/mountinfo")).unwrap();
+    assert!(
+        mounts.windows(2).any(|w| w == b"m\xff"),
+        "the agent does not see the odd mount"
+    );
+    wait_until(
+        Duration::from_secs(20),
+        || format!("the workload was never frozen\n{}", agent.log()),
+        || cg.is_frozen(),
+    );
+    agent.sigkill();
+    assert!(cg.is_frozen(), "the crash left the freeze in place");
+    let mut thaw = Command::new(&with_a_mount_at(&point)[0]);
+    thaw.args(&with_a_mount_at(&point)[1..])
+        .arg(workspace_bin("gpushare-agent"))
+        .args(["thaw", "--all", "--state-dir"])
+        .arg(agent.dir.join("state"));
+    let out = thaw.output().unwrap();
+    assert!(
+        out.status.success(),
+        "thaw --all failed beside the odd mount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(cg.wait_frozen(false), "thaw --all left the workload frozen");
+    assert!(
+        !std::fs::read("/proc/self/mountinfo")
+            .unwrap()
+            .windows(2)
+            .any(|w| w == b"m\xff"),
+        "the mount leaked into the host's namespace"
+    );
 }

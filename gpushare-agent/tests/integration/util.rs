@@ -50,6 +50,9 @@ pub struct AgentProcess {
     scenario: PathBuf,
     interval: String,
     starts: u32,
+    /// A command the agent is started through (`unshare ... sh -c '...; exec "$@"'`), if any: it
+    /// must exec the agent, so that the child's pid is the agent's.
+    wrapper: Vec<std::ffi::OsString>,
 }
 
 /// A fresh private directory for an agent: `quotas.toml` written, `quotas.d/` created. Tests that
@@ -101,7 +104,15 @@ impl AgentProcess {
             scenario: scenario.path().to_path_buf(),
             interval: interval.to_string(),
             starts: 0,
+            wrapper: Vec::new(),
         }
+    }
+
+    /// Starts the agent (from its next start) through `wrapper`, a command that execs its
+    /// arguments: `["unshare", "--mount", ...]`.
+    pub fn wrapped<S: AsRef<std::ffi::OsStr>>(mut self, wrapper: &[S]) -> Self {
+        self.wrapper = wrapper.iter().map(|s| s.as_ref().to_owned()).collect();
+        self
     }
 
     /// Adds a variable to the agent's environment (from its next start).
@@ -169,6 +180,17 @@ impl AgentProcess {
             &self.listen,
             &self.interval,
         );
+        if let Some((program, args)) = self.wrapper.split_first() {
+            let mut outer = Command::new(program);
+            outer.args(args).arg(cmd.get_program()).args(cmd.get_args());
+            for (k, v) in cmd.get_envs() {
+                match v {
+                    Some(v) => outer.env(k, v),
+                    None => outer.env_remove(k),
+                };
+            }
+            cmd = outer;
+        }
         let child = cmd
             .args(&self.extra)
             .env("RUST_LOG", "info,gpushare_agent=debug")

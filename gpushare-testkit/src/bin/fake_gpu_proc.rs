@@ -72,7 +72,12 @@ fn main() {
     let mut grow_to = None;
     let mut grow_after = None;
     let mut no_stdin = false;
-    let mut args = std::env::args().skip(1);
+    // Its own path (argument 0) may be any bytes: tests name the executable so to name the
+    // process (`std::env::args` would panic on it).
+    let mut args = std::env::args_os().skip(1).map(|a| {
+        a.into_string()
+            .unwrap_or_else(|a| usage(&format!("argument {a:?} is not UTF-8")))
+    });
     while let Some(a) = args.next() {
         match a.as_str() {
             "--device" => devices.push(

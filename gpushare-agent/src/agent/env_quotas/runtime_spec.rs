@@ -511,21 +511,14 @@ pub struct ProcFacts {
 }
 
 fn facts(pid: u32) -> Option<ProcFacts> {
-    let p = procfs::process::Process::new(pid as i32).ok()?;
-    let stat = p.stat().ok()?;
-    let status = p.status().ok()?;
+    // `status` as bytes: a process's name need not be UTF-8, and the procfs crate's parse would
+    // reject the file, hiding the container's init (see `sys::proc_status`).
+    let start_ticks = crate::attribution::procinfo::start_ticks(pid)?;
+    let status = crate::sys::proc_status::of(pid).ok()?;
     Some(ProcFacts {
-        identity: ProcessIdentity {
-            pid,
-            start_ticks: stat.starttime,
-        },
-        ppid: status.ppid.max(0) as u32,
-        nspid: status
-            .nspid
-            .unwrap_or_default()
-            .into_iter()
-            .map(|n| n.max(0) as u32)
-            .collect(),
+        identity: ProcessIdentity { pid, start_ticks },
+        ppid: status.ppid?,
+        nspid: status.nspid,
     })
 }
 
