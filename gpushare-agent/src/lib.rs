@@ -8,11 +8,12 @@
 //! Foundations (no other module of the agent):
 //! - [`workload`]: cgroup path -> workload identity and root cgroup (pure).
 //! - [`sample`]: what one NVML sample saw (plain data).
-//! - [`sys`]: `/proc/self/mountinfo` and `/proc/<pid>/cgroup`, parsed once.
+//! - [`sys`]: `/proc/self/mountinfo`, `/proc/<pid>/cgroup` and `/proc/<pid>/status`, read as
+//!   bytes (the `gpushare-base` crate's, shared with the test kit and xtask).
 //! - [`shown`]: names a tenant chooses, escaped for a terminal or a log.
 //! - [`ebpf`]: loading the kernel programs, draining their ring buffer and counters.
 //! - [`cuda`]: the CUDA checkpoint driver API, loaded at run time for `suspend`.
-//! - [`client`]: the HTTP client of `status`, `release` and the tests.
+//! - [`client`]: the HTTP client of `status`, `release` and the tests (`gpushare-base`'s).
 //!
 //! Sources:
 //! - [`trace`]: the timeline of the last allocation-triggered reaction.
@@ -43,7 +44,7 @@ pub mod agent;
 pub mod api;
 pub mod attribution;
 pub mod cli;
-pub mod client;
+pub use gpushare_base::client;
 pub mod crash;
 pub mod cuda;
 pub mod drain_pace;
@@ -60,7 +61,7 @@ pub mod sample;
 pub mod shown;
 pub mod snapshot;
 pub mod status;
-pub mod sys;
+pub use gpushare_base::sys;
 pub mod ticker;
 pub mod trace;
 pub mod workload;

@@ -12,10 +12,9 @@ pub mod docker;
 pub mod nvml;
 pub mod process;
 pub mod skip;
-/// The agent's own `/proc` parsers (mountinfo, `/proc/<pid>/cgroup`): the very files of
-/// `gpushare-agent/src/sys`, compiled here too, so tests and xtask read the kernel as the agent does.
-#[path = "../../gpushare-agent/src/sys/mod.rs"]
-pub mod sys;
+/// The agent's own `/proc` readers (mountinfo, `/proc/<pid>/cgroup`), from `gpushare-base`: tests
+/// and xtask read the kernel as the agent does.
+pub use gpushare_base::sys;
 
 pub use cgroup::TestCgroup;
 pub use device::FakeDeviceNode;

@@ -9,10 +9,8 @@ use std::{
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, Subcommand};
 
-// The agent's own client (the demo speaks only TCP).
-#[allow(dead_code)]
-#[path = "../../gpushare-agent/src/client.rs"]
-mod client;
+// The agent's own client.
+use gpushare_base::client;
 mod deb;
 mod demo;
 mod image;
@@ -461,7 +459,13 @@ fn lint_fuzz(root: &Path) -> Result<()> {
         .current_dir(root)
         // --locked: a lock file that no longer matches fails here, where it was once rewritten
         // by every run (and the tree left dirty).
-        .args(["clippy", "--locked", "--manifest-path", manifest, "--all-targets"])
+        .args([
+            "clippy",
+            "--locked",
+            "--manifest-path",
+            manifest,
+            "--all-targets",
+        ])
         .args(["--", "-D", "warnings"])
         .env("CARGO_TARGET_DIR", root.join("target"))
         .status()?;

@@ -5,9 +5,9 @@
 //! all read as bytes and named as [`kernel_text`](crate::sys::kernel_text) keeps them; and
 //! [`file_stamp`](crate::sys::file_stamp), what `stat` says identifies one version of a file.
 //!
-//! They use only `std`, so the test kit (and through it xtask) compiles the very same files
-//! (`#[path]`): the agent, its tests and the demo cannot drift apart. The mock drivers keep parsers
-//! of their own on purpose: a bug shared with the agent would hide in tests.
+//! They use only `std`, and the agent, its test kit and xtask use the very same code (this crate):
+//! the agent, its tests and the demo cannot drift apart. The mock drivers keep parsers of their
+//! own on purpose: a bug shared with the agent would hide in tests.
 
 pub mod file_stamp;
 pub mod kernel_text;

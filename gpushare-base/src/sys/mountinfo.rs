@@ -2,7 +2,7 @@
 //!
 //! A line reads `<id> <parent> <maj:min> <root> <mount point> <options> [optional...] - <fstype>
 //! <source> <super options>`; the mount point is octal-escaped (`\040` for a space). Uses only
-//! `std`: the test kit compiles this same file. Read as bytes: see [`read`].
+//! `std`. Read as bytes: see [`read`].
 
 use std::{ffi::OsString, io, os::unix::ffi::OsStringExt, path::PathBuf};
 

@@ -19,8 +19,7 @@
 //!
 //! (Holding paths as `OsString` everywhere would say the same in types, but would change the
 //! key, label, selector and ledger formats and some 180 uses for the rare name that needs it; the
-//! encoding changes none of them for a name that is UTF-8.) Uses only `std`: the test kit
-//! compiles this same file.
+//! encoding changes none of them for a name that is UTF-8.) Uses only `std`.
 
 use std::{
     borrow::Cow,

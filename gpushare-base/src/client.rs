@@ -3,8 +3,8 @@
 //!
 //! One request per connection, blocking for the caller: each call runs on a small current-thread
 //! runtime of its own and gives up after [`TIMEOUT`]. No TLS, no redirects: the server is the agent
-//! on this node. Uses no other module of the agent, so xtask (which must build before the agent
-//! can) compiles this same file.
+//! on this node. In `gpushare-base`, so xtask (which must build before the agent can) uses it
+//! too.
 
 use std::{path::Path, time::Duration};
 

@@ -5,7 +5,7 @@
 //! need not be UTF-8 (`prctl(PR_SET_NAME, "\xff")`). The procfs crate reads the file as UTF-8
 //! lines and rejects all of it on such a name, so a process could hide its identity, and with it
 //! its GPU memory, by renaming itself. Only the lines named here are read, as ASCII; the name is
-//! never looked at. Uses only `std`: the test kit compiles this same file.
+//! never looked at. Uses only `std`.
 
 use std::io;
 

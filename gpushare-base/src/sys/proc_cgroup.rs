@@ -3,7 +3,7 @@
 //! A line reads `<hierarchy id>:<controllers>:<path>`: `0::<path>` for the v2 hierarchy, e.g.
 //! `7:freezer:/docker/<id>` or `4:cpu,cpuacct:/...` for a v1 one. The path is relative to the
 //! hierarchy's mount point (see [`super::mountinfo`]). Read as bytes (see [`read`]). Uses only
-//! `std`: the test kit compiles this same file.
+//! `std`.
 
 use std::io;
 
