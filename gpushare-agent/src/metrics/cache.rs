@@ -10,7 +10,6 @@
 //! found rows' cached text and the new rows' fresh text, and the output assembled from both.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::{
@@ -20,7 +19,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::rows::{ProcessRow, WorkloadRow};
+use super::rows::{ProcessRow, Row, WorkloadRow};
 use super::{Compat, Family, Labels, Rows};
 use crate::snapshot::Snapshot;
 
@@ -44,40 +43,6 @@ impl From<u64> for Value {
 }
 
 pub(crate) type Series = Vec<(Labels, Value)>;
-
-/// A float compared by its bits: `-0.0` and `0.0` encode differently, and a NaN equals itself.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Bits(pub f64);
-
-impl PartialEq for Bits {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.to_bits() == other.0.to_bits()
-    }
-}
-
-/// What a cached row is: the fields its series are made of, borrowed from a snapshot or owned
-/// by the cache.
-pub(crate) trait Row {
-    /// The cache's copy.
-    type Owned;
-    /// Whether the cached copy holds the same fields.
-    fn same(&self, cached: &Self::Owned) -> bool;
-    /// A copy for the cache.
-    fn to_cached(&self) -> Self::Owned;
-    /// A hash of who the row is (not of its values), to find a row that moved.
-    fn key(&self) -> u64;
-    /// [`Row::key`] of a cached copy.
-    fn cached_key(cached: &Self::Owned) -> u64;
-    /// Heap bytes a cached copy holds besides itself.
-    fn cached_heap(cached: &Self::Owned) -> usize;
-}
-
-/// A hash of `v` (the cache's own: nothing outside the process sees it).
-pub(crate) fn hash_of(v: impl Hash) -> u64 {
-    let mut h = std::hash::DefaultHasher::new();
-    v.hash(&mut h);
-    h.finish()
-}
 
 /// The encoded series of one kind of row, per family of that kind, in the order of the rows
 /// last scraped: `texts[f]` holds the rows' series of family `f` one after another, row `i`'s

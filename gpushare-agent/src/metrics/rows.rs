@@ -3,10 +3,47 @@
 //! has lasted, never costs a re-encoding). Series are encoded from these alone, which keeps
 //! what is compared and what is encoded the same set of fields.
 
-use std::{borrow::Cow, sync::Arc};
+use std::{
+    borrow::Cow,
+    hash::{Hash, Hasher},
+    sync::Arc,
+};
 
-use super::cache::{Bits, Row, hash_of};
 use crate::snapshot::{GpuView, ProcessView, WorkloadView};
+
+/// A float compared by its bits: `-0.0` and `0.0` encode differently, and a NaN equals itself.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bits(pub f64);
+
+impl PartialEq for Bits {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+/// What a cached row is: the fields its series are made of, borrowed from a snapshot or owned
+/// by the cache.
+pub(crate) trait Row {
+    /// The cache's copy.
+    type Owned;
+    /// Whether the cached copy holds the same fields.
+    fn same(&self, cached: &Self::Owned) -> bool;
+    /// A copy for the cache.
+    fn to_cached(&self) -> Self::Owned;
+    /// A hash of who the row is (not of its values), to find a row that moved.
+    fn key(&self) -> u64;
+    /// [`Row::key`] of a cached copy.
+    fn cached_key(cached: &Self::Owned) -> u64;
+    /// Heap bytes a cached copy holds besides itself.
+    fn cached_heap(cached: &Self::Owned) -> usize;
+}
+
+/// A hash of `v` (the cache's own: nothing outside the process sees it).
+pub(crate) fn hash_of(v: impl Hash) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    v.hash(&mut h);
+    h.finish()
+}
 
 /// A workload row as its series see it.
 #[derive(Clone, Debug, PartialEq)]

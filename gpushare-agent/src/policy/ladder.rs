@@ -17,8 +17,8 @@ use std::{collections::BTreeSet, time::Duration};
 
 use super::{
     Cx, Out,
+    action::ActionKind,
     input::GpuScope,
-    outcome::ActionKind,
     plan::Liability,
     state::{Killing, ScopeState, Status, WorkloadState},
 };

@@ -27,6 +27,7 @@
 //! step's, the clock aside, from the calm state that step left unchanged, is decided without
 //! evaluating again; the decision is the same (a property test drives both paths).
 
+mod action;
 mod adopt;
 mod hold;
 mod incremental;
@@ -51,12 +52,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use self::usage::{DevUsage, Devices, Usage, Workloads};
 pub use self::{
+    action::ActionKind,
     incremental::Incremental,
     input::{AttributedProcess, GpuScope, GroupState, ObservedGroup, PolicyInput, Suspension},
     ladder::KILL_GRACE,
     outcome::{
-        Action, ActionKind, Decision, DriverLimits, PerWorkloadLimits, Stats, WantedLimits,
-        wanted_limits,
+        Action, Decision, DriverLimits, PerWorkloadLimits, Stats, WantedLimits, wanted_limits,
     },
     reconcile::{RETRY_BASE, RETRY_MAX},
     report::{Report, fold_reports},

@@ -16,8 +16,9 @@ use std::{collections::BTreeMap, time::Duration};
 
 use super::{
     Cx,
+    action::ActionKind,
     input::{GroupState, ObservedGroup, Suspension},
-    outcome::{Action, ActionKind},
+    outcome::Action,
     state::{PolicyState, Retry, WorkloadState},
 };
 

@@ -3,8 +3,8 @@
 //! once.
 
 use super::{
+    action::ActionKind,
     input::GroupState,
-    outcome::ActionKind,
     state::{PolicyState, Retry, Status},
 };
 

@@ -6,8 +6,8 @@
 use std::{collections::BTreeMap, fmt, time::Duration};
 
 use super::{
+    action::ActionKind,
     input::{GpuScope, GroupState, Suspension},
-    outcome::ActionKind,
 };
 use crate::quota::{Mode, Signal};
 

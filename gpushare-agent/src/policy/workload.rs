@@ -13,11 +13,12 @@ use std::{collections::BTreeMap, fmt};
 
 use super::{
     Cx, Out, Step,
+    action::ActionKind,
     adopt::{adopt, thaw_only},
     hold::holding,
     input::{GpuScope, GroupState, ObservedGroup, Suspension},
     ladder::{climb, escalate_kill},
-    outcome::{ActionKind, Stats},
+    outcome::Stats,
     plan::{Liability, Plan},
     reconcile::{reconcile, reconcile_suspension, thawed_externally},
     state::{Retry, WorkloadState},

@@ -8,6 +8,11 @@
 //!   `crate::B` (or `super::` that climbs to the crate root, then `B`) in the code of A, comments
 //!   left out, tests included.
 //! - No module of `quota/` names `attribution`, and no module of `attribution/` names `quota`.
+//! - `quota/` and `grants/` never name `enforce`, `snapshot` or `metrics`.
+//! - No two files of the agent import each other (a parent module and its child aside): see
+//!   [`files`].
+//! - No function over [`functions::FN_MAX`] lines outside tests, but a list of exceptions that
+//!   may only shrink: see [`functions`].
 //!
 //! The check reads files as text: no build, no network.
 
@@ -18,6 +23,9 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+mod files;
+mod functions;
+
 /// Lines a file of `policy/` (tests aside) may have.
 pub const POLICY_FILE_MAX: usize = 350;
 /// Lines `policy::evaluate` may have, from its signature to its closing brace.
@@ -27,6 +35,13 @@ pub const ENFORCE_MOD_MAX: usize = 500;
 
 /// Modules that must not name each other, in either direction.
 const APART: [(&str, &str); 1] = [("quota", "attribution")];
+
+/// Modules that must not name others: what the operator wrote and what grants a limit (`quota`,
+/// `grants`) stay pure of how a limit is enforced and reported.
+const NEVER: [(&str, &[&str]); 2] = [
+    ("quota", &["enforce", "snapshot", "metrics"]),
+    ("grants", &["enforce", "snapshot", "metrics"]),
+];
 
 /// Runs every check on the workspace at `root`; the error lists every violation.
 pub fn check(root: &Path) -> Result<()> {
@@ -60,11 +75,34 @@ pub fn check(root: &Path) -> Result<()> {
             }
         }
     }
+    for (from, tos) in NEVER {
+        for to in tos {
+            if let Some(at) = graph.get(from).and_then(|e| e.get(*to)) {
+                problems.push(format!(
+                    "{}: module `{from}` names `{to}` (it must not: keep it pure of enforcement \
+                     and reporting)",
+                    rel(root, at)
+                ));
+            }
+        }
+    }
+    problems.extend(files::mutual_imports(&src)?.into_iter().map(|(a, b)| {
+        format!(
+            "{} and {} import each other: move what both need below both",
+            rel(root, &a),
+            rel(root, &b)
+        )
+    }));
+    problems.extend(functions::check(root, functions::EXCEPTIONS)?);
     if problems.is_empty() {
         eprintln!(
             "xtask: structure: policy files <= {POLICY_FILE_MAX} lines, evaluate <= {EVALUATE_MAX}, \
-             enforce/mod.rs <= {ENFORCE_MOD_MAX}, {} modules without an import cycle",
-            graph.len()
+             enforce/mod.rs <= {ENFORCE_MOD_MAX}, {} modules without an import cycle, no two \
+             files importing each other, quota/ and grants/ pure, functions <= {} lines ({} \
+             listed exceptions)",
+            graph.len(),
+            functions::FN_MAX,
+            functions::EXCEPTIONS.len()
         );
         Ok(())
     } else {
@@ -75,7 +113,7 @@ pub fn check(root: &Path) -> Result<()> {
     }
 }
 
-fn rel(root: &Path, p: &Path) -> String {
+pub(crate) fn rel(root: &Path, p: &Path) -> String {
     p.strip_prefix(root).unwrap_or(p).display().to_string()
 }
 
@@ -87,7 +125,7 @@ fn line_count(p: &Path) -> Result<usize> {
 }
 
 /// `.rs` files below `dir`, sorted.
-fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -104,9 +142,12 @@ fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// A file of tests: `tests.rs`, or anything under a `tests/` folder.
-fn is_test_file(p: &Path) -> bool {
-    p.components().any(|c| c.as_os_str() == "tests") || p.file_stem().is_some_and(|s| s == "tests")
+/// A file of tests: `tests.rs`, `<name>_tests.rs`, or anything under a `tests/` folder.
+pub(crate) fn is_test_file(p: &Path) -> bool {
+    p.components().any(|c| c.as_os_str() == "tests")
+        || p.file_stem()
+            .and_then(|s| s.to_str())
+            .is_some_and(|s| s == "tests" || s.ends_with("_tests"))
 }
 
 fn policy_sizes(dir: &Path) -> Result<Vec<String>> {
@@ -275,7 +316,7 @@ pub fn named_modules(code: &str, depth: usize) -> BTreeSet<String> {
     out
 }
 
-fn is_ident(t: &str) -> bool {
+pub(crate) fn is_ident(t: &str) -> bool {
     t.chars()
         .next()
         .is_some_and(|c| c.is_alphabetic() || c == '_')
@@ -283,7 +324,7 @@ fn is_ident(t: &str) -> bool {
 }
 
 /// Identifiers, `::`, and single punctuation characters.
-fn tokenize(code: &str) -> Vec<&str> {
+pub(crate) fn tokenize(code: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let b = code.as_bytes();
     let mut i = 0;
@@ -451,6 +492,7 @@ mod tests {
     fn tests_files_are_not_limited() {
         assert!(is_test_file(Path::new("tests.rs")));
         assert!(is_test_file(Path::new("tests/ladder.rs")));
+        assert!(is_test_file(Path::new("claims_tests.rs")));
         assert!(!is_test_file(Path::new("ladder.rs")));
     }
 }
