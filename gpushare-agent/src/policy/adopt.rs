@@ -73,6 +73,7 @@ pub(super) fn adopt(
                 limit: l.limit,
                 mode: l.enforcement.mode,
                 without_suspend: Status::Frozen,
+                compliant_since: None,
             },
         );
     }

@@ -51,8 +51,12 @@ pub(super) fn holding(
             ));
         }
     }
-    if ws.scopes.values().all(|s| s.status == Status::Ok) {
-        // A new episode gets its suspend step back.
+    if ws
+        .scopes
+        .values()
+        .all(|s| s.status == Status::Ok && s.over_since.is_none())
+    {
+        // A new episode (no clock runs, not even cooling down) gets its suspend step back.
         ws.suspend_failed = None;
     }
     if let Some(by) = ws.frozen {

@@ -1,8 +1,14 @@
 //! Stage 5: each liability's ladder, and a kill step's escalation to SIGKILL.
 //!
-//! **Ladder.** A liability's clock starts the first time it is seen liable and restarts whenever it
-//! is not. Step *n* fires once, when the clock reaches `max(grace, step.after)`; every step that is
-//! due fires in ladder order (after a gap in sampling, several may fire together). Freeze and kill
+//! **Ladder.** A liability's clock starts the first time it is seen liable and restarts only once
+//! it has been compliant for [`CLOCK_COOLDOWN`] on end: a tenant that dips under its quota for a
+//! sample just before the step it fears (or moves its allocation between GPUs) finds the clock
+//! where it left it, and the step it dodged fires the next time it is liable. While it cools down
+//! it reads `ok`; the alerts and signals already sent are not sent again, but a freeze, suspend or
+//! kill step is taken anew (the workload was thawed meanwhile). A liability that starts a clock
+//! takes the oldest one still running on another GPU scope of the same workload: per-GPU scopes
+//! share one clock. Step *n* fires once, when the clock reaches `max(grace, step.after)`; every
+//! step that is due fires in ladder order (after a gap in sampling, several may fire together). Freeze and kill
 //! act on the whole workload (its root cgroup); a signal is not sent to a workload that is frozen (it
 //! could not be handled). Alerts, signals and kills name the processes on the liability's GPUs.
 //! A freeze or suspend step only sets what the workload *should* be: the Freeze or Suspend itself
@@ -30,6 +36,9 @@ use crate::{
 /// How long after a kill step's (catchable) signal SIGKILL follows if a process still runs.
 pub const KILL_GRACE: Duration = Duration::from_secs(10);
 
+/// How long a liability must stay compliant on end before its ladder's clock restarts.
+pub const CLOCK_COOLDOWN: Duration = Duration::from_secs(60);
+
 /// Climbs each liability's ladder from `prev`'s positions into `ws`, issuing the alerts, signals
 /// and kills that are due. Returns why a freeze is wanted, from the liability that holds it.
 pub(super) fn climb(
@@ -52,6 +61,7 @@ pub(super) fn climb(
             limit: l.limit,
             mode: l.enforcement.mode,
             without_suspend: Status::Ok,
+            compliant_since: None,
         };
         if l.over {
             out.stats.over_quota += 1;
@@ -65,18 +75,22 @@ pub(super) fn climb(
             ws.scopes.insert(l.scope, kept);
             continue;
         }
+        let ladder = &l.enforcement.ladder;
         if !l.liable {
-            ws.scopes.insert(l.scope, ok_state(Some(l.usage)));
+            let cooling = prev_ss.and_then(|p| cooling(p, input.now, ladder));
+            let state = cooling.map_or(ok_state(Some(l.usage)), |c| {
+                ScopeState {
+                    usage: Some(l.usage),
+                    ..ok_state(None)
+                }
+                .with_clock(c)
+            });
+            ws.scopes.insert(l.scope, state);
             continue;
         }
-        let ladder = &l.enforcement.ladder;
-        let (since, mut taken) = match prev_ss {
-            Some(ScopeState {
-                over_since: Some(since),
-                steps_taken,
-                ..
-            }) => (*since, (*steps_taken).min(ladder.len())),
-            _ => (input.now, 0),
+        let (since, mut taken) = match prev_ss.and_then(|p| running(p, input.now)) {
+            Some((since, taken)) => (since, taken.min(ladder.len())),
+            None => (shared_clock(prev, input.now).unwrap_or(input.now), 0),
         };
         let elapsed = input.now.saturating_sub(since);
         let reason = reason(cx, l, elapsed, quota);
@@ -142,10 +156,73 @@ pub(super) fn climb(
                 limit: l.limit,
                 mode: l.enforcement.mode,
                 without_suspend: position(steps, true),
+                compliant_since: None,
             },
         );
     }
     freeze_reason
+}
+
+/// A clock kept through a cool-down: when it started, the steps it keeps, and since when the
+/// liability has been compliant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Clock {
+    since: Duration,
+    steps_taken: usize,
+    compliant_since: Duration,
+}
+
+impl ScopeState {
+    fn with_clock(self, c: Clock) -> Self {
+        Self {
+            over_since: Some(c.since),
+            steps_taken: c.steps_taken,
+            compliant_since: Some(c.compliant_since),
+            ..self
+        }
+    }
+}
+
+/// The clock a liability that is compliant now keeps from `prev`, while its cool-down lasts: the
+/// steps that only told (alerts, signals) stay taken, the first that acted and those after it are
+/// to be taken again.
+fn cooling(prev: &ScopeState, now: Duration, ladder: &[LadderStep]) -> Option<Clock> {
+    let since = prev.over_since?;
+    let compliant_since = prev.compliant_since.unwrap_or(now);
+    if now.saturating_sub(compliant_since) >= CLOCK_COOLDOWN {
+        return None;
+    }
+    let told = ladder
+        .iter()
+        .take(prev.steps_taken)
+        .take_while(|s| matches!(s.action, StepAction::Alert | StepAction::Signal(_)))
+        .count();
+    Some(Clock {
+        since,
+        steps_taken: told,
+        compliant_since,
+    })
+}
+
+/// The clock (start, steps taken) a liability that is liable now goes on with: its own, unless it
+/// cooled down for [`CLOCK_COOLDOWN`].
+fn running(prev: &ScopeState, now: Duration) -> Option<(Duration, usize)> {
+    let since = prev.over_since?;
+    match prev.compliant_since {
+        Some(c) if now.saturating_sub(c) >= CLOCK_COOLDOWN => None,
+        _ => Some((since, prev.steps_taken)),
+    }
+}
+
+/// The oldest clock still running (liable or cooling down) on any GPU scope of the workload: a
+/// new liability of the same workload starts from it, so moving an allocation between GPUs
+/// restarts nothing.
+fn shared_clock(prev: Option<&WorkloadState>, now: Duration) -> Option<Duration> {
+    prev?
+        .scopes
+        .values()
+        .filter_map(|s| running(s, now).map(|(since, _)| since))
+        .min()
 }
 
 /// Why a liable liability's steps fire, in words with numbers.

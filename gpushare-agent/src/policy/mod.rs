@@ -55,7 +55,7 @@ pub use self::{
     action::ActionKind,
     incremental::Incremental,
     input::{AttributedProcess, GpuScope, GroupState, ObservedGroup, PolicyInput, Suspension},
-    ladder::KILL_GRACE,
+    ladder::{CLOCK_COOLDOWN, KILL_GRACE},
     outcome::{
         Action, Decision, DriverLimits, PerWorkloadLimits, Stats, WantedLimits, wanted_limits,
     },

@@ -90,6 +90,10 @@ pub struct ScopeState {
     /// The ladder position if its suspend step falls through (the step before it).
     #[serde(skip)]
     pub without_suspend: Status,
+    /// Since when a liability whose clock still runs has been compliant (its cool-down: see
+    /// `policy::ladder`); `None` while it is liable or has no clock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compliant_since: Option<Duration>,
 }
 
 /// A kill step in progress.

@@ -242,6 +242,15 @@ impl Sim {
             .and_then(|w| w.scopes.get(&scope))
             .map(|s| s.status)
     }
+
+    /// When the ladder's clock of `c`'s liability on `scope` started (`None`: none runs).
+    fn clock(&self, c: char, scope: GpuScope) -> Option<Duration> {
+        self.state
+            .workloads
+            .get(&key(c))
+            .and_then(|w| w.scopes.get(&scope))
+            .and_then(|s| s.over_since)
+    }
 }
 
 fn quota_for(c: char, extra: &str) -> String {
@@ -351,16 +360,111 @@ fn actions_carry_numbers_targets_and_the_quota() {
 }
 
 #[test]
-fn spikes_shorter_than_grace_do_nothing_and_reset_the_clock() {
+fn spikes_shorter_than_grace_do_nothing_once_each_has_cooled_down() {
     let mut sim = Sim::a(&quota_for('a', ""));
     let over = [(10, 0, Some(3 * GIB))];
     let under = [(10, 0, Some(GIB))];
-    for round in 0..5 {
-        let t = round * 3;
+    let gap = CLOCK_COOLDOWN.as_secs();
+    for round in 0..3 {
+        let t = round * (gap + 3);
         assert!(sim.run(t, t + 1, &over).is_empty());
-        assert!(sim.run(t + 2, t + 2, &under).is_empty());
+        assert!(sim.run(t + 2, t + 2 + gap, &under).is_empty());
+        assert_eq!(
+            sim.clock('a', GpuScope::All),
+            None,
+            "cooled down at {}",
+            t + 2 + gap
+        );
     }
     assert_eq!(sim.status('a', GpuScope::All), Some(Status::Ok));
+}
+
+/// Issue 41: one compliant sample no longer restarts the clock. Under the default ladder (alert
+/// after the 3 s grace, SIGUSR1 after 5 s, freeze after 15 s), a workload over its quota but for
+/// one sample in four never stayed over 3 s on end and was never even alerted; its clock now
+/// runs through the dips, and each step fires at the first sample it is over once due.
+#[test]
+fn a_workload_dipping_under_its_quota_one_sample_in_four_is_frozen_by_the_step_it_dodged() {
+    let mut sim = Sim::a(&quota_for('a', ""));
+    let mut fired = Vec::new();
+    for t in 0..=16 {
+        let usage = if t % 4 == 3 { GIB } else { 3 * GIB };
+        fired.extend(sim.run(t, t, &[(10, 0, Some(usage))]));
+        if t % 4 == 3 {
+            assert_eq!(
+                sim.status('a', GpuScope::All),
+                Some(Status::Ok),
+                "a dip reads ok"
+            );
+            assert_eq!(
+                sim.clock('a', GpuScope::All),
+                Some(Duration::ZERO),
+                "the clock runs on"
+            );
+        }
+    }
+    assert_eq!(
+        fired,
+        [(4, ActionKind::Alert), (5, USR1), (16, ActionKind::Freeze)],
+        "each step at the first over sample once due (15 s was a dip)"
+    );
+}
+
+/// The cool-down ends: compliant for [`CLOCK_COOLDOWN`] on end, a liability starts afresh, its
+/// alert and signal sent again; a dip shorter keeps them sent.
+#[test]
+fn the_clock_restarts_only_after_a_whole_cooldown() {
+    let over = [(10, 0, Some(3 * GIB))];
+    let under = [(10, 0, Some(GIB))];
+    let cd = CLOCK_COOLDOWN.as_secs();
+    let mut sim = Sim::a(&quota_for('a', ""));
+    assert_eq!(sim.run(0, 5, &over), [(3, ActionKind::Alert), (5, USR1)]);
+    assert!(sim.run(6, 6 + cd - 2, &under).is_empty());
+    // Compliant since 6 s, over again one second short of the cool-down: the same episode, the
+    // freeze due at once.
+    assert_eq!(
+        sim.run(5 + cd, 5 + cd, &over),
+        [(5 + cd, ActionKind::Freeze)]
+    );
+    let mut sim = Sim::a(&quota_for('a', ""));
+    sim.run(0, 5, &over);
+    assert!(sim.run(6, 6 + cd, &under).is_empty());
+    let t = 7 + cd;
+    assert!(
+        sim.run(t, t + 2, &over).is_empty(),
+        "a fresh clock: within grace"
+    );
+    assert_eq!(
+        sim.run(t + 3, t + 5, &over),
+        [(t + 3, ActionKind::Alert), (t + 5, USR1)]
+    );
+}
+
+/// Per-GPU quotas of one workload share one clock: moving the allocation from GPU 0 to GPU 1
+/// every 10 s (under a 15 s freeze step) no longer restarts it.
+#[test]
+fn per_gpu_scopes_of_one_workload_share_one_clock() {
+    let toml = format!(
+        "[[quota]]\ncontainer = \"{0}\"\ngpu = 0\ngpu_memory = \"2GiB\"\n\n\
+         [[quota]]\ncontainer = \"{0}\"\ngpu = 1\ngpu_memory = \"2GiB\"\n",
+        id('a')
+    );
+    let mut sim = Sim::a(&toml);
+    let on = |gpu| [(10, gpu, Some(3 * GIB))];
+    let mut fired = sim.run(0, 9, &on(0));
+    fired.extend(sim.run(10, 16, &on(1)));
+    let kinds: Vec<_> = fired.iter().map(|&(t, k)| (t, k)).collect();
+    assert_eq!(
+        kinds,
+        [
+            (3, ActionKind::Alert),
+            (5, USR1),
+            (10, ActionKind::Alert),
+            (10, USR1),
+            (15, ActionKind::Freeze)
+        ],
+        "GPU 1's liability starts from GPU 0's clock (its own alert and signal at once)"
+    );
 }
 
 #[test]
@@ -1117,9 +1221,18 @@ fn a_suspend_that_fails_falls_through_to_the_next_step_and_is_not_retried() {
         "no second suspend; the kill comes when due"
     );
     assert!(sim.state.workloads[&key('a')].suspend_failed.is_some());
-    // A new episode (back within quota, then over again) gets its suspend step back.
+    // Back within quota for less than the cool-down: the same episode, no second suspend (the
+    // kill, an action, is taken anew: it is due).
     sim.at(40_000, &[(10, 0, Some(GIB))]);
-    assert_eq!(sim.at(41_000, &over)[0].kind, ActionKind::Suspend);
+    let again: Vec<_> = sim.at(41_000, &over).iter().map(|a| a.kind).collect();
+    assert_eq!(again, [ActionKind::Kill(Signal::KILL)]);
+    assert!(sim.state.workloads[&key('a')].suspend_failed.is_some());
+    // A new episode (within quota for a whole cool-down, then over again) gets it back.
+    let cooled = 42_000 + CLOCK_COOLDOWN.as_millis() as u64;
+    sim.at(42_000, &[(10, 0, Some(GIB))]);
+    sim.at(cooled, &[(10, 0, Some(GIB))]);
+    assert!(sim.state.workloads[&key('a')].suspend_failed.is_none());
+    assert_eq!(sim.at(cooled + 1000, &over)[0].kind, ActionKind::Suspend);
 }
 
 #[test]

@@ -401,6 +401,7 @@ fn workload_state(s: &WsSpec) -> WorkloadState {
                         limit: limit * GIB,
                         mode: Mode::Strict,
                         without_suspend: Status::Ok,
+                        compliant_since: None,
                     },
                 )
             })

@@ -538,3 +538,38 @@ fn a_mount_at_a_path_that_is_not_utf8_stops_neither_the_agent_nor_thaw_all() {
         "the mount leaked into the host's namespace"
     );
 }
+
+/// Issue 41: a workload that dips under its quota for one sample in every few is frozen by the
+/// step it dodged. Its ladder freezes after 2 s over; it is over for 1 s, then under for 0.3 s
+/// (at least one sample of the agent's 200 ms), again and again. The agent once restarted the
+/// clock at every compliant sample, so the workload, over quota three quarters of the time, was
+/// never frozen; the clock now runs on through dips shorter than the cool-down.
+#[test]
+fn a_workload_dipping_under_its_quota_for_one_sample_in_every_few_is_frozen() {
+    needs_root!("a_workload_dipping_under_its_quota_for_one_sample_in_every_few_is_frozen");
+    let (cg, p) = sleeping_group("dodger");
+    let sc = Scenario::create(&one_gpu(&[])).unwrap();
+    let quotas = format!(
+        "[defaults]\ngrace = \"0s\"\nladder = [ {{ action = \"freeze\", after = \"2s\" }} ]\n{}",
+        cgroup_quota(&cg, "2GiB")
+    );
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    let t0 = Instant::now();
+    let mut dips = 0;
+    while !cg.is_frozen() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "never frozen after {dips} dips\n{}",
+            agent.log()
+        );
+        sc.write(&one_gpu(&[(p.pid(), 3 * GIB)])).unwrap();
+        std::thread::sleep(Duration::from_millis(1000));
+        if cg.is_frozen() {
+            break;
+        }
+        sc.write(&one_gpu(&[(p.pid(), GIB)])).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        dips += 1;
+    }
+    assert!(dips >= 1, "frozen before it ever dipped: the test proves nothing");
+}

@@ -111,6 +111,7 @@ fn calm_workload() -> WorkloadState {
                 limit: 2 * GIB,
                 mode: Mode::Strict,
                 without_suspend: Status::Ok,
+                compliant_since: None,
             },
         )]
         .into(),

@@ -26,6 +26,7 @@ fn scope_state(status: Status) -> ScopeState {
         limit: 1,
         mode: Mode::Strict,
         without_suspend: Status::Alerted,
+        compliant_since: None,
     }
 }
 
