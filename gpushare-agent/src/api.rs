@@ -7,7 +7,6 @@
 
 use std::{
     net::SocketAddr,
-    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -96,9 +95,8 @@ pub async fn serve_unix(
         }
         std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
     }
-    let listener = tokio::net::UnixListener::bind(path)
-        .with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let listener = tokio::net::UnixListener::from_std(bind_private(path)?)
+        .with_context(|| format!("listening on {}", path.display()))?;
     let app = public_routes()
         .route("/api/v1/state", get(state))
         .route("/api/v1/release", post(release_handler))
@@ -118,6 +116,62 @@ pub async fn serve_unix(
         path.display()
     );
     Ok(path.to_path_buf())
+}
+
+/// A listening Unix socket at `path` that is created owner-only (0600): the socket's mode is set
+/// before `bind` (Linux creates the file with the unbound socket's mode, less the umask), so no
+/// user can connect in the moment between `bind` and a `chmod`, whatever the umask (under umask
+/// 000 a connection made then would have outlived the chmod).
+fn bind_private(path: &Path) -> Result<std::os::unix::net::UnixListener> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let bytes = path.as_os_str().as_encoded_bytes();
+    // SAFETY: a zeroed sockaddr_un is valid; the path is copied within its bounds (checked).
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() {
+        anyhow::bail!("socket path {} is too long", path.display());
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: socket(2); the fd is owned at once.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("creating a Unix socket");
+    }
+    // SAFETY: a new fd this function owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let check = |rc: libc::c_int, what: &str| {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+                .with_context(|| format!("{what} {}", path.display()))
+        }
+    };
+    // SAFETY: fchmod(2), bind(2) and listen(2) on the owned fd, with the address built above.
+    check(
+        unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) },
+        "setting the mode of",
+    )?;
+    check(
+        unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_un).cast(),
+                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            )
+        },
+        "binding",
+    )?;
+    check(unsafe { libc::listen(fd.as_raw_fd(), 128) }, "listening on")?;
+    Ok(std::os::unix::net::UnixListener::from(fd))
 }
 
 async fn metrics(State(ctx): State<Ctx>, headers: HeaderMap) -> Response {
@@ -193,5 +247,27 @@ async fn release_handler(State(ctx): State<Ctx>, Json(body): Json<ReleaseBody>) 
         Ok(Ok(msg)) => (StatusCode::OK, format!("{msg}\n")).into_response(),
         Ok(Err(msg)) => (StatusCode::NOT_FOUND, format!("{msg}\n")).into_response(),
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "agent did not answer\n").into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 41: the local API's socket is owner-only from the moment it exists (its mode was
+    /// set after `bind`: under umask 000 any user could connect in between, and stay connected).
+    #[test]
+    fn the_socket_is_created_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let listener = bind_private(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "created {mode:o}");
+        assert!(std::os::unix::net::UnixStream::connect(&path).is_ok());
+        drop(listener);
+        let long = dir.path().join("x".repeat(200));
+        let err = bind_private(&long).unwrap_err().to_string();
+        assert!(err.contains("too long"), "{err}");
     }
 }

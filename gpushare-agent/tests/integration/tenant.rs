@@ -571,5 +571,8 @@ fn a_workload_dipping_under_its_quota_for_one_sample_in_every_few_is_frozen() {
         std::thread::sleep(Duration::from_millis(300));
         dips += 1;
     }
-    assert!(dips >= 1, "frozen before it ever dipped: the test proves nothing");
+    assert!(
+        dips >= 1,
+        "frozen before it ever dipped: the test proves nothing"
+    );
 }
