@@ -39,6 +39,14 @@ pub enum Status {
     Resuming,
     /// Reported only: a kill step's processes still run.
     Killing,
+    /// Reported only, in a dry run: a signal step was reached (nothing was sent).
+    WouldSignal,
+    /// Reported only, in a dry run: a freeze step was reached (nothing was frozen).
+    WouldFreeze,
+    /// Reported only, in a dry run: a suspend step was reached (nothing was checkpointed).
+    WouldSuspend,
+    /// Reported only, in a dry run: a kill step was reached (nothing was killed).
+    WouldKill,
 }
 
 impl Status {
@@ -56,6 +64,23 @@ impl Status {
             Self::Suspending => "suspending",
             Self::Resuming => "resuming",
             Self::Killing => "killing",
+            Self::WouldSignal => "would_signal",
+            Self::WouldFreeze => "would_freeze",
+            Self::WouldSuspend => "would_suspend",
+            Self::WouldKill => "would_kill",
+        }
+    }
+
+    /// What a dry run reports for a position the ladder reached: a state only an action could
+    /// have caused (signalled, frozen, suspended, killed, or on the way there) becomes what the
+    /// action would have been; the others are kept.
+    pub fn as_would(self) -> Self {
+        match self {
+            Self::Signalled => Self::WouldSignal,
+            Self::Frozen | Self::Freezing => Self::WouldFreeze,
+            Self::Suspended | Self::Suspending | Self::Resuming => Self::WouldSuspend,
+            Self::Killed | Self::Killing => Self::WouldKill,
+            other => other,
         }
     }
 }
@@ -159,12 +184,18 @@ pub struct WorkloadState {
 
 impl WorkloadState {
     /// The state to report: what the kernel says first, then the ladder. `frozen` only when the
-    /// kernel reports the root group frozen (or, in a dry run, when the policy would have frozen
-    /// it); `freezing` while a freeze is wanted and not (yet) effective; `killing` while a kill
-    /// step's processes still run.
+    /// kernel reports the root group frozen; `freezing` while a freeze is wanted and not (yet)
+    /// effective; `killing` while a kill step's processes still run. A dry run never reports a
+    /// state that only an action could cause: where the ladder got to is reported as what it
+    /// would have done (`would_freeze`, ...: [`Status::as_would`]); what the kernel says of a
+    /// group (frozen by an earlier agent, say) is reported as it is.
     pub fn reported(&self, dry_run: bool) -> Status {
         if self.killing.is_some() {
-            return Status::Killing;
+            return if dry_run {
+                Status::WouldKill
+            } else {
+                Status::Killing
+            };
         }
         match &self.suspension {
             Some(Suspension::Suspended { .. }) => return Status::Suspended,
@@ -172,11 +203,11 @@ impl WorkloadState {
             Some(Suspension::InProgress { .. }) => return Status::Suspending,
             _ => {}
         }
-        // A transition wanted and not seen: done in a dry run (nothing is written), under way
-        // otherwise.
-        let wanted = |done, doing| if dry_run { done } else { doing };
+        // A transition wanted and not seen: what it would be in a dry run (nothing is written),
+        // under way otherwise.
+        let wanted = |would, doing| if dry_run { would } else { doing };
         if self.suspended.is_some() {
-            return wanted(Status::Suspended, Status::Suspending);
+            return wanted(Status::WouldSuspend, Status::Suspending);
         }
         match self.observed {
             Some(GroupState::Frozen) if self.ours => return Status::Frozen,
@@ -187,9 +218,13 @@ impl WorkloadState {
             _ => {}
         }
         if self.frozen.is_some() {
-            return wanted(Status::Frozen, Status::Freezing);
+            return wanted(Status::WouldFreeze, Status::Freezing);
         }
-        self.worst()
+        if dry_run {
+            self.worst().as_would()
+        } else {
+            self.worst()
+        }
     }
 
     /// The furthest ladder position of its liabilities.
@@ -214,11 +249,15 @@ impl WorkloadState {
                 | Status::Suspended
                 | Status::Suspending
                 | Status::Resuming
+                | Status::WouldFreeze
+                | Status::WouldSuspend
+                | Status::WouldKill
         ) {
             return whole;
         }
         match self.scopes.get(&scope).map(|s| s.status) {
             Some(Status::Frozen | Status::Suspended | Status::Killed) | None => whole,
+            Some(s) if dry_run => s.as_would(),
             Some(s) => s,
         }
     }

@@ -1153,7 +1153,7 @@ fn a_dry_run_reports_each_transition_once_and_never_retries() {
     for t in 1..30 {
         assert!(sim.at(t * 1000, &over).is_empty(), "no retry of a dry run");
     }
-    assert_eq!(reported(&sim, 'a'), "frozen");
+    assert_eq!(reported(&sim, 'a'), "would_freeze", "nothing was frozen");
     let thaw = sim.at(31_000, &[(10, 0, Some(GIB))]);
     assert_eq!(thaw.len(), 0, "nothing the dry run froze exists to thaw");
 }

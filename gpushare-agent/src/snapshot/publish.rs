@@ -239,11 +239,16 @@ pub struct Publisher {
     pub(super) limits: Arc<[DriverLimitView]>,
 }
 
-fn detail(retry: Option<&Retry>, now: std::time::Duration) -> String {
+/// What is in progress, in words. In a dry run nothing is ever in progress: a transition the
+/// policy wants is what it would do.
+fn detail(retry: Option<&Retry>, now: std::time::Duration, dry_run: bool) -> String {
     let Some(r) = retry else {
         return String::new();
     };
     let what = r.transition.name();
+    if dry_run {
+        return format!("dry run: would {what}; nothing was done");
+    }
     let next = r.next_at.saturating_sub(now);
     format!(
         "{what} requested {} time(s), not done yet; next attempt in {}",
@@ -875,7 +880,7 @@ impl Publisher {
                 v.quota_source = &ws.quota;
                 v.quota_trust = r.quota_trust.get(key).copied().unwrap_or("");
                 v.state = ws.reported_scope(scope, dry_run).as_str();
-                v.detail = detail(ws.retry.as_ref(), r.now);
+                v.detail = detail(ws.retry.as_ref(), r.now, dry_run);
                 if let Some(fp) = ws.suspension.as_ref().and_then(|s| s.footprint()) {
                     v.suspended_bytes = match scope {
                         GpuScope::All => fp.values().sum(),
@@ -935,7 +940,7 @@ impl Publisher {
             };
             if !(v.own_scope || (ws.scopes.is_empty() && v.gpu == "all")) {
                 v.state = ws.reported(dry_run).as_str();
-                v.detail = detail(ws.retry.as_ref(), r.now);
+                v.detail = detail(ws.retry.as_ref(), r.now, dry_run);
             }
         }
 

@@ -613,8 +613,8 @@ fn a_dry_run_decides_and_reports_the_whole_ladder_but_signals_and_freezes_nothin
     let sc = Scenario::create(&scenario(&[(a.pid(), 3 * GIB)])).unwrap();
     let quotas = format!("{FAST}{}", cgroup_quota(&cg, "2GiB"));
     let agent = AgentProcess::start(&sc, &quotas, &["--dry-run"]);
-    // It reports the state the ladder would have reached...
-    let s = agent.wait_state(&key(&cg), "frozen");
+    // It reports what the ladder would have done (never `frozen`: nothing was)...
+    let s = agent.wait_state(&key(&cg), "would_freeze");
     assert!(s.health.dry_run);
     // ... and what it would have done, in the metrics and the log ...
     let metrics = agent.get("/metrics").1;
@@ -709,4 +709,124 @@ fn keep_frozen_on_exit_leaves_the_freeze_to_the_next_start_which_takes_it_over()
             .unwrap()
             .contains(cg.rel_path())
     );
+}
+
+/// Every state an action could cause (and its way there): what a dry run must never report.
+const ACTED: [&str; 8] = [
+    "signalled",
+    "freezing",
+    "frozen",
+    "suspending",
+    "suspended",
+    "resuming",
+    "killing",
+    "killed",
+];
+
+/// Issue 41: a dry run reports what it would do, as what it would do, in the API, `status` and
+/// `/metrics`, for every ladder step that acts (signal, freeze, suspend, kill: one workload each,
+/// each ladder that one step after an alert). It once reported `frozen` ("freeze requested 1
+/// time(s), not done yet") for workloads it never touched.
+#[test]
+fn a_dry_run_never_reports_a_state_only_an_action_could_cause() {
+    needs_root!("a_dry_run_never_reports_a_state_only_an_action_could_cause");
+    let steps = [
+        (
+            "signal",
+            r#"{ action = "signal", signal = "SIGUSR1" }"#,
+            "would_signal",
+        ),
+        ("freeze", r#"{ action = "freeze" }"#, "would_freeze"),
+        ("suspend", r#"{ action = "suspend" }"#, "would_suspend"),
+        (
+            "kill",
+            r#"{ action = "kill", signal = "SIGKILL" }"#,
+            "would_kill",
+        ),
+    ];
+    let groups: Vec<TestCgroup> = steps
+        .iter()
+        .map(|(n, ..)| group(&format!("dry-{n}")))
+        .collect();
+    let mut procs: Vec<Proc> = groups.iter().map(|cg| Proc::start(cg, &[])).collect();
+    // With the mock libcuda, so that the suspend step is available (and would be taken).
+    let sc = Scenario::create(&crate::suspend::scenario(
+        &procs.iter().map(|p| (p.pid(), 3 * GIB)).collect::<Vec<_>>(),
+        json!({}),
+    ))
+    .unwrap();
+    let mut quotas = String::from("[defaults]\ngrace = \"0s\"\n");
+    for ((_, step, _), cg) in steps.iter().zip(&groups) {
+        quotas += &format!(
+            "{}ladder = [ {{ action = \"alert\" }}, {step} ]\n",
+            cgroup_quota(cg, "2GiB")
+        );
+    }
+    let mut args = crate::suspend::cuda_args();
+    args.push("--dry-run".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = AgentProcess::start(&sc, &quotas, &args);
+    let want = |s: &gpushare_agent::snapshot::Snapshot| {
+        steps.iter().zip(&groups).all(|((.., state), cg)| {
+            workload(s, &key(cg), "all").is_some_and(|w| w.state == *state)
+        })
+    };
+    let s = agent.wait_for(Duration::from_secs(20), want);
+    // A few more steps: it stays so, and nothing was done.
+    let s = agent.steps_over(Duration::from_millis(600), |s| assert!(want(s), "{s:?}"));
+    for ((name, _, state), cg) in steps.iter().zip(&groups) {
+        let row = workload(&s, &key(cg), "all").unwrap();
+        assert!(
+            row.detail.is_empty() || row.detail.starts_with("dry run: would"),
+            "{name}: {:?}",
+            row.detail
+        );
+        assert!(
+            !ACTED.contains(&row.state.as_str()),
+            "{name}: {}",
+            row.state
+        );
+        assert!(!cg.is_frozen(), "{name}: frozen in a dry run");
+        assert_eq!(*state, row.state);
+    }
+    for p in &mut procs {
+        assert!(p.alive(), "killed in a dry run");
+        assert_eq!(p.usr1s(), 0, "signalled in a dry run");
+    }
+    // `status`, as an operator reads it.
+    let out = std::process::Command::new(gpushare_testkit::workspace_bin("gpushare-agent"))
+        .args(["status", "--socket"])
+        .arg(agent.socket())
+        .output()
+        .unwrap();
+    let table = String::from_utf8(out.stdout).unwrap();
+    for (.., state) in &steps {
+        assert!(
+            table.contains(state),
+            "status does not say {state}:\n{table}"
+        );
+    }
+    for word in ACTED {
+        assert!(
+            !table.split_whitespace().any(|w| w == word),
+            "status says {word} in a dry run:\n{table}"
+        );
+    }
+    // `/metrics`: the isolation state's series at 1 is the would-be one, never an acted one.
+    let metrics = agent.get("/metrics").1;
+    for ((name, _, state), cg) in steps.iter().zip(&groups) {
+        let labels = format!("workload=\"{}\"", key(cg));
+        let at = |st: &str| {
+            metrics.lines().any(|l| {
+                l.starts_with("gpushare_workload_isolation_state{")
+                    && l.contains(&labels)
+                    && l.contains(&format!("state=\"{st}\""))
+                    && l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()) == Some(1.0)
+            })
+        };
+        assert!(at(state), "{name}: no {state} series at 1:\n{metrics}");
+        for word in ACTED {
+            assert!(!at(word), "{name}: {word} at 1 in a dry run:\n{metrics}");
+        }
+    }
 }

@@ -129,7 +129,7 @@ fn reported_puts_killing_then_the_suspension_first() {
     w.killing = Some(killing());
     w.suspension = Some(Suspension::Suspended { per_gpu: per_gpu() });
     w.frozen = Some(GpuScope::All);
-    assert_eq!(both(&w), (Status::Killing, Status::Killing));
+    assert_eq!(both(&w), (Status::Killing, Status::WouldKill));
     w.killing = None;
     assert_eq!(both(&w), (Status::Suspended, Status::Suspended));
     w.suspension = Some(Suspension::InProgress {
@@ -151,11 +151,11 @@ fn reported_puts_killing_then_the_suspension_first() {
     assert_eq!(both(&w), (Status::Alerted, Status::Alerted));
     // A suspend wanted, none observed yet.
     w.suspended = Some(GpuScope::All);
-    assert_eq!(both(&w), (Status::Suspending, Status::Suspended));
+    assert_eq!(both(&w), (Status::Suspending, Status::WouldSuspend));
 }
 
 #[test]
-fn reported_frozen_only_when_the_kernel_says_so_or_in_a_dry_run() {
+fn reported_frozen_only_when_the_kernel_says_so_and_a_dry_run_says_what_it_would_do() {
     let base = ws(&[(GpuScope::All, Status::Signalled)]);
     let with = |observed: Option<GroupState>, ours: bool, frozen: bool| {
         let mut w = base.clone();
@@ -170,14 +170,17 @@ fn reported_frozen_only_when_the_kernel_says_so_or_in_a_dry_run() {
         // (observed, ours, wanted frozen) -> (reported, reported in a dry run)
         ((Some(Frozen), true, false), (S::Frozen, S::Frozen)),
         ((Some(Frozen), false, true), (S::Frozen, S::Frozen)),
-        ((Some(Frozen), false, false), (S::Signalled, S::Signalled)),
+        ((Some(Frozen), false, false), (S::Signalled, S::WouldSignal)),
         ((Some(Freezing), false, true), (S::Freezing, S::Freezing)),
         ((Some(Freezing), true, false), (S::Freezing, S::Freezing)),
-        ((Some(Freezing), false, false), (S::Signalled, S::Signalled)),
-        ((Some(Thawed), true, true), (S::Freezing, S::Frozen)),
-        ((Some(Thawed), true, false), (S::Signalled, S::Signalled)),
-        ((None, false, true), (S::Freezing, S::Frozen)),
-        ((Some(Gone), false, false), (S::Signalled, S::Signalled)),
+        (
+            (Some(Freezing), false, false),
+            (S::Signalled, S::WouldSignal),
+        ),
+        ((Some(Thawed), true, true), (S::Freezing, S::WouldFreeze)),
+        ((Some(Thawed), true, false), (S::Signalled, S::WouldSignal)),
+        ((None, false, true), (S::Freezing, S::WouldFreeze)),
+        ((Some(Gone), false, false), (S::Signalled, S::WouldSignal)),
     ];
     for ((observed, ours, frozen), want) in cases {
         assert_eq!(
@@ -215,11 +218,21 @@ fn reported_scope_shows_whole_workload_states_on_every_row() {
     w.suspension = None;
     w.frozen = Some(GpuScope::All);
     assert_eq!(w.reported_scope(GpuScope::Gpu(0), false), Status::Freezing);
-    assert_eq!(w.reported_scope(GpuScope::Gpu(0), true), Status::Frozen);
+    assert_eq!(
+        w.reported_scope(GpuScope::Gpu(0), true),
+        Status::WouldFreeze
+    );
     w.frozen = None;
-    // Otherwise each row has its own position.
+    // Otherwise each row has its own position (in a dry run, what it would have done).
     assert_eq!(w.reported_scope(GpuScope::Gpu(0), false), Status::Ok);
     assert_eq!(w.reported_scope(GpuScope::All, false), Status::Alerted);
+    w.scopes.get_mut(&GpuScope::Gpu(0)).unwrap().status = Status::Signalled;
+    assert_eq!(w.reported_scope(GpuScope::Gpu(0), false), Status::Signalled);
+    assert_eq!(
+        w.reported_scope(GpuScope::Gpu(0), true),
+        Status::WouldSignal
+    );
+    w.scopes.get_mut(&GpuScope::Gpu(0)).unwrap().status = Status::Ok;
     // A row without a liability shows the workload's.
     assert_eq!(w.reported_scope(GpuScope::Gpu(1), false), Status::Alerted);
 }
@@ -417,4 +430,46 @@ fn a_scope_reads_back_from_its_label() {
     }
     assert_eq!(GpuScope::from_label("gpu0"), None);
     assert_eq!(GpuScope::from_label(""), None);
+}
+
+/// Issue 41: a dry run never reports a state that only an action could cause, at any ladder
+/// position, with any transition wanted, where the kernel says nothing of the group.
+#[test]
+fn a_dry_run_never_reports_a_state_only_an_action_could_cause() {
+    let acted = [
+        Status::Signalled,
+        Status::Frozen,
+        Status::Freezing,
+        Status::Suspended,
+        Status::Suspending,
+        Status::Resuming,
+        Status::Killed,
+        Status::Killing,
+    ];
+    for own in LADDER {
+        for other in LADDER {
+            for bits in 0..8u8 {
+                let mut w = ws(&[(GpuScope::All, own), (GpuScope::Gpu(0), other)]);
+                w.frozen = (bits & 1 != 0).then_some(GpuScope::All);
+                w.suspended = (bits & 2 != 0).then_some(GpuScope::All);
+                w.killing = (bits & 4 != 0).then(killing);
+                for s in [
+                    w.reported(true),
+                    w.reported_scope(GpuScope::All, true),
+                    w.reported_scope(GpuScope::Gpu(0), true),
+                    w.reported_scope(GpuScope::Gpu(1), true),
+                ] {
+                    assert!(
+                        !acted.contains(&s),
+                        "{s:?} for {own:?}, {other:?}, {bits:03b}"
+                    );
+                }
+                // And where it acted for real, the same position reads what it is.
+                if bits == 1 {
+                    assert_eq!(w.reported(false), Status::Freezing);
+                    assert_eq!(w.reported(true), Status::WouldFreeze);
+                }
+            }
+        }
+    }
 }
