@@ -401,6 +401,8 @@ fn a_workload_dipping_under_its_quota_one_sample_in_four_is_frozen_by_the_step_i
                 Some(Duration::ZERO),
                 "the clock runs on"
             );
+            let usage = sim.state.workloads[&key('a')].scopes[&GpuScope::All].usage;
+            assert_eq!(usage, Some(GIB), "a dip shows what it uses");
         }
     }
     assert_eq!(
@@ -433,6 +435,16 @@ fn the_clock_restarts_only_after_a_whole_cooldown() {
     assert!(
         sim.run(t, t + 2, &over).is_empty(),
         "a fresh clock: within grace"
+    );
+    // No sample while it cooled down (a gap in sampling): the next one, over, still finds the
+    // cool-down over and starts afresh.
+    let mut sim = Sim::a(&quota_for('a', ""));
+    sim.run(0, 5, &over);
+    assert!(sim.run(6, 6, &under).is_empty());
+    let t = 6 + cd;
+    assert!(
+        sim.run(t, t + 2, &over).is_empty(),
+        "a fresh clock after the gap"
     );
     assert_eq!(
         sim.run(t + 3, t + 5, &over),

@@ -12,9 +12,10 @@
 //! ledger entry). [`text`] makes that string from the kernel's bytes **without loss**: valid
 //! UTF-8 is kept as it is (so every name seen before is the same string), and each byte that is
 //! not part of valid UTF-8 becomes U+0000 followed by the character whose code point is that byte
-//! (U+0080..=U+00FF). The kernel never puts NUL in a name, so the two cannot be confused, and
-//! [`bytes`] gives back exactly the kernel's bytes: a group named `\xff` and one named `ÿ` stay
-//! two groups, and the agent acts on the one it saw ([`under`]). Only display loses it: `shown`
+//! (U+0080..=U+00FF). The kernel never puts NUL in a name, so the two cannot be confused (and a
+//! NUL in other bytes is written twice, so that every input has its own text), and [`bytes`]
+//! gives back exactly the kernel's bytes: a group named `\xff` and one named `ÿ` stay two groups,
+//! and the agent acts on the one it saw ([`under`]). Only display loses it: `shown`
 //! writes such a byte as `\xff`.
 //!
 //! (Holding paths as `OsString` everywhere would say the same in types, but would change the
@@ -32,14 +33,23 @@ use std::{
 pub const RAW: char = '\0';
 
 /// The kernel's bytes as the agent's text: valid UTF-8 unchanged (borrowed), each other byte as
-/// [`RAW`] and the character of that byte's value.
+/// [`RAW`] and the character of that byte's value (a NUL byte, which no kernel name holds, as
+/// two).
 pub fn text(bytes: &[u8]) -> Cow<'_, str> {
-    if let Ok(s) = std::str::from_utf8(bytes) {
+    if let Ok(s) = std::str::from_utf8(bytes)
+        && !s.contains(RAW)
+    {
         return Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(bytes.len() + 8);
     for chunk in bytes.utf8_chunks() {
-        out.push_str(chunk.valid());
+        for (i, part) in chunk.valid().split(RAW).enumerate() {
+            if i > 0 {
+                out.push(RAW);
+                out.push(RAW);
+            }
+            out.push_str(part);
+        }
         for &b in chunk.invalid() {
             out.push(RAW);
             out.push(char::from(b));
@@ -65,7 +75,7 @@ pub fn bytes(text: &str) -> Cow<'_, [u8]> {
         if c == RAW
             && let Some(&n) = chars.peek()
             && let Ok(b) = u8::try_from(n)
-            && b >= 0x80
+            && (b >= 0x80 || b == 0)
         {
             chars.next();
             out.push(b);
@@ -115,6 +125,23 @@ mod tests {
         // A NUL that no byte follows is kept (no text made here has one).
         assert_eq!(&*bytes("a\0b"), b"a\0b");
         assert_eq!(&*bytes("a\0"), b"a\0");
+    }
+
+    /// Found by the fuzzer: bytes holding a NUL and then the UTF-8 of U+00CA read back as 0xCA.
+    /// A NUL in the input is written twice, so every input has a text of its own.
+    #[test]
+    fn bytes_with_a_nul_round_trip_too() {
+        for input in [
+            &b"0::\xc3\x8a\0\xc3\x8a:0:"[..],
+            b"\0",
+            b"\0\0\xff",
+            b"a\0\xff\0",
+        ] {
+            let t = text(input);
+            assert_eq!(&*bytes(&t), input, "{t:?}");
+        }
+        assert_ne!(text(b"\0\xc3\x8a"), text(b"\xca"));
+        assert_eq!(text(b"a\0b"), "a\0\0b");
     }
 
     #[test]

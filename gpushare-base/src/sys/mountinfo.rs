@@ -172,4 +172,20 @@ mod tests {
         // The kernel escapes a backslash, tab and line break too; a bad escape is kept.
         assert_eq!(unescape(br"a\134b\011c\012d\9\40"), b"a\\b\tc\nd\\9\\40");
     }
+
+    #[test]
+    fn reads_this_process() {
+        let text = read().expect("/proc/self/mountinfo");
+        assert!(
+            parse(&text).any(|m| m.mount_point == std::path::Path::new("/")),
+            "no root mount"
+        );
+        let v2 = cgroup2_root().expect("cgroup2 is mounted (hybrid or pure v2)");
+        assert_eq!(Some(v2.clone()), cgroup2_mount(&text));
+        assert!(v2.join("cgroup.procs").exists(), "{}", v2.display());
+        let freezer = cgroup1_root("freezer");
+        assert_eq!(freezer, cgroup1_mount(&text, "freezer"));
+        let hybrid = std::path::Path::new("/sys/fs/cgroup/freezer/tasks").exists();
+        assert_eq!(freezer.is_some(), hybrid);
+    }
 }

@@ -108,7 +108,14 @@ mod tests {
     fn reads_this_process() {
         let me = std::process::id();
         let text = read(me).expect("/proc/self/cgroup");
-        assert_eq!(v2_path(me).unwrap(), v2_path_in(&text));
+        let v2 = v2_path(me).unwrap();
+        assert_eq!(v2, v2_path_in(&text));
+        assert!(v2.is_some_and(|p| p.starts_with('/')), "{text:?}");
+        let freezer = v1_path(me, "freezer").unwrap();
+        assert_eq!(freezer, v1_path_in(&text, "freezer"));
+        // Hybrid hosts (this project's) mount the v1 freezer; pure v2 hosts do not.
+        let hybrid = std::path::Path::new("/sys/fs/cgroup/freezer/tasks").exists();
+        assert_eq!(freezer.is_some(), hybrid, "{text:?}");
     }
 
     /// A group below the process's own whose name is not UTF-8: the whole file used to fail
