@@ -771,7 +771,7 @@ fn a_dry_run_never_reports_a_state_only_an_action_could_cause() {
             workload(s, &key(cg), "all").is_some_and(|w| w.state == *state)
         })
     };
-    let s = agent.wait_for(Duration::from_secs(20), want);
+    agent.wait_for(Duration::from_secs(20), want);
     // A few more steps: it stays so, and nothing was done.
     let s = agent.steps_over(Duration::from_millis(600), |s| assert!(want(s), "{s:?}"));
     for ((name, _, state), cg) in steps.iter().zip(&groups) {
