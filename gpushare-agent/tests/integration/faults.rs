@@ -183,23 +183,42 @@ fn an_unwritable_state_directory_refuses_freezes_rather_than_freezing_unrecorded
 #[test]
 fn nvml_errors_and_a_lost_gpu_inside_the_grace_period_never_lead_to_enforcement() {
     needs_root!("nvml_errors_mid_run");
-    let cg = group("nvmlerr");
+    // One workload for each fault: a workload back within quota keeps its ladder's clock for a
+    // cool-down (a minute), so each fault gets a workload whose grace period starts afresh.
+    const FAULTS: usize = 4;
+    let groups: Vec<_> = (0..FAULTS).map(|_| group("nvmlerr")).collect();
     let log = std::env::temp_dir().join(unique("usr1"));
-    let p = Reaped(cg.spawn(&mut usr1_recorder(&log)).unwrap());
-    let pid = p.0.id();
-    let sc = Scenario::create(&scenario(&[(pid, GIB)], json!({}))).unwrap();
+    let procs: Vec<Reaped> = groups
+        .iter()
+        .map(|cg| Reaped(cg.spawn(&mut usr1_recorder(&log)).unwrap()))
+        .collect();
+    let pids: Vec<u32> = procs.iter().map(|p| p.0.id()).collect();
+    // Every workload at `GIB` but the `over`th, at `over_bytes`.
+    let usage = |over: usize, over_bytes: u64| -> Vec<(u32, u64)> {
+        pids.iter()
+            .enumerate()
+            .map(|(i, &pid)| (pid, if i == over { over_bytes } else { GIB }))
+            .collect()
+    };
+    let sc = Scenario::create(&scenario(&usage(0, GIB), json!({}))).unwrap();
     // A grace period long enough to hold a fault inside it, then a freeze.
     const GRACE: Duration = Duration::from_millis(1500);
-    let quotas = format!(
-        "[defaults]\ngrace = \"{}ms\"\nladder = [ {{ action = \"freeze\" }} ]\n\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"2GiB\"\n",
+    let mut quotas = format!(
+        "[defaults]\ngrace = \"{}ms\"\nladder = [ {{ action = \"freeze\" }} ]\n",
         GRACE.as_millis(),
-        cg.rel_path()
     );
+    for cg in &groups {
+        quotas += &format!(
+            "\n[[quota]]\ncgroup = \"{}\"\ngpu_memory = \"2GiB\"\n",
+            cg.rel_path()
+        );
+    }
     let agent = AgentProcess::start(&sc, &quotas, &[]);
-    let k = key(&cg);
-    let row = |s: &Snapshot| workload(s, &k, "all").map(|w| (w.used_bytes, w.state.clone()));
+    let row = |s: &Snapshot, i: usize| {
+        workload(s, &key(&groups[i]), "all").map(|w| (w.used_bytes, w.state.clone()))
+    };
     agent.wait_for(Duration::from_secs(5), |s| {
-        row(s) == Some((GIB, "ok".into()))
+        (0..FAULTS).all(|i| row(s, i) == Some((GIB, "ok".into())))
     });
     let freezes = || {
         counter_value(
@@ -231,17 +250,19 @@ fn nvml_errors_and_a_lost_gpu_inside_the_grace_period_never_lead_to_enforcement(
             &["GPU 0", "GPU is lost"][..],
         ),
     ];
-    for (what, fault, named) in faults {
+    for (i, (what, fault, named)) in faults.into_iter().enumerate() {
+        let cg = &groups[i];
+        let k = key(cg);
         // Over quota on good data: the grace period starts.
-        sc.write(&scenario(&[(pid, 3 * GIB)], json!({}))).unwrap();
+        sc.write(&scenario(&usage(i, 3 * GIB), json!({}))).unwrap();
         agent.wait_for(Duration::from_secs(5), |s| {
-            row(s) == Some((3 * GIB, "over_quota".into()))
+            row(s, i) == Some((3 * GIB, "over_quota".into()))
         });
         // Inside the grace period the data goes bad; the failing call would still have said
         // 3 GiB. Held past the end of the grace period: an agent that kept using the last good
         // sample would freeze, one that read the error as zero would find the workload back
         // within quota. Neither may happen: the workload keeps its state, unenforced.
-        let mut bad = scenario(&[(pid, 3 * GIB)], json!({}));
+        let mut bad = scenario(&usage(i, 3 * GIB), json!({}));
         if let Some(f) = fault.get("fail") {
             bad["fail"] = f.clone();
         }
@@ -280,11 +301,11 @@ fn nvml_errors_and_a_lost_gpu_inside_the_grace_period_never_lead_to_enforcement(
                 .contains(cg.rel_path()),
             "{what}: a freeze was recorded"
         );
-        // Good data within quota: back to ok and no longer degraded; the next fault starts a
-        // fresh grace period.
-        sc.write(&scenario(&[(pid, GIB)], json!({}))).unwrap();
+        // Good data within quota: back to ok and no longer degraded; the next fault is on the
+        // next workload.
+        sc.write(&scenario(&usage(i, GIB), json!({}))).unwrap();
         agent.wait_for(Duration::from_secs(5), |s| {
-            row(s) == Some((GIB, "ok".into())) && s.health.degraded.is_empty()
+            row(s, i) == Some((GIB, "ok".into())) && s.health.degraded.is_empty()
         });
     }
     let metrics = agent.get("/metrics").1;
@@ -304,11 +325,14 @@ fn nvml_errors_and_a_lost_gpu_inside_the_grace_period_never_lead_to_enforcement(
     }
     // Good data over quota: the same agent enforces it once the grace period is over, so what
     // held it above was the faults.
-    sc.write(&scenario(&[(pid, 3 * GIB)], json!({}))).unwrap();
+    sc.write(&scenario(&usage(0, 3 * GIB), json!({}))).unwrap();
     agent.wait_for(Duration::from_secs(10), |s| {
-        row(s).is_some_and(|(_, st)| st == "frozen")
+        row(s, 0).is_some_and(|(_, st)| st == "frozen")
     });
-    assert!(cg.wait_frozen(true), "enforced once NVML reads cleanly");
+    assert!(
+        groups[0].wait_frozen(true),
+        "enforced once NVML reads cleanly"
+    );
     assert_eq!(
         counter_value(
             &agent.get("/metrics").1,
