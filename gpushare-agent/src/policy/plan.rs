@@ -10,7 +10,10 @@
 //! `used_bytes == None`, a pid attributed to two identities, an all-GPU quota while any GPU is
 //! degraded, or a sample without any device) keeps its previous state unchanged, escalates nothing,
 //! re-freezes nothing, and is counted in [`Stats::fail_open`]; a workload frozen by it stays frozen
-//! until the data is good again. Targets are only ever identities from the `processes` input.
+//! until the data is good again. But where the samples are good and only some processes' usage is
+//! unknown, the known part is a lower bound: if it alone is over, the liability is over (one
+//! process a tenant keeps unreadable no longer shields the rest). Targets are only ever identities
+//! from the `processes` input.
 
 use std::collections::BTreeMap;
 
@@ -159,22 +162,26 @@ fn plan_one(
     let liabilities = scopes
         .into_iter()
         .map(|(scope, limit)| {
-            let (used, unknown) = match scope {
+            let (used, stale, partial) = match scope {
                 GpuScope::All => (
                     dev_usage
                         .values()
                         .fold(0u64, |acc, d| acc.saturating_add(d.bytes)),
                     !devices.trustworthy() || dev_usage.values().any(|d| d.unknown),
+                    dev_usage.values().any(|d| d.partial),
                 ),
                 GpuScope::Gpu(i) => {
                     let d = dev_usage.get(&i);
                     (
                         d.map_or(0, |d| d.bytes),
                         blind || devices.degraded.contains(&i) || d.is_some_and(|d| d.unknown),
+                        d.is_some_and(|d| d.partial),
                     )
                 }
             };
-            let over = !unknown && used > threshold(limit);
+            // A lower bound over the threshold is over; under it, nothing is known.
+            let over = !stale && used > threshold(limit);
+            let unknown = stale || (partial && !over);
             Liability {
                 scope,
                 limit: limit.bytes,

@@ -66,7 +66,11 @@ pub(super) struct DevUsage {
     pub bytes: u64,
     /// What NVML lists for it now (`bytes` also counts a suspension's footprint).
     pub listed: u64,
+    /// The device's sample cannot be trusted: nothing about this usage is known.
     pub unknown: bool,
+    /// Some process's usage is unknown (NVML gave none) on a device whose sample is good: `bytes`
+    /// is a lower bound.
+    pub partial: bool,
     pub procs: BTreeSet<ProcessIdentity>,
 }
 
@@ -161,6 +165,8 @@ impl<'a> Workloads<'a> {
                         du.bytes = du.bytes.saturating_add(b);
                         du.listed = du.bytes;
                     }
+                    // A pid that names two identities: whose is the usage? Nothing is known.
+                    None if !ambiguous => du.partial = true,
                     _ => du.unknown = true,
                 }
                 if !sample.device_ok(ps.device_index) {
