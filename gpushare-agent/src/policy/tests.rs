@@ -738,6 +738,20 @@ fn a_known_part_over_quota_is_enforced_beside_a_process_of_unknown_usage() {
             .is_empty()
     );
     assert_eq!(sim.stats().fail_open, 1, "a degraded GPU: nothing is known");
+    // The unknown process's pid also names another identity (a stale entry, in b): whose the
+    // usage is cannot be told, so nothing is known either.
+    let mut stale = attributed(11, &docker('b'));
+    stale.identity.start_ticks = 1;
+    let mut sim = Sim::new(&freeze, vec![attributed(10, &a), attributed(11, &a), stale]);
+    assert!(
+        sim.at(0, &[(10, 0, Some(3 * GIB)), (11, 0, None)])
+            .is_empty()
+    );
+    assert_eq!(
+        sim.stats().fail_open,
+        1,
+        "an ambiguous pid: nothing is known"
+    );
     // Per GPU too: the unknown process on GPU 1 does not shield GPU 0's known part.
     let per_gpu = quota_for(
         'a',
