@@ -8,9 +8,10 @@
 //! kill step is taken anew (the workload was thawed meanwhile). A liability that starts a clock
 //! takes the oldest one still running on another GPU scope of the same workload: per-GPU scopes
 //! share one clock. Step *n* fires once, when the clock reaches `max(grace, step.after)`; every
-//! step that is due fires in ladder order (after a gap in sampling, several may fire together). Freeze and kill
-//! act on the whole workload (its root cgroup); a signal is not sent to a workload that is frozen (it
-//! could not be handled). Alerts, signals and kills name the processes on the liability's GPUs.
+//! step that is due fires in ladder order (after a gap in sampling, several may fire together).
+//! Freeze and kill act on the whole workload (its root cgroup); a signal is not sent to a workload
+//! that is frozen (it could not be handled). Alerts, signals and kills name the processes on the
+//! liability's GPUs.
 //! A freeze or suspend step only sets what the workload *should* be: the Freeze or Suspend itself
 //! is issued by reconciliation ([`super::reconcile`]).
 //!
@@ -78,13 +79,8 @@ pub(super) fn climb(
         let ladder = &l.enforcement.ladder;
         if !l.liable {
             let cooling = prev_ss.and_then(|p| cooling(p, input.now, ladder));
-            let state = cooling.map_or(ok_state(Some(l.usage)), |c| {
-                ScopeState {
-                    usage: Some(l.usage),
-                    ..ok_state(None)
-                }
-                .with_clock(c)
-            });
+            let state = ok_state(Some(l.usage));
+            let state = cooling.map_or(state.clone(), |c| state.with_clock(c));
             ws.scopes.insert(l.scope, state);
             continue;
         }
