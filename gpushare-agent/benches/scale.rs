@@ -355,11 +355,9 @@ fn bench_agent(
     use std::sync::Arc;
 
     use gpushare_agent::{
-        agent::{
-            Agent, AgentOptions,
-            quota_store::{QuotaPaths, QuotaStore},
-        },
+        agent::{Agent, AgentOptions},
         enforce::Enforcer,
+        grants::quota_store::{QuotaPaths, QuotaStore},
         metrics::{Compat, Metrics, SharedSnapshot},
         nvml::NvmlSampler,
     };

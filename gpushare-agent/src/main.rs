@@ -150,7 +150,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // The driver limits this boot's agents set (recorded in the state directory).
             if let Ok(s) = &sample {
                 let v2_root = gpushare_agent::attribution::cgroupfs::find_cgroup2_mount()?;
-                let mut limits = gpushare_agent::agent::driver_limits::DriverLimiter::new(
+                let mut limits = gpushare_agent::enforce::driver_limits::DriverLimiter::new(
                     nvml_lib.as_deref(),
                     v2_root,
                     Some(&state_dir),

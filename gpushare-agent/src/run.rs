@@ -18,16 +18,14 @@ use tokio::{
 };
 
 use crate::{
-    agent::{
-        Agent, AgentOptions, RESAMPLE_DEBOUNCE,
-        quota_store::{QuotaPaths, QuotaStore},
-    },
+    agent::{Agent, AgentOptions, RESAMPLE_DEBOUNCE},
     api,
     attribution::{Change, cgroupfs, tracker::Tracker},
     cli::RunArgs,
     drain_pace::{self, Cause, DrainPace},
     ebpf::LoadOptions,
     enforce::Enforcer,
+    grants::quota_store::{QuotaPaths, QuotaStore},
     metrics::{Compat, Metrics, SharedSnapshot},
     nvml::NvmlSampler,
     ticker::Ticker,
@@ -135,7 +133,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             Err(e) => warn!("[kubernetes]: {e}; the API server is not used (no grants, no Events)"),
         }
     }
-    agent.use_driver_limits(crate::agent::driver_limits::DriverLimiter::new(
+    agent.use_driver_limits(crate::enforce::driver_limits::DriverLimiter::new(
         args.nvml_lib.as_deref(),
         cgroupfs::find_cgroup2_mount()?,
         Some(&args.state_dir),
@@ -154,7 +152,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // Quota files: inotify on their directories, and a slow poll as a backstop.
     let (qtx, mut qrx) = mpsc::channel::<()>(4);
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok_and(|e| crate::agent::quota_store::is_config_change(&e)) {
+        if res.is_ok_and(|e| crate::grants::quota_store::is_config_change(&e)) {
             let _ = qtx.try_send(());
         }
     })
@@ -169,10 +167,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
     }
 
-    let events_fd: Option<AsyncFd<OwnedFd>> = match agent.tracker.kernel() {
-        Some(k) => {
-            let fd = k
-                .events_fd()
+    let events_fd: Option<AsyncFd<OwnedFd>> = match agent.events_fd() {
+        Some(fd) => {
+            let fd = fd
                 .try_clone_to_owned()
                 .context("duplicating the ring-buffer fd")?;
             // SAFETY: the AsyncFd owns the duplicated fd and deregisters it before closing it.
@@ -234,7 +231,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             // without ever waiting on it here.
             _ = settle.tick(), if agent.has_pending() => { agent.settle(); }
             _ = reconcile.tick() => {
-                agent.tracker.reconcile();
+                agent.reconcile();
                 release_free_heap();
             }
             Some(()) = qrx.recv() => {
@@ -262,12 +259,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
 /// says, the change to fast logged.
 fn pace_drain(pace: &mut DrainPace, drain: &mut Ticker, agent: &Agent, by_timer: bool) {
     let now = Instant::now();
-    let late = by_timer
-        && drain_pace::late(
-            agent.tracker.last_drained_prompt_boot_ns(),
-            crate::ebpf::boot_time_ns(),
-        );
-    match pace.drained(now, late, agent.tracker.last_drained()) {
+    let (drained, prompt_boot_ns) = agent.last_drained();
+    let late = by_timer && drain_pace::late(prompt_boot_ns, crate::ebpf::boot_time_ns());
+    match pace.drained(now, late, drained) {
         Some(Cause::LateWakeup) => info!(
             "a ring-buffer wake-up came late (the {:?} drain found its event): draining every \
              {:?} for the next {:?}",
@@ -336,7 +330,7 @@ fn enter_host_cgroup_namespace() {
 /// Applies pending kernel events; returns when the first one that asks for a prompt re-sample
 /// (an allocation, a new GPU task) arrived.
 fn on_changes(agent: &mut Agent) -> Option<Instant> {
-    let changes = agent.tracker.poll();
+    let changes = agent.poll_kernel();
     log_changes(agent, &changes);
     if !Agent::wants_resample(&changes) {
         return None;
@@ -359,7 +353,7 @@ fn on_changes(agent: &mut Agent) -> Option<Instant> {
 /// Re-samples after a short debounce, so a burst of allocations costs one sample.
 async fn resample_now(agent: &mut Agent, at: Instant) {
     tokio::time::sleep(RESAMPLE_DEBOUNCE).await;
-    let more = agent.tracker.poll();
+    let more = agent.poll_kernel();
     log_changes(agent, &more);
     log::debug!("re-sampling {:?} after an allocation event", at.elapsed());
     agent.tick(Some(at));
@@ -378,7 +372,7 @@ fn log_changes(agent: &Agent, changes: &[Change]) {
     for change in changes {
         match change {
             Change::Added(pid) => {
-                if let Some(t) = agent.tracker.table().get(*pid) {
+                if let Some(t) = agent.task(*pid) {
                     let workload = t
                         .workload
                         .as_ref()

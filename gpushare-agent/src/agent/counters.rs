@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use log::info;
 
-use super::workloads::IdentityEvent;
+use crate::observe::workloads::IdentityEvent;
 use crate::{
     enforce::Outcome as ExecOutcome,
     policy::{ActionKind, Report, Stats},

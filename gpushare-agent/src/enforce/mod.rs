@@ -31,6 +31,7 @@
 //! - a dry run writes nothing: no cgroup file, no ledger, no mark;
 //! - one agent per state directory ([`lock`]).
 
+pub mod driver_limits;
 pub mod freeze;
 mod freezing;
 mod kill;

@@ -2,7 +2,7 @@
 //! its quota as a driver limit on its root cgroup, on each GPU the quota covers (a GPU by index
 //! or UUID; for an all-GPU or per-GPU quota, the GPUs its processes are sampled on): a hard limit
 //! at the quota plus its tolerance, capped at the GPU's memory, the lowest where two of its limits
-//! meet. The agent hands them to the driver (see [`crate::agent::driver_limits`]).
+//! meet. The agent hands them to the driver (see [`crate::enforce::driver_limits`]).
 //!
 //! **Hard limits only** (the soft limit is always 0). NVIDIA documents soft limits as
 //! reservations (the `dmem.min` of the group) that add up into every ancestor, and a leaf deleted

@@ -1,7 +1,7 @@
 //! Quotas a container carries in its environment, as GPUShare's and HAMi's device plugins set them.
 //!
 //! Design note: pure functions over `(name, value)` pairs. Where the pairs come from (the
-//! container's runtime spec, else its init process) is [`crate::agent::env_quotas::runtime_spec`]'s job
+//! container's runtime spec, else its init process) is [`crate::grants::env_quotas::runtime_spec`]'s job
 //! and how far they are trusted is reported beside the quota ([`Trust`]); this module only turns
 //! the variables into limits.
 //!

@@ -8,7 +8,7 @@
 //!    load fail with located errors; the caller keeps the last good set in force.
 //! 2. The environment the container's runtime was given ([`env`](mod@env)): GPUShare's and HAMi's
 //!    device-plugin variables, read from the runtime spec (else the container's init) by
-//!    `agent::env_quotas`, used only when no file entry matches the workload, and only for
+//!    `grants::env_quotas`, used only when no file entry matches the workload, and only for
 //!    containers and pods (a systemd unit or a plain cgroup is enforced only when a file entry
 //!    names it).
 //!
@@ -726,7 +726,7 @@ impl QuotaSet {
 
     /// Whether an environment quota may apply to `w`: only containers and pods, where the
     /// defaults allow them (a unit or a plain cgroup may run many users' processes, and one of
-    /// them must not set the quota of all, see `agent::env_quotas`).
+    /// them must not set the quota of all, see `grants::env_quotas`).
     fn env_applies(&self, w: &WorkloadMeta) -> bool {
         self.defaults.env_quotas
             && matches!(

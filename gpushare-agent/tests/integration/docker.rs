@@ -407,11 +407,11 @@ fn docker_env_quota_held_only_by_the_runtime_spec_is_enforced() {
 #[test]
 fn docker_runtime_spec_from_the_engine_its_containerd_bundle_or_else_the_init() {
     use gpushare_agent::{
-        agent::env_quotas::{
+        attribution::{cgroupfs, parse_cgroup_path, workload::Runtime},
+        grants::env_quotas::{
             EnvQuotaReader,
             runtime_spec::{SpecKind, SpecRoots, find_init, find_spec},
         },
-        attribution::{cgroupfs, parse_cgroup_path, workload::Runtime},
         quota::{GpuInfo, GpuShareUnit, Trust},
     };
     let Some(dk) = require_docker("docker_runtime_spec_sources") else {

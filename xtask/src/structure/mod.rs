@@ -4,6 +4,8 @@
 //! - Every file of `gpushare-agent/src/policy/` but its tests is at most [`POLICY_FILE_MAX`] lines,
 //!   and `policy::evaluate` at most [`EVALUATE_MAX`] (it reads as the stages in order).
 //! - `gpushare-agent/src/enforce/mod.rs` is at most [`ENFORCE_MOD_MAX`] lines.
+//! - Every file of `gpushare-agent/src/agent/` but its tests is at most [`AGENT_FILE_MAX`] lines:
+//!   the room is the step alone; sources go to `grants/` and `observe/`, executors to `enforce/`.
 //! - The top-level modules of `gpushare-agent/src` form no import cycle: an edge A -> B is any path
 //!   `crate::B` (or `super::` that climbs to the crate root, then `B`) in the code of A, comments
 //!   left out, tests included.
@@ -32,6 +34,8 @@ pub const POLICY_FILE_MAX: usize = 350;
 pub const EVALUATE_MAX: usize = 80;
 /// Lines `enforce/mod.rs` may have.
 pub const ENFORCE_MOD_MAX: usize = 500;
+/// Lines a file of `agent/` (the step: tick, act, publish, shutdown) may have, tests aside.
+pub const AGENT_FILE_MAX: usize = 400;
 
 /// Modules that must not name each other, in either direction.
 const APART: [(&str, &str); 1] = [("quota", "attribution")];
@@ -56,6 +60,17 @@ pub fn check(root: &Path) -> Result<()> {
             rel(root, &enforce)
         ));
     }
+    problems.extend(
+        oversized(&src.join("agent"), AGENT_FILE_MAX)?
+            .into_iter()
+            .map(|(f, n)| {
+                format!(
+                    "{}: {n} lines, over {AGENT_FILE_MAX}: `agent/` is the step alone; move a \
+                     source to `grants/` or `observe/`, an executor to `enforce/`, or split the part",
+                    rel(root, &f)
+                )
+            }),
+    );
     let graph = module_graph(&src)?;
     for cycle in cycles(&graph) {
         problems.push(format!(
@@ -97,7 +112,7 @@ pub fn check(root: &Path) -> Result<()> {
     if problems.is_empty() {
         eprintln!(
             "xtask: structure: policy files <= {POLICY_FILE_MAX} lines, evaluate <= {EVALUATE_MAX}, \
-             enforce/mod.rs <= {ENFORCE_MOD_MAX}, {} modules without an import cycle, no two \
+             enforce/mod.rs <= {ENFORCE_MOD_MAX}, agent/ files <= {AGENT_FILE_MAX}, {} modules without an import cycle, no two \
              files importing each other, quota/ and grants/ pure, functions <= {} lines ({} \
              listed exceptions)",
             graph.len(),
@@ -148,6 +163,21 @@ pub(crate) fn is_test_file(p: &Path) -> bool {
         || p.file_stem()
             .and_then(|s| s.to_str())
             .is_some_and(|s| s == "tests" || s.ends_with("_tests"))
+}
+
+/// The files below `dir` (tests aside) over `max` lines, with their sizes.
+fn oversized(dir: &Path, max: usize) -> Result<Vec<(PathBuf, usize)>> {
+    let mut out = Vec::new();
+    for f in rust_files(dir)? {
+        if is_test_file(f.strip_prefix(dir).unwrap_or(&f)) {
+            continue;
+        }
+        let n = line_count(&f)?;
+        if n > max {
+            out.push((f, n));
+        }
+    }
+    Ok(out)
 }
 
 fn policy_sizes(dir: &Path) -> Result<Vec<String>> {
@@ -486,6 +516,19 @@ mod tests {
         assert_eq!(fn_lines(text, "evaluate"), Some(3));
         assert_eq!(fn_lines(text, "evaluate_more"), None);
         assert_eq!(fn_lines("fn evaluate<'a>() {\n}\n", "evaluate"), Some(2));
+    }
+
+    #[test]
+    fn a_file_over_the_limit_is_found_and_tests_are_not() {
+        let dir = std::env::temp_dir().join(format!("xtask-oversized-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("tests")).unwrap();
+        std::fs::write(dir.join("mod.rs"), "x\n".repeat(AGENT_FILE_MAX)).unwrap();
+        std::fs::write(dir.join("tick.rs"), "x\n".repeat(AGENT_FILE_MAX + 1)).unwrap();
+        std::fs::write(dir.join("tests/big.rs"), "x\n".repeat(AGENT_FILE_MAX * 2)).unwrap();
+        std::fs::write(dir.join("act_tests.rs"), "x\n".repeat(AGENT_FILE_MAX * 2)).unwrap();
+        let found = oversized(&dir, AGENT_FILE_MAX).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(found, vec![(dir.join("tick.rs"), AGENT_FILE_MAX + 1)]);
     }
 
     #[test]

@@ -20,13 +20,11 @@ use std::{
 
 use log::warn;
 
-use super::{
-    env_quotas::{EnvQuotaReader, runtime_spec::SpecRoots},
-    identity::{self, Identity, RuntimeRecords, Verdict},
-};
+use super::identity::{self, Identity, RuntimeRecords, Verdict};
 pub use crate::attribution::names::{NameCache, WorkloadNames};
 use crate::{
     attribution::{GpuTaskEntry, WorkloadId, WorkloadKind, docker::DAEMON_JSON},
+    grants::env_quotas::{EnvQuotaReader, runtime_spec::SpecRoots},
     kube::{
         api::KubeWatch,
         claims::KubeView,
@@ -110,7 +108,7 @@ fn path_rooted(w: WorkloadId, leaf: &str, quotas: &QuotaSet) -> WorkloadId {
     }
 }
 
-/// A workload-identity event the agent counts ([`super::counters::Counters::identity`]).
+/// A workload-identity event the agent counts ([`crate::agent::counters::Counters::identity`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum IdentityEvent {
     /// Two roots claimed one container or pod identity.

@@ -25,7 +25,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::env_quotas::runtime_spec::{SpecKind, SpecRoots, spec_candidates};
+use crate::grants::env_quotas::runtime_spec::{SpecKind, SpecRoots, spec_candidates};
 use crate::{
     attribution::docker::MAX_CONFIG_BYTES,
     workload::{Runtime, WorkloadId, WorkloadKind},

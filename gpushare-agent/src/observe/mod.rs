@@ -1,0 +1,11 @@
+//! Observation: the GPU tasks attribution tracks, turned into the policy's input.
+//!
+//! - [`workloads`]: each task's process to its workload (its root cgroup), with the workload's
+//!   names and the grants its containers carry;
+//! - [`identity`]: who a group belongs to, proven from the container runtime's own records.
+//!
+//! Rule of the room: this reads the node (procfs, cgroupfs, the runtime's state) and the views the
+//! grant watchers publish; it never acts on a process.
+
+pub mod identity;
+pub mod workloads;
