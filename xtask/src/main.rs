@@ -142,7 +142,7 @@ fn run(cli: Cli) -> Result<()> {
                 step("fmt and clippy (fuzz/, outside the workspace)");
                 run_step("fmt and clippy (fuzz)", lint_fuzz(&root));
             }
-            step("structure: file sizes in policy/, enforce/ and agent/, no import cycle between modules");
+            step("structure: sizes, import cycles, purity, long functions, copies");
             run_step("structure", structure::check(&root));
             step("build");
             cargo(&root, &["build"])?;

@@ -15,6 +15,7 @@
 //!   [`files`].
 //! - No function over [`functions::FN_MAX`] lines outside tests, but a list of exceptions that
 //!   may only shrink: see [`functions`].
+//! - At most [`dupes::BUDGET`] pairs of files sharing a copied run of lines: see [`dupes`].
 //!
 //! The check reads files as text: no build, no network.
 
@@ -25,6 +26,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+mod dupes;
 mod files;
 mod functions;
 
@@ -109,15 +111,18 @@ pub fn check(root: &Path) -> Result<()> {
         )
     }));
     problems.extend(functions::check(root, functions::EXCEPTIONS)?);
+    let (copies, over) = dupes::check(root)?;
+    problems.extend(over);
     if problems.is_empty() {
         eprintln!(
             "xtask: structure: policy files <= {POLICY_FILE_MAX} lines, evaluate <= {EVALUATE_MAX}, \
              enforce/mod.rs <= {ENFORCE_MOD_MAX}, agent/ files <= {AGENT_FILE_MAX}, {} modules without an import cycle, no two \
              files importing each other, quota/ and grants/ pure, functions <= {} lines ({} \
-             listed exceptions)",
+             listed exceptions), {copies} pairs of files sharing a copy (budget {})",
             graph.len(),
             functions::FN_MAX,
-            functions::EXCEPTIONS.len()
+            functions::EXCEPTIONS.len(),
+            dupes::BUDGET
         );
         Ok(())
     } else {
