@@ -34,6 +34,10 @@ pub struct Pair {
     pub runs: usize,
 }
 
+/// A run of shared windows: its first window in the first file, how many windows, and the offset
+/// of its place in the second file.
+type Run = (usize, usize, isize);
+
 /// The line as compared, or `None` where it does not count.
 fn significant(raw: &str) -> Option<String> {
     let t = raw.trim();
@@ -96,7 +100,7 @@ pub fn pairs(files: &[(PathBuf, String)]) -> Vec<Pair> {
         }
     }
     // Runs per pair of files: (start in a, windows in the run, offset to b).
-    let mut by_files: BTreeMap<(usize, usize), Vec<(usize, usize, isize)>> = BTreeMap::new();
+    let mut by_files: BTreeMap<(usize, usize), Vec<Run>> = BTreeMap::new();
     for ((fa, fb, d), starts) in diagonals {
         let mut run: Option<(usize, usize)> = None;
         for s in starts {
