@@ -16,6 +16,9 @@ pub enum EventKind {
     AllocIoctl = 3,
     /// A GPU task called exec: its comm (and maybe its cgroup) changed.
     GpuExec = 4,
+    /// A GPU task was moved to another cgroup of the unified hierarchy (`cgroup.procs` written):
+    /// it is charged to its new group from now on.
+    GpuMove = 5,
 }
 
 impl EventKind {
@@ -26,6 +29,7 @@ impl EventKind {
             2 => Some(Self::GpuExit),
             3 => Some(Self::AllocIoctl),
             4 => Some(Self::GpuExec),
+            5 => Some(Self::GpuMove),
             _ => None,
         }
     }
@@ -37,6 +41,7 @@ impl EventKind {
             Self::GpuExit => "gpu_exit",
             Self::AllocIoctl => "alloc_ioctl",
             Self::GpuExec => "gpu_exec",
+            Self::GpuMove => "gpu_move",
         }
     }
 }

@@ -278,7 +278,8 @@ impl Attribution {
                     Change::None
                 }
             }
-            EventKind::AllocIoctl | EventKind::GpuExec => {
+            // An exec or a move may change the task's group: it is charged to the new one.
+            EventKind::AllocIoctl | EventKind::GpuExec | EventKind::GpuMove => {
                 let alloc = ev.kind == EventKind::AllocIoctl;
                 let Some(cgroup_id) = self.tasks.get(&ev.tgid).map(|t| t.cgroup_id) else {
                     // Known to the kernel but not to us (its open event was lost): reconcile.

@@ -49,6 +49,10 @@ pub const PROGRAMS: &[(&str, Attach)] = &[
     ),
     ("cgroup_rmdir", Attach::TracePoint("cgroup", "cgroup_rmdir")),
     (
+        "cgroup_attach_task",
+        Attach::TracePoint("cgroup", "cgroup_attach_task"),
+    ),
+    (
         "sys_enter_openat",
         Attach::TracePoint("syscalls", "sys_enter_openat"),
     ),
@@ -127,8 +131,9 @@ pub const PROBE_SETS: &[(&str, &[&str], &str)] = &[
             "sys_exit_open",
             "sys_enter_ioctl",
             "cgroup_rmdir",
+            "cgroup_attach_task",
         ],
-        "syscalls:sys_{enter,exit}_open{,at,at2} and syscalls:sys_enter_ioctl; an open's result checked on its exit; cgroup:cgroup_rmdir counted",
+        "syscalls:sys_{enter,exit}_open{,at,at2} and syscalls:sys_enter_ioctl; an open's result checked on its exit; cgroup:cgroup_rmdir counted; GPU tasks moved between groups followed (cgroup:cgroup_attach_task)",
     ),
     (
         "tracepoints, no exit",

@@ -576,3 +576,49 @@ fn a_workload_dipping_under_its_quota_for_one_sample_in_every_few_is_frozen() {
         "frozen before it ever dipped: the test proves nothing"
     );
 }
+
+/// Issue 41: a GPU process moved to another group (its pid written to that group's
+/// `cgroup.procs`) is charged to its new group from the next step. It stayed charged to the old
+/// one until it exec'd or allocated: the old group was frozen while the process ran on
+/// elsewhere, and the new group's quota did not hold it. Here a 3 GiB process starts in a group
+/// with room for it and is moved into one with a 2 GiB quota: that group is frozen, the old one
+/// is not.
+#[test]
+fn a_gpu_process_moved_to_another_group_is_charged_to_the_new_one() {
+    needs_root!("a_gpu_process_moved_to_another_group_is_charged_to_the_new_one");
+    let from = group("moved-from");
+    let to = group("moved-to");
+    let (from_key, to_key) = (
+        format!("cgroup://{}", from.rel_path()),
+        format!("cgroup://{}", to.rel_path()),
+    );
+    let quotas = format!(
+        "{FREEZE}{}{}",
+        cgroup_quota(&from, "8GiB"),
+        cgroup_quota(&to, "2GiB")
+    );
+    let sc = Scenario::create(&one_gpu(&[])).unwrap();
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    let (p, _dir, _node) = gpu_process_named(&from, b"mover");
+    sc.write(&one_gpu(&[(p.pid(), 3 * GIB)])).unwrap();
+    let charged_to = |s: &gpushare_agent::snapshot::Snapshot| {
+        s.processes
+            .iter()
+            .find(|q| q.pid == p.pid())
+            .map(|q| q.workload.clone())
+    };
+    agent.wait_for(Duration::from_secs(20), |s| {
+        charged_to(s).as_deref() == Some(from_key.as_str())
+    });
+    std::fs::write(to.procs_file(), p.pid().to_string()).unwrap();
+    let s = agent.wait_for(Duration::from_secs(20), |s| {
+        workload(s, &to_key, "all").is_some_and(|w| w.state == "frozen")
+    });
+    assert_eq!(charged_to(&s).as_deref(), Some(to_key.as_str()));
+    assert!(to.wait_frozen(true), "the new group is frozen at its root");
+    assert!(!from.is_frozen(), "the old group is not frozen");
+    assert!(
+        workload(&s, &from_key, "all").is_none_or(|w| w.used_bytes == 0),
+        "nothing is charged to the old group any more"
+    );
+}
