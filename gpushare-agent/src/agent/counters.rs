@@ -26,6 +26,10 @@ pub enum External {
     Replaced,
     /// An earlier run's freeze, taken over.
     Adopted,
+    /// A driver limit the agent set, cleared by someone else (set again).
+    DriverLimitCleared,
+    /// A driver limit the agent set, changed by someone else (theirs from then on).
+    DriverLimitChanged,
 }
 
 impl External {
@@ -36,6 +40,8 @@ impl External {
             Self::Gone => "gone",
             Self::Replaced => "replaced",
             Self::Adopted => "adopted",
+            Self::DriverLimitCleared => "driver_limit_cleared",
+            Self::DriverLimitChanged => "driver_limit_changed",
         }
     }
 }
@@ -65,6 +71,11 @@ impl Counters {
             Some((_, _, n)) => *n += 1,
             None => self.actions.push((kind, result, 1)),
         }
+    }
+
+    /// A change made behind the agent's back that the step did not count itself.
+    pub fn external(&mut self, kind: External) {
+        *self.external.entry(kind).or_default() += 1;
     }
 
     /// A workload-identity event (two roots claiming one identity, a record naming another

@@ -38,10 +38,13 @@ use std::{
 
 use log::info;
 
-use self::counters::Counters;
+use self::counters::{Counters, External};
 use crate::{
     attribution::{Change, tracker::Tracker},
-    enforce::{Enforcer, driver_limits::DriverLimiter},
+    enforce::{
+        Enforcer,
+        driver_limits::{Behind, DriverLimiter},
+    },
     grants::quota_store::QuotaStore,
     metrics::{Metrics, SharedSnapshot},
     nvml::NvmlSampler,
@@ -195,8 +198,18 @@ impl Agent {
         self.tracker.poll()
     }
 
-    /// Reconciles attribution with the kernel's task map (the periodic safety net).
+    /// The periodic safety net: reconciles attribution with the kernel's task map, and reads
+    /// back the driver limits the agent set (one cleared behind its back is set again at the next
+    /// step).
     pub fn reconcile(&mut self) -> crate::attribution::ReconcileReport {
+        if let Some(limiter) = self.limiter.as_mut() {
+            for b in limiter.read_back(&self.sampler) {
+                self.counters.external(match b {
+                    Behind::Cleared => External::DriverLimitCleared,
+                    Behind::Changed => External::DriverLimitChanged,
+                });
+            }
+        }
         self.tracker.reconcile()
     }
 

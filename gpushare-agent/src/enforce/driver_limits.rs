@@ -64,6 +64,15 @@ struct Record {
     inode: Option<u64>,
 }
 
+/// A limit the agent set that the driver no longer holds as set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Behind {
+    /// Cleared by someone else: set again.
+    Cleared,
+    /// Changed by someone else: theirs from then on.
+    Changed,
+}
+
 /// Sets and clears the driver's limits.
 pub struct DriverLimiter {
     api: Option<DriverLimits>,
@@ -305,6 +314,56 @@ impl DriverLimiter {
                 }
             }
         }
+    }
+
+    /// Reads back every limit the agent set, and forgets those the driver no longer holds as set:
+    /// one cleared behind the agent's back is set again at the next step; one someone changed
+    /// is theirs from then on (left as it is, reported `other`, as a limit the agent never set).
+    /// Called at each reconcile (every 10 s by default), not at each step: one NVML call a limit.
+    /// A limit that cannot be read is kept as it is. Returns what changed behind the agent's back.
+    pub fn read_back(&mut self, sampler: &NvmlSampler) -> Vec<Behind> {
+        let Some(api) = &self.api else {
+            return Vec::new();
+        };
+        let mut found = Vec::new();
+        for (key, &ours) in &self.applied {
+            if self.reset.contains(key) {
+                continue;
+            }
+            let dir = crate::sys::kernel_text::under(&self.v2_root, &key.1);
+            // SAFETY: the handle comes from the sampler's live session.
+            let now = match sampler.with_device_handle(key.0, |dev| unsafe { api.get(dev, &dir) }) {
+                Some(Ok(now)) if now != Some(ours) => now,
+                _ => continue,
+            };
+            // A group removed or recreated is not a change of its limit (`apply` handles it).
+            if !dir.exists()
+                || self
+                    .inodes
+                    .get(key)
+                    .is_some_and(|i| inode_of(&dir) != Some(*i))
+            {
+                continue;
+            }
+            let (what, kind) = match now {
+                None => ("cleared: set again", Behind::Cleared),
+                Some(_) => ("changed: left as it is", Behind::Changed),
+            };
+            warn!(
+                "the driver limit the agent set on {} on GPU {} (soft {}, hard {}) was {what} \
+                 (the driver now has {:?})",
+                key.1, key.0, ours.0, ours.1, now
+            );
+            found.push((key.clone(), kind));
+        }
+        for (key, _) in &found {
+            self.applied.remove(key);
+            self.inodes.remove(key);
+        }
+        if !found.is_empty() {
+            self.in_sync = None;
+        }
+        found.into_iter().map(|(_, k)| k).collect()
     }
 
     /// The limits in force on groups of workloads under a quota: (GPU index, cgroup, soft,

@@ -219,3 +219,51 @@ fn a_steady_limit_follows_its_quota_when_the_file_changes() {
     agent.write_quotas("[defaults]\nladder = []\n");
     wait_driver_limit(&sc, &cg, None, &agent);
 }
+
+/// Issue 41: the driver limits the agent set are read back (at each reconcile). One cleared
+/// behind its back is set again; one someone changed is left as theirs. Before, neither was ever
+/// read again: a cleared limit stayed cleared while the agent reported it in force.
+#[test]
+fn a_driver_limit_cleared_behind_the_agents_back_is_set_again_and_one_changed_is_left() {
+    needs_root!("a_driver_limit_cleared_behind_the_agents_back_is_set_again");
+    let (cleared, p) = sleeping_group("dlim-cleared");
+    let (changed, q) = sleeping_group("dlim-changed");
+    let sc = Scenario::create(&scenario(&[(p.pid(), GIB), (q.pid(), GIB)], json!({}))).unwrap();
+    let quotas = format!(
+        "[defaults]\nladder = []\n{}{}",
+        cgroup_quota(&cleared, "2GiB"),
+        cgroup_quota(&changed, "3GiB")
+    );
+    let agent = AgentProcess::start(&sc, &quotas, &["--reconcile-interval", "1s"]);
+    wait_driver_limit(&sc, &cleared, Some(2 * GIB), &agent);
+    wait_driver_limit(&sc, &changed, Some(3 * GIB), &agent);
+    // Behind the agent's back: one limit cleared, one raised (written whole, as a rename, so the
+    // mock never reads half a file).
+    let path = sc.dir().join("memory-limits.json");
+    let mut all = recorded(&sc);
+    let limits = all["devices"]["GPU-susp"].as_object_mut().unwrap();
+    limits.remove(cleared.dir().to_str().unwrap()).unwrap();
+    limits[changed.dir().to_str().unwrap()]["hard"] = json!(5 * GIB);
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, all.to_string()).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    let s = agent.wait_for(WAIT, |s| {
+        s.counters.external_changes.get("driver_limit_cleared") == Some(&1)
+            && s.counters.external_changes.get("driver_limit_changed") == Some(&1)
+    });
+    drop(s);
+    wait_driver_limit(&sc, &cleared, Some(2 * GIB), &agent);
+    // Theirs stays theirs over further reconciles.
+    agent.steps_over(Duration::from_secs(3), |_| {});
+    assert_eq!(
+        driver_limit(&sc, "GPU-susp", changed.dir()),
+        Some((0, 5 * GIB)),
+        "{}",
+        agent.log()
+    );
+    assert!(
+        agent.log().contains("was cleared: set again"),
+        "{}",
+        agent.log()
+    );
+}
