@@ -31,7 +31,7 @@ pub const BUSY_EVENTS: usize = 1_170;
 
 /// Why the drain went fast.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Cause {
+pub enum PaceChange {
     /// A timer drain found an event that asks for a prompt answer: its wake-up did not come.
     LateWakeup,
     /// One drain took this many events.
@@ -63,11 +63,16 @@ impl DrainPace {
     /// After a drain at `now` that took `events` events; `late_wakeup`: it was a timer drain and
     /// it found an event asking for a prompt answer whose wake-up came [`late`]. Returns the cause when this drain made
     /// the pace fast (it was slow), so the caller logs it once.
-    pub fn drained(&mut self, now: Instant, late_wakeup: bool, events: usize) -> Option<Cause> {
+    pub fn drained(
+        &mut self,
+        now: Instant,
+        late_wakeup: bool,
+        events: usize,
+    ) -> Option<PaceChange> {
         let cause = if late_wakeup {
-            Cause::LateWakeup
+            PaceChange::LateWakeup
         } else if events >= BUSY_EVENTS {
-            Cause::Busy(events)
+            PaceChange::Busy(events)
         } else {
             return None;
         };
@@ -92,7 +97,7 @@ mod tests {
             "a quiet drain changes nothing"
         );
         assert_eq!(p.period(t0), SLOW);
-        assert_eq!(p.drained(t0, true, 1), Some(Cause::LateWakeup));
+        assert_eq!(p.drained(t0, true, 1), Some(PaceChange::LateWakeup));
         assert_eq!(p.period(t0), FAST);
         // Another late one while fast: not reported again, but it extends the hold.
         let t1 = t0 + FAST_HOLD / 2;
@@ -101,7 +106,10 @@ mod tests {
         assert_eq!(p.period(t1 + FAST_HOLD - Duration::from_millis(1)), FAST);
         assert_eq!(p.period(t1 + FAST_HOLD), SLOW);
         // Slow again: the next cause is reported again.
-        assert_eq!(p.drained(t1 + FAST_HOLD, true, 0), Some(Cause::LateWakeup));
+        assert_eq!(
+            p.drained(t1 + FAST_HOLD, true, 0),
+            Some(PaceChange::LateWakeup)
+        );
     }
 
     #[test]
@@ -112,7 +120,7 @@ mod tests {
         assert_eq!(p.period(t0), SLOW);
         assert_eq!(
             p.drained(t0, false, BUSY_EVENTS),
-            Some(Cause::Busy(BUSY_EVENTS))
+            Some(PaceChange::Busy(BUSY_EVENTS))
         );
         assert_eq!(p.period(t0 + FAST_HOLD - Duration::from_millis(1)), FAST);
         assert_eq!(p.period(t0 + FAST_HOLD), SLOW);

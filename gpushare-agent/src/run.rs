@@ -22,7 +22,7 @@ use crate::{
     api,
     attribution::{Change, cgroupfs, tracker::Tracker},
     cli::RunArgs,
-    drain_pace::{self, Cause, DrainPace},
+    drain_pace::{self, DrainPace, PaceChange},
     ebpf::LoadOptions,
     enforce::Enforcer,
     grants::quota_store::{QuotaPaths, QuotaStore},
@@ -262,14 +262,14 @@ fn pace_drain(pace: &mut DrainPace, drain: &mut Ticker, agent: &Agent, by_timer:
     let (drained, prompt_boot_ns) = agent.last_drained();
     let late = by_timer && drain_pace::late(prompt_boot_ns, crate::ebpf::boot_time_ns());
     match pace.drained(now, late, drained) {
-        Some(Cause::LateWakeup) => info!(
+        Some(PaceChange::LateWakeup) => info!(
             "a ring-buffer wake-up came late (the {:?} drain found its event): draining every \
              {:?} for the next {:?}",
             drain_pace::SLOW,
             drain_pace::FAST,
             drain_pace::FAST_HOLD
         ),
-        Some(Cause::Busy(n)) => info!(
+        Some(PaceChange::Busy(n)) => info!(
             "the ring buffer is busy ({n} events in one drain): draining every {:?} for the next \
              {:?}",
             drain_pace::FAST,

@@ -1,6 +1,6 @@
 //! The agent's monotonic totals, typed: executed actions by (action kind, executor result),
 //! changes found made behind the agent's back, suspend steps that fell through, and the GPU
-//! memory suspends moved. [`Counters::render`] turns them into the snapshot's label values
+//! memory suspends moved. [`Totals::render`] turns them into the snapshot's label values
 //! (`freeze/ok`, `thawed`, `unavailable`, ...).
 
 use std::collections::BTreeMap;
@@ -48,7 +48,7 @@ impl External {
 
 /// Monotonic totals since the agent started.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub struct Totals {
     /// Executed actions by (kind, executor result); a few dozen at most.
     actions: Vec<(ActionKind, ExecOutcome, u64)>,
     external: BTreeMap<External, u64>,
@@ -60,7 +60,7 @@ pub struct Counters {
     identity: BTreeMap<IdentityEvent, u64>,
 }
 
-impl Counters {
+impl Totals {
     /// One action of `kind` the executor answered with `result`.
     pub fn action(&mut self, kind: ActionKind, result: ExecOutcome) {
         match self
@@ -140,7 +140,7 @@ mod tests {
 
     #[test]
     fn render_gives_todays_label_values() {
-        let mut c = Counters::default();
+        let mut c = Totals::default();
         c.action(ActionKind::Freeze, ExecOutcome::Ok);
         c.action(ActionKind::Freeze, ExecOutcome::Ok);
         c.action(ActionKind::Freeze, ExecOutcome::Pending);

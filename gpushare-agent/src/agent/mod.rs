@@ -38,7 +38,7 @@ use std::{
 
 use log::info;
 
-use self::counters::{Counters, External};
+use self::counters::{External, Totals};
 use crate::{
     attribution::{Change, tracker::Tracker},
     enforce::{
@@ -82,7 +82,7 @@ pub struct Agent {
     opts: AgentOptions,
     started: Instant,
     workloads: Workloads,
-    counters: Counters,
+    counters: Totals,
     metrics: Arc<Metrics>,
     snapshot: SharedSnapshot,
     publisher: Publisher,
@@ -134,7 +134,7 @@ impl Agent {
             opts,
             started: Instant::now(),
             workloads: Workloads::new(v2_root),
-            counters: Counters::default(),
+            counters: Totals::default(),
             metrics,
             snapshot,
             publisher: Publisher::default(),

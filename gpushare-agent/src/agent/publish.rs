@@ -37,7 +37,8 @@ impl Agent {
 
     fn health(&self, sample: &GpuSample) -> Health {
         let mut degraded = Vec::new();
-        if let crate::attribution::tracker::Mode::Procfs { reason } = self.tracker.mode() {
+        if let crate::attribution::tracker::AttributionMode::Procfs { reason } = self.tracker.mode()
+        {
             degraded.push(format!(
                 "eBPF unavailable, attributing through /proc: {reason}"
             ));
@@ -92,8 +93,8 @@ impl Agent {
         Health {
             ready: self.ready,
             attribution: match self.tracker.mode() {
-                crate::attribution::tracker::Mode::Ebpf => "ebpf".into(),
-                crate::attribution::tracker::Mode::Procfs { .. } => "procfs".into(),
+                crate::attribution::tracker::AttributionMode::Ebpf => "ebpf".into(),
+                crate::attribution::tracker::AttributionMode::Procfs { .. } => "procfs".into(),
             },
             nvml: match self.sampler.status() {
                 DriverStatus::Ready { .. } => "ready".into(),

@@ -16,7 +16,7 @@ use crate::ebpf::{KernelCounters, KernelEvent, KernelPrograms, LoadOptions};
 /// How GPU tasks are found.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "mode", rename_all = "snake_case")]
-pub enum Mode {
+pub enum AttributionMode {
     /// eBPF programs loaded: attribution is a map lookup.
     Ebpf,
     /// eBPF unavailable: the pids NVML reports are looked up in `/proc`.
@@ -30,7 +30,7 @@ pub enum Mode {
 pub struct Tracker {
     kernel: Option<KernelPrograms>,
     table: Attribution,
-    mode: Mode,
+    mode: AttributionMode,
     scratch: Vec<KernelEvent>,
     counts: Vec<(u32, gpushare_common::IoctlCounts)>,
     undecodable: u64,
@@ -104,7 +104,7 @@ impl Tracker {
         let mut tracker = Self {
             kernel: Some(kernel),
             table: Attribution::new(resolver),
-            mode: Mode::Ebpf,
+            mode: AttributionMode::Ebpf,
             scratch: Vec::new(),
             counts: Vec::new(),
             undecodable: 0,
@@ -120,7 +120,7 @@ impl Tracker {
         Self {
             kernel: None,
             table: Attribution::new(resolver),
-            mode: Mode::Procfs { reason },
+            mode: AttributionMode::Procfs { reason },
             scratch: Vec::new(),
             counts: Vec::new(),
             undecodable: 0,
@@ -130,7 +130,7 @@ impl Tracker {
     }
 
     /// How tasks are found.
-    pub fn mode(&self) -> &Mode {
+    pub fn mode(&self) -> &AttributionMode {
         &self.mode
     }
 

@@ -32,17 +32,16 @@ use serde::{Deserialize, Serialize};
 use crate::{
     nvml::{
         NvmlSampler,
-        limits::{DriverLimits, MEMORY_LIMIT_MAX, code_name},
+        limits::{MEMORY_LIMIT_MAX, MemoryLimitsApi, code_name},
     },
+    // The limits wanted: (GPU index, root cgroup path) -> (soft, hard) bytes, as the policy
+    // decides them.
+    policy::WantedLimits,
     sample::DeviceSample,
 };
 
 /// The record's name in the state directory.
 pub const FILE_NAME: &str = "driver-limits.json";
-
-/// One wanted limit: (GPU index, root cgroup path) -> (soft, hard) bytes, as the policy decides
-/// them ([`crate::policy::Decision::driver_limits`]).
-pub type Wanted = crate::policy::WantedLimits;
 
 /// `driver-limits.json`: the limits this node's agent set, in the boot it set them in.
 #[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,9 +74,9 @@ pub enum Behind {
 
 /// Sets and clears the driver's limits.
 pub struct DriverLimiter {
-    api: Option<DriverLimits>,
+    api: Option<MemoryLimitsApi>,
     v2_root: PathBuf,
-    applied: Wanted,
+    applied: WantedLimits,
     /// The inode of the group each applied limit was set on: a group recreated at the same path
     /// (another inode) has none of the old one's limit.
     inodes: BTreeMap<(u32, String), u64>,
@@ -105,7 +104,7 @@ pub struct DriverLimiter {
     /// else to set, clear, reset or take over, no limit of someone else's): while the same ones
     /// (the same allocation: never written in place) are wanted and no group can have been
     /// recreated, there is nothing to do.
-    in_sync: Option<Arc<Wanted>>,
+    in_sync: Option<Arc<WantedLimits>>,
 }
 
 /// Whether the limited groups' inodes must be looked at now: a group can only have been
@@ -120,7 +119,7 @@ impl DriverLimiter {
     /// Over the NVML library `lib` (the sampler's) and the v2 hierarchy at `v2_root`; the limits
     /// are recorded in `state_dir` (and an earlier run's records taken over from there).
     pub fn new(lib: Option<&Path>, v2_root: PathBuf, state_dir: Option<&Path>) -> Self {
-        let api = DriverLimits::open(lib);
+        let api = MemoryLimitsApi::open(lib);
         if api.is_some() {
             info!(
                 "the NVIDIA driver takes per-cgroup GPU memory limits (nvmlDeviceSetMemoryLimits_v1): \
@@ -143,7 +142,7 @@ impl DriverLimiter {
         Self {
             api,
             v2_root,
-            applied: Wanted::new(),
+            applied: WantedLimits::new(),
             inodes: BTreeMap::new(),
             foreign: BTreeMap::new(),
             reset: BTreeSet::new(),
@@ -187,13 +186,13 @@ impl DriverLimiter {
         &mut self,
         sampler: &NvmlSampler,
         devices: &[DeviceSample],
-        wanted_now: &Arc<Wanted>,
+        wanted_now: &Arc<WantedLimits>,
         removed: Option<u64>,
     ) {
         if self.api.is_none() {
             return;
         }
-        let wanted: &Wanted = wanted_now;
+        let wanted: &WantedLimits = wanted_now;
         for d in devices {
             self.uuids.insert(d.index, d.uuid.clone());
         }
@@ -256,7 +255,7 @@ impl DriverLimiter {
         // Never change a limit the agent did not set: where a group already has one, the quota's
         // is not set (and nothing is cleared there).
         self.observe_foreign(sampler, wanted);
-        let ours: Wanted;
+        let ours: WantedLimits;
         let wanted = if self.foreign.is_empty() {
             wanted
         } else {
@@ -291,7 +290,7 @@ impl DriverLimiter {
 
     /// Limits set by others: the driver's limits of each wanted group the agent has not set
     /// itself (read again at every step, so one that goes is replaced by the quota's).
-    fn observe_foreign(&mut self, sampler: &NvmlSampler, wanted: &Wanted) {
+    fn observe_foreign(&mut self, sampler: &NvmlSampler, wanted: &WantedLimits) {
         let Some(api) = &self.api else {
             return;
         };
@@ -383,7 +382,7 @@ impl DriverLimiter {
         &self.foreign
     }
 
-    fn set_all(&mut self, sampler: &NvmlSampler, wanted: &Wanted) {
+    fn set_all(&mut self, sampler: &NvmlSampler, wanted: &WantedLimits) {
         let Some(api) = &self.api else {
             return;
         };
@@ -469,7 +468,7 @@ impl DriverLimiter {
 
     /// Writes the records of `limits` (those whose GPU UUID is known) and the inherited ones not
     /// matched yet; a failure is logged (the limits themselves are set all the same).
-    fn persist(&mut self, limits: &Wanted) {
+    fn persist(&mut self, limits: &WantedLimits) {
         let Some(path) = &self.record else {
             return;
         };

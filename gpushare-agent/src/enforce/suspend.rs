@@ -1,5 +1,5 @@
-//! The `suspend` step's executor: CUDA checkpoint (see [`crate::cuda`] and docs/suspend.md) on a
-//! worker thread, never on the event loop.
+//! The checkpoint worker under the `suspend` and `resume` executors ([`super::suspension`]): CUDA
+//! checkpoint (see [`crate::cuda`] and docs/suspend.md) on a worker thread, never on the event loop.
 //!
 //! **Suspend**, in the only order a real driver tolerates: thaw the root group if an earlier step
 //! froze it (a frozen process cannot answer the lock), lock every GPU process of the workload

@@ -107,13 +107,13 @@ type GetFn = unsafe extern "C" fn(*mut std::ffi::c_void, *mut GetMemoryLimitsV1)
 
 /// `nvmlDeviceSetMemoryLimits_v1` (and `nvmlDeviceGetMemoryLimits_v1` where the library has it),
 /// loaded from the same library the sampler uses.
-pub struct DriverLimits {
+pub struct MemoryLimitsApi {
     _lib: Library,
     set: SetFn,
     get: Option<GetFn>,
 }
 
-impl DriverLimits {
+impl MemoryLimitsApi {
     /// The function from `lib`, when it has it (an r615+ driver, CUDA 13.4).
     pub fn open(lib: Option<&Path>) -> Option<Self> {
         let library = lib.map_or_else(|| PathBuf::from("libnvidia-ml.so.1"), Path::to_path_buf);

@@ -156,7 +156,7 @@ impl NvmlSampler {
     }
 
     /// Runs `f` with the raw NVML handle of device `index` (for calls nvml-wrapper does not
-    /// know, e.g. [`limits::DriverLimits`]); `None` without a session or such a device.
+    /// know, e.g. [`limits::MemoryLimitsApi`]); `None` without a session or such a device.
     pub fn with_device_handle<T>(
         &self,
         index: u32,

@@ -108,7 +108,7 @@ fn path_rooted(w: WorkloadId, leaf: &str, quotas: &QuotaSet) -> WorkloadId {
     }
 }
 
-/// A workload-identity event the agent counts ([`crate::agent::counters::Counters::identity`]).
+/// A workload-identity event the agent counts ([`crate::agent::counters::Totals::identity`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum IdentityEvent {
     /// Two roots claimed one container or pod identity.
