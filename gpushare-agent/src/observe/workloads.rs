@@ -127,8 +127,9 @@ impl IdentityEvent {
     }
 }
 
-/// Builds the policy's view of the GPU tasks, step after step.
-pub struct Workloads {
+/// Observes the GPU tasks as the policy reads them (each at its workload, with names and grants),
+/// step after step.
+pub struct Observer {
     names: NameCache,
     env_quotas: EnvQuotaReader,
     /// The kubelet's pod-resources reader, per the quota file's `[kubernetes]` table.
@@ -206,7 +207,7 @@ fn kube_quota(id: &WorkloadId, view: &KubeView) -> Option<EnvQuota> {
     }
 }
 
-impl Workloads {
+impl Observer {
     /// Over the cgroup v2 hierarchy at `v2_root` (where a container's init is looked for when its
     /// runtime spec cannot be found), with the runtimes' places and records of this node.
     pub fn new(v2_root: std::path::PathBuf) -> Self {
@@ -600,8 +601,8 @@ mod tests {
     }
 
     /// A workloads builder over an empty runtime state in `dir` (no records, no specs).
-    fn workloads(dir: &std::path::Path) -> Workloads {
-        Workloads::with(
+    fn workloads(dir: &std::path::Path) -> Observer {
+        Observer::with(
             dir.join("cgroup"),
             Placement::default(),
             SpecRoots {
@@ -817,9 +818,9 @@ mod tests {
         assert!(!out.contains("note: pod://p"), "{out}");
     }
 
-    /// The incremental path (one `Workloads` kept across steps: leaves' identities and roots
+    /// The incremental path (one `Observer` kept across steps: leaves' identities and roots
     /// kept while the quota set is the same, workloads shared while equal) and the from-scratch
-    /// path (a new `Workloads` every step), driven by one random sequence of attribution changes
+    /// path (a new `Observer` every step), driven by one random sequence of attribution changes
     /// (tasks appearing, leaving, moving between groups), quota changes, samples, reports and the
     /// clock, give identical processes, notes, trust, decisions and snapshots at every step.
     mod incremental_equals_from_scratch {
@@ -923,7 +924,7 @@ mod tests {
         }
 
         struct Path {
-            workloads: Option<Workloads>,
+            workloads: Option<Observer>,
             policy: PolicyState,
             publisher: Publisher,
         }

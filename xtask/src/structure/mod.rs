@@ -16,6 +16,8 @@
 //! - No function over [`functions::FN_MAX`] lines outside tests, but a list of exceptions that
 //!   may only shrink: see [`functions`].
 //! - At most [`dupes::BUDGET`] pairs of files sharing a copied run of lines: see [`dupes`].
+//! - One name a type: no two public types (struct, enum, type alias, trait) of the agent share a
+//!   name (`Counters`, `Mode`, `Cause` each once named two).
 //!
 //! The check reads files as text: no build, no network.
 
@@ -113,11 +115,21 @@ pub fn check(root: &Path) -> Result<()> {
     problems.extend(functions::check(root, functions::EXCEPTIONS)?);
     let (copies, over) = dupes::check(root)?;
     problems.extend(over);
+    for (name, at) in same_names(&src)? {
+        problems.push(format!(
+            "the public type `{name}` is defined in {}: one name a type (rename one for what it \
+             is)",
+            at.iter()
+                .map(|p| rel(root, p))
+                .collect::<Vec<_>>()
+                .join(" and ")
+        ));
+    }
     if problems.is_empty() {
         eprintln!(
             "xtask: structure: policy files <= {POLICY_FILE_MAX} lines, evaluate <= {EVALUATE_MAX}, \
              enforce/mod.rs <= {ENFORCE_MOD_MAX}, agent/ files <= {AGENT_FILE_MAX}, {} modules without an import cycle, no two \
-             files importing each other, quota/ and grants/ pure, functions <= {} lines ({} \
+             files importing each other, quota/ and grants/ pure, one name a type, functions <= {} lines ({} \
              listed exceptions), {copies} pairs of files sharing a copy (budget {})",
             graph.len(),
             functions::FN_MAX,
@@ -168,6 +180,47 @@ pub(crate) fn is_test_file(p: &Path) -> bool {
         || p.file_stem()
             .and_then(|s| s.to_str())
             .is_some_and(|s| s == "tests" || s.ends_with("_tests"))
+}
+
+/// The name of a public type a line defines (`pub struct Name`, `pub(crate) enum Name<T>`...).
+fn type_defined(line: &str) -> Option<&str> {
+    let t = line.trim_start();
+    let rest = t.strip_prefix("pub ").or_else(|| {
+        t.strip_prefix("pub(")
+            .and_then(|r| r.split_once(") ").map(|(_, r)| r))
+    })?;
+    let rest = ["struct ", "enum ", "type ", "trait "]
+        .iter()
+        .find_map(|k| rest.strip_prefix(k))?;
+    let end = rest
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    Some(&rest[..end]).filter(|n| !n.is_empty())
+}
+
+/// Public type names defined in more than one file below `src` (tests aside), with the files.
+fn same_names(src: &Path) -> Result<Vec<(String, Vec<PathBuf>)>> {
+    let mut at: BTreeMap<String, BTreeSet<PathBuf>> = BTreeMap::new();
+    for f in rust_files(src)? {
+        if is_test_file(f.strip_prefix(src).unwrap_or(&f)) {
+            continue;
+        }
+        let code = strip_comments(&std::fs::read_to_string(&f)?);
+        // Code from the first test module on is tests.
+        for line in code
+            .lines()
+            .take_while(|l| !l.trim_start().starts_with("#[cfg(test)]"))
+        {
+            if let Some(name) = type_defined(line) {
+                at.entry(name.to_string()).or_default().insert(f.clone());
+            }
+        }
+    }
+    Ok(at
+        .into_iter()
+        .filter(|(_, files)| files.len() > 1)
+        .map(|(n, files)| (n, files.into_iter().collect()))
+        .collect())
 }
 
 /// The files below `dir` (tests aside) over `max` lines, with their sizes.
@@ -534,6 +587,49 @@ mod tests {
         let found = oversized(&dir, AGENT_FILE_MAX).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(found, vec![(dir.join("tick.rs"), AGENT_FILE_MAX + 1)]);
+    }
+
+    #[test]
+    fn a_public_type_name_defined_twice_is_found() {
+        assert_eq!(type_defined("pub struct Counters {"), Some("Counters"));
+        assert_eq!(type_defined("    pub(crate) enum Mode<T> {"), Some("Mode"));
+        assert_eq!(type_defined("pub type Wanted = X;"), Some("Wanted"));
+        assert_eq!(type_defined("struct Private;"), None);
+        assert_eq!(type_defined("pub fn structure() {}"), None);
+        let dir = std::env::temp_dir().join(format!("xtask-names-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("a")).unwrap();
+        std::fs::write(
+            dir.join("a/mod.rs"),
+            "pub struct Counters;
+pub enum Only {}
+",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("b.rs"),
+            "pub struct Counters;
+#[cfg(test)]
+mod tests {
+    pub enum Only {}
+}
+",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("c_tests.rs"),
+            "pub struct Counters;
+",
+        )
+        .unwrap();
+        let found = same_names(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            found,
+            vec![(
+                "Counters".to_string(),
+                vec![dir.join("a/mod.rs"), dir.join("b.rs")]
+            )]
+        );
     }
 
     #[test]
