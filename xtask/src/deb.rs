@@ -20,7 +20,7 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::{cargo, check, step};
+use crate::{check, step};
 
 const PACKAGE: &str = "gpushare-agent";
 const UNIT: &str = "gpushare-agent.service";
@@ -32,7 +32,8 @@ const CONFFILE: &str = "/etc/gpushare/quotas.toml";
 /// Builds target/deb/gpushare-agent_<version>_<arch>.deb from the release binary; its path.
 pub fn build(root: &Path) -> Result<PathBuf> {
     step("release build of gpushare-agent");
-    cargo(root, &["build", "--release", "-p", PACKAGE])?;
+    // The one release build `run` and `image` make too: nothing is built again between them.
+    super::build_release(root)?;
     let bin = root.join("target/release/gpushare-agent");
     let (version, commit) = version_of(&bin)?;
     let arch = stdout(Command::new("dpkg").arg("--print-architecture"))?;

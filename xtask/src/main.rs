@@ -14,6 +14,7 @@ use gpushare_base::client;
 mod deb;
 mod demo;
 mod image;
+mod one_build;
 mod structure;
 mod upgrade_base;
 
@@ -142,7 +143,7 @@ fn run(cli: Cli) -> Result<()> {
                 step("fmt and clippy (fuzz/, outside the workspace)");
                 run_step("fmt and clippy (fuzz)", lint_fuzz(&root));
             }
-            step("structure: sizes, import cycles, purity, long functions, copies");
+            step("structure: sizes, cycles, purity, long functions, copies, one build");
             run_step("structure", structure::check(&root));
             step("build");
             cargo(&root, &["build"])?;

@@ -19,7 +19,10 @@
 //! - One name a type: no two public types (struct, enum, type alias, trait) of the agent share a
 //!   name (`Counters`, `Mode`, `Cause` each once named two).
 //!
-//! The check reads files as text: no build, no network.
+//! - One build: the agent's build and the whole workspace's resolve every package the agent uses
+//!   with the same features (see [`crate::one_build`]).
+//!
+//! The check reads files as text and asks `cargo tree` (offline, `--locked`): no build.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -115,6 +118,7 @@ pub fn check(root: &Path) -> Result<()> {
     problems.extend(functions::check(root, functions::EXCEPTIONS)?);
     let (copies, over) = dupes::check(root)?;
     problems.extend(over);
+    problems.extend(crate::one_build::check(root)?);
     for (name, at) in same_names(&src)? {
         problems.push(format!(
             "the public type `{name}` is defined in {}: one name a type (rename one for what it \
@@ -129,7 +133,7 @@ pub fn check(root: &Path) -> Result<()> {
         eprintln!(
             "xtask: structure: policy files <= {POLICY_FILE_MAX} lines, evaluate <= {EVALUATE_MAX}, \
              enforce/mod.rs <= {ENFORCE_MOD_MAX}, agent/ files <= {AGENT_FILE_MAX}, {} modules without an import cycle, no two \
-             files importing each other, quota/ and grants/ pure, one name a type, functions <= {} lines ({} \
+             files importing each other, quota/ and grants/ pure, one name a type, one build, functions <= {} lines ({} \
              listed exceptions), {copies} pairs of files sharing a copy (budget {})",
             graph.len(),
             functions::FN_MAX,
