@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 
 use proptest::prelude::*;
 
-use super::{Compat, Metrics, SharedSnapshot};
+use crate::metrics::{Compat, Metrics, SharedSnapshot};
 use crate::snapshot::{
     Counters, DriverLimitView, GpuView, ProcessView, Snapshot, WorkloadEntry, WorkloadView,
 };
