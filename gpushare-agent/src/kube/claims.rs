@@ -464,5 +464,4 @@ pub fn describe(q: Option<&EnvQuota>) -> String {
 }
 
 #[cfg(test)]
-#[path = "claims_tests.rs"]
 mod tests;

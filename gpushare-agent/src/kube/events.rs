@@ -363,5 +363,4 @@ pub fn spawn_poster(client: ::kube::Client, host: String) -> EventSender {
 }
 
 #[cfg(test)]
-#[path = "events_tests.rs"]
 mod tests;
