@@ -47,12 +47,17 @@ pub struct Hang {
     pub state: ProcessState,
 }
 
-/// The start time of `pid` (`/proc/<pid>/stat` field 22), if it runs.
+/// The start time of `pid` (`/proc/<pid>/stat` field 22), if it runs: a zombie ('Z', 'X') has
+/// exited, and its context went with it.
 pub fn start_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
     // Field 3 (state) is the first after the name; field 22 is 19 further on.
-    rest.split_whitespace().nth(19)?.parse().ok()
+    if matches!(fields.next()?, "Z" | "X" | "x") {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 impl CheckpointState {
@@ -156,9 +161,16 @@ mod tests {
         assert!(!s.sweep(), "both still run");
         for c in [&mut child, &mut again] {
             c.kill().unwrap();
-            c.wait().unwrap();
+        }
+        // Killed, not reaped yet: a zombie has no context any more.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while start_ticks(pid).is_some() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
         }
         assert!(s.sweep());
+        for c in [&mut child, &mut again] {
+            c.wait().unwrap();
+        }
         assert_eq!(s.hangs.len(), 1, "{:?}", s.hangs);
         assert_eq!(s.hangs[0].pid, pid);
         assert_eq!(s.hangs[0].state, ProcessState::Running);
