@@ -569,14 +569,15 @@ impl Agent {
             ActionKind::Kill(sig) => {
                 warn!("killing {} with {}: {}", a.workload, sig.name, a.reason);
                 let targets = self.targets(a);
+                // A fresh NVML read, for a restored process checkpointed again (#53).
+                let sampler = &mut self.sampler;
+                let mut sample = || sampler.sample();
                 if sig == Signal::KILL {
-                    self.enforcer.kill(&a.workload, &a.cgroup_path, &targets)
+                    self.enforcer
+                        .kill(&a.workload, &a.cgroup_path, &targets, &mut sample)
                 } else {
-                    summarize(
-                        &self
-                            .enforcer
-                            .signal(&a.workload, &targets, sig.number, To::Every),
-                    )
+                    let (w, rel) = (&a.workload, &a.cgroup_path);
+                    summarize(&self.enforcer.end(w, rel, &targets, sig.number, &mut sample))
                 }
             }
         }

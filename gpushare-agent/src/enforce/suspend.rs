@@ -39,15 +39,15 @@ use crate::{
 };
 
 /// A process a job acts on, pinned by a pidfd: its pid names it while the pidfd has not exited.
-struct Pinned {
-    pid: u32,
+pub(super) struct Pinned {
+    pub(super) pid: u32,
     fd: Pidfd,
 }
 
 impl Pinned {
     /// The target pinned: by the pidfd attribution holds, or by one opened now whose process has
     /// the recorded start time. `None`: gone, or the pid names another process now.
-    fn of(t: &Target) -> Option<Self> {
+    pub(super) fn of(t: &Target) -> Option<Self> {
         let pid = t.identity.pid;
         let fd = match &t.pidfd {
             Some(fd) => fd.clone(),
@@ -61,7 +61,7 @@ impl Pinned {
     }
 
     /// The check before each driver call: the process has not exited, so its pid is its own.
-    fn alive(&self) -> bool {
+    pub(super) fn alive(&self) -> bool {
         !self.fd.has_exited()
     }
 }
@@ -267,7 +267,7 @@ fn meminfo_available() -> Option<u64> {
 }
 
 /// Asks for a freeze or thaw and waits (on a worker thread) until the kernel shows it.
-fn settle(dir: &Path, freezer: Freezer, frozen: bool) -> Result<(), String> {
+pub(super) fn settle(dir: &Path, freezer: Freezer, frozen: bool) -> Result<(), String> {
     freeze::request(dir, freezer, frozen).map_err(|e| format!("{e:#}"))?;
     let want = if frozen {
         GroupState::Frozen
