@@ -86,6 +86,18 @@ fn a_restored_process_over_quota_again_is_checkpointed_again_and_its_device_empt
 }
 
 #[test]
+fn a_kill_step_with_sigterm_checkpoints_a_restored_process_first_too() {
+    needs_root!("a_kill_step_with_sigterm_checkpoints_a_restored_process_first_too");
+    let (cg, p, sc, agent) = suspended_then_resumed("rk-term", json!({}));
+    let term = KILL.replace(
+        "action = \"kill\"",
+        "action = \"kill\", signal = \"SIGTERM\"",
+    );
+    agent.write_quotas(&format!("{term}{}", cgroup_quota(&cg, "2GiB")));
+    killed_quiesced(&sc, &agent, p.pid());
+}
+
+#[test]
 fn a_restored_process_whose_checkpoint_fails_is_not_killed_but_left_frozen_with_the_reason() {
     needs_root!("a_restored_process_whose_checkpoint_fails_is_not_killed");
     let (cg, p, sc, agent) = suspended_then_resumed("rk-refuse", json!({}));
