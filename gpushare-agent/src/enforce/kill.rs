@@ -45,6 +45,16 @@ impl Enforcer {
                     );
                     return (id, Outcome::DryRun);
                 }
+                if to == To::Catching && super::restored::asks_to_exit(sig) && self.was_restored(id)
+                {
+                    warn!(
+                        "not signalling {} of {workload} with {sig}: it was restored from a \
+                         checkpoint and may exit on it; {} (the ladder's later steps act on it)",
+                        id.pid,
+                        super::restored::REFUSAL
+                    );
+                    return (id, Outcome::Refused);
+                }
                 let outcome = match send_to(t, sig, to == To::Catching) {
                     Ok(SignalOutcome::Sent) => {
                         info!("sent signal {sig} to {} of {workload}", id.pid);

@@ -29,6 +29,15 @@ use crate::{
 /// Why a kill is refused, in the log and the refusal's reason.
 pub const REFUSAL: &str =
     "killing a restored process with a live context hangs the host: cuda-checkpoint #53";
+/// The signals a process is asked to end with (a handler usually exits): a `signal` step does
+/// not send them to a restored process, which may exit on them with a live context.
+pub fn asks_to_exit(sig: i32) -> bool {
+    matches!(
+        sig,
+        libc::SIGTERM | libc::SIGINT | libc::SIGQUIT | libc::SIGHUP
+    )
+}
+
 /// What the log says of a restored process made safe to kill.
 pub const QUIESCED: &str = "checkpointed again before the kill";
 /// Device memory a checkpointed process may still show in NVML and count as gone: none.
@@ -142,6 +151,13 @@ fn checkpoint_again(cuda: &Checkpointer, p: &Pinned) -> Result<(), String> {
 }
 
 impl Enforcer {
+    /// Whether `id` is recorded as restored from a checkpoint.
+    pub(super) fn was_restored(&self, id: ProcessIdentity) -> bool {
+        self.ledger
+            .as_ref()
+            .is_some_and(|l| l.restored().any(|r| *r == id))
+    }
+
     /// The processes recorded as restored that still run in the group `rel` or below it.
     fn restored_in(&self, rel: &str) -> Vec<ProcessIdentity> {
         let root = format!("/{}", rel.trim_matches('/'));
@@ -250,6 +266,16 @@ impl Enforcer {
 mod tests {
     use super::*;
     use crate::sample::{DeviceSample, ProcessSample};
+
+    #[test]
+    fn only_the_signals_that_ask_a_process_to_end_are_kept_from_a_restored_one() {
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGQUIT, libc::SIGHUP] {
+            assert!(asks_to_exit(s), "{s}");
+        }
+        for s in [libc::SIGUSR1, libc::SIGUSR2, libc::SIGALRM, libc::SIGKILL] {
+            assert!(!asks_to_exit(s), "{s}");
+        }
+    }
 
     #[test]
     fn each_driver_state_has_its_step_before_a_kill() {

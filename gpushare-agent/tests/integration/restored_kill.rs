@@ -44,6 +44,15 @@ fn suspended_then_resumed(
     cuda: Value,
 ) -> (gpushare_testkit::TestCgroup, Reaped, Scenario, AgentProcess) {
     let (cg, p) = sleeping_group(name);
+    resumed(cg, p, cuda)
+}
+
+/// [`suspended_then_resumed`] for the process `p` of the group `cg`.
+fn resumed(
+    cg: gpushare_testkit::TestCgroup,
+    p: Reaped,
+    cuda: Value,
+) -> (gpushare_testkit::TestCgroup, Reaped, Scenario, AgentProcess) {
     let sc = Scenario::create(&scenario(&[(p.pid(), 6 * GIB)], cuda)).unwrap();
     let agent = start(&sc, &format!("{SUSPEND}{}", cgroup_quota(&cg, "2GiB")));
     agent.wait_state(&key(&cg), "suspended");
@@ -95,6 +104,41 @@ fn a_kill_step_with_sigterm_checkpoints_a_restored_process_first_too() {
     );
     agent.write_quotas(&format!("{term}{}", cgroup_quota(&cg, "2GiB")));
     killed_quiesced(&sc, &agent, p.pid());
+}
+
+/// A signal step never ends a process, but one that catches SIGTERM may exit on it: a restored
+/// one is not sent the signals that ask a process to end.
+#[test]
+fn a_signal_step_does_not_send_sigterm_to_a_restored_process_that_would_exit_on_it() {
+    needs_root!("a_signal_step_does_not_send_sigterm_to_a_restored_process");
+    let cg = crate::util::group("rk-sig");
+    let exits_on_term = || {
+        let mut c = std::process::Command::new("bash");
+        c.arg("-c")
+            .arg("trap 'exit 0' TERM; while :; do sleep 0.05; done")
+            .stdin(std::process::Stdio::null());
+        c
+    };
+    let p = Reaped(cg.spawn(&mut exits_on_term()).unwrap());
+    let pid = p.pid();
+    let (cg, p, sc, agent) = resumed(cg, p, json!({}));
+    let signal =
+        "[defaults]\ngrace = \"0s\"\nladder = [ { action = \"signal\", signal = \"SIGTERM\" } ]\n";
+    agent.write_quotas(&format!("{signal}{}", cgroup_quota(&cg, "2GiB")));
+    wait_until(
+        WAIT,
+        || agent.log(),
+        || {
+            ended(pid)
+                || agent
+                    .log()
+                    .lines()
+                    .any(|l| l.contains("not signalling") && l.contains(&pid.to_string()))
+        },
+    );
+    assert_eq!(hangs(&sc), Vec::new(), "host hang (#53)");
+    assert!(!ended(pid), "it exited on SIGTERM\n{}", agent.log());
+    drop(p);
 }
 
 #[test]
