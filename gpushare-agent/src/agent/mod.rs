@@ -572,13 +572,19 @@ impl Agent {
                 // A fresh NVML read, for a restored process checkpointed again (#53).
                 let sampler = &mut self.sampler;
                 let mut sample = || sampler.sample();
-                if sig == Signal::KILL {
+                let outcome = if sig == Signal::KILL {
                     self.enforcer
                         .kill(&a.workload, &a.cgroup_path, &targets, &mut sample)
                 } else {
                     let (w, rel) = (&a.workload, &a.cgroup_path);
                     summarize(&self.enforcer.end(w, rel, &targets, sig.number, &mut sample))
+                };
+                if self.enforcer.kill_refused(&a.workload) {
+                    // Frozen instead, and held so by the kill step.
+                    let workload = a.workload.clone();
+                    reports.push(Report::KillRefused { workload });
                 }
+                outcome
             }
         }
     }

@@ -144,6 +144,8 @@ pub struct Enforcer {
     suspend_failures: BTreeMap<String, (suspend::Cause, String)>,
     /// Kills refused, by reason (see [`restored`]).
     kill_refusals: BTreeMap<&'static str, u64>,
+    /// The restored processes of each workload whose kill was refused (not tried again).
+    refused_kills: BTreeMap<String, Vec<ProcessIdentity>>,
 }
 
 impl Enforcer {
@@ -204,6 +206,7 @@ impl Enforcer {
             jobs: BTreeMap::new(),
             suspend_failures: BTreeMap::new(),
             kill_refusals: BTreeMap::new(),
+            refused_kills: BTreeMap::new(),
         };
         e.adopt_marks();
         e

@@ -175,7 +175,10 @@ impl Enforcer {
     /// Before the kill of the workload at `rel`: each process of it recorded as restored is
     /// locked and checkpointed again (its group thawed for that, if the agent froze it), then
     /// `sample` (a fresh NVML read) must show none of its memory on the GPU. `Err`: why it is not
-    /// safe to kill; the caller refuses the kill.
+    /// safe to kill; the caller refuses the kill. The policy repeats a kill that left processes
+    /// running; a workload refused once is not thawed and locked again while the same processes
+    /// run (it stays frozen), but one whose processes are all checkpointed already is looked at
+    /// through NVML again (memory that left late).
     pub(super) fn quiesce_restored(
         &mut self,
         workload: &str,
@@ -184,12 +187,62 @@ impl Enforcer {
     ) -> Result<(), String> {
         let ids = self.restored_in(rel);
         if ids.is_empty() {
+            self.refused_kills.remove(workload);
             return Ok(());
         }
+        let r = self
+            .checkpoint_all_again(workload, rel, &ids)
+            .and_then(|()| {
+                let now = sample();
+                for id in ids.iter().filter(|id| procinfo::is_same_process(**id)) {
+                    let bytes =
+                        device_left(&now, id.pid).map_err(|e| format!("pid {}: {e}", id.pid))?;
+                    info!(
+                        "pid {} of {workload} {QUIESCED}: {} on the GPU (cuda-checkpoint #53)",
+                        id.pid,
+                        ByteSize(bytes).approx()
+                    );
+                }
+                Ok(())
+            });
+        match &r {
+            Ok(()) => self.refused_kills.remove(workload),
+            Err(_) => self.refused_kills.insert(workload.to_string(), ids),
+        };
+        r
+    }
+
+    /// The driver's part of [`Self::quiesce_restored`]: every process of `ids` checkpointed (or
+    /// without CUDA state, or gone).
+    fn checkpoint_all_again(
+        &self,
+        workload: &str,
+        rel: &str,
+        ids: &[ProcessIdentity],
+    ) -> Result<(), String> {
         let cuda = match &self.cuda {
             Ok(c) => c.clone(),
             Err(why) => return Err(format!("it cannot be checkpointed again ({why})")),
         };
+        let steps: Vec<Before> = ids
+            .iter()
+            .map(|id| before_kill(cuda.state(id.pid).as_ref().map(|s| *s)))
+            .collect();
+        if let Some(Before::Refuse(why)) = steps.iter().find(|b| matches!(b, Before::Refuse(_))) {
+            return Err(why.clone());
+        }
+        if steps.iter().all(|b| *b == Before::Nothing) {
+            return Ok(());
+        }
+        if let Some(before) = self.refused_kills.get(workload)
+            && ids.iter().all(|id| before.contains(id))
+        {
+            return Err(
+                "its processes could not be checkpointed again at an earlier try; not \
+                        tried again while they run"
+                    .into(),
+            );
+        }
         let (dir, freezer) = self
             .freezer_for(workload, rel, ids.first().map(|id| id.pid))
             .map_err(|e| format!("{e:#}"))?;
@@ -202,20 +255,11 @@ impl Enforcer {
             }
             settle(&dir, freezer, false).map_err(|e| format!("cannot thaw it to lock it: {e}"))?;
         }
-        for id in &ids {
+        for id in ids {
             let Some(p) = Pinned::of(&Target::from(*id)) else {
                 continue; // gone: its context went with it
             };
             checkpoint_again(&cuda, &p).map_err(|e| format!("pid {}: {e}", id.pid))?;
-        }
-        let now = sample();
-        for id in ids.iter().filter(|id| procinfo::is_same_process(**id)) {
-            let bytes = device_left(&now, id.pid).map_err(|e| format!("pid {}: {e}", id.pid))?;
-            info!(
-                "pid {} of {workload} {QUIESCED}: {} on the GPU (cuda-checkpoint #53)",
-                id.pid,
-                ByteSize(bytes).approx()
-            );
         }
         Ok(())
     }
@@ -254,6 +298,12 @@ impl Enforcer {
             frozen.as_str(),
             states.join(", ")
         );
+    }
+
+    /// Whether the last kill of `workload` was refused for a restored process (it is frozen
+    /// instead; the policy holds it so).
+    pub fn kill_refused(&self, workload: &str) -> bool {
+        self.refused_kills.contains_key(workload)
     }
 
     /// Kills refused, by reason.

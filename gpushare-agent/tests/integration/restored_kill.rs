@@ -177,6 +177,22 @@ fn a_restored_process_whose_checkpoint_fails_is_not_killed_but_left_frozen_with_
         line.contains("the kernel reports"),
         "what the kernel says: {line}"
     );
+    assert_eq!(cuda_state(&sc, pid), "running", "nothing left locked");
+    // The policy repeats the kill: the workload stays frozen, and is not thawed and locked again.
+    wait_until(
+        std::time::Duration::from_secs(30),
+        || agent.log(),
+        || agent.log().contains("not tried again"),
+    );
+    assert!(cg.is_frozen(), "still frozen\n{}", agent.log());
+    assert!(!ended(pid));
+    assert_eq!(hangs(&sc), Vec::new());
+    let log = agent.log();
+    let thaws: Vec<&str> = log.lines().filter(|l| l.contains("thawing ")).collect();
+    assert!(
+        thaws.is_empty(),
+        "the policy thawed what the refused kill froze: {thaws:?}"
+    );
 }
 
 #[test]
