@@ -108,18 +108,29 @@ impl Ctx {
 
     /// Moves the pid from `from` to `to` atomically (ILLEGAL_STATE when it is not in `from`);
     /// entries of pids the scenario no longer lists and that no longer run are dropped on the
-    /// way.
+    /// way. A restore (CHECKPOINTED -> LOCKED) remembers the process as restored with a live
+    /// context, a checkpoint forgets that, and a remembered process found gone is recorded as a
+    /// host hang (cuda-checkpoint #53; see `gpushare_fake_driver::checkpoint`).
     pub fn transition(&self, from: ProcessState, to: ProcessState) -> Result<(), u32> {
         let known = self.scenario.gpu_pids();
         statefile::update(
             &checkpoint::path_for(&self.path),
             |s: &mut CheckpointState| {
+                // A restored process killed with a live context hangs the host (#53).
+                if s.sweep() {
+                    say("a restored process ended with a live context: host hang recorded (cuda-checkpoint #53)");
+                }
                 s.processes
                     .retain(|pid, _| known.contains(pid) || live(*pid));
                 if s.state(self.pid) != from {
                     return Err(code::ERROR_ILLEGAL_STATE);
                 }
                 s.set(self.pid, to);
+                match (from, to) {
+                    (ProcessState::Checkpointed, ProcessState::Locked) => s.mark_restored(self.pid),
+                    (_, ProcessState::Checkpointed) => s.mark_checkpointed(self.pid),
+                    _ => {}
+                }
                 Ok(())
             },
         )

@@ -267,3 +267,55 @@ fn readme_example_parses() {
     assert_eq!(s.cuda.processes.len(), 4);
     assert_eq!(s.cuda.checkpoint_delay_ms, 1500);
 }
+
+/// cuda-checkpoint #53: a process restored through the mock whose context is live (not
+/// checkpointed since) is recorded as a host hang once it is killed; one checkpointed again
+/// before the kill is not, and neither is a process that was never restored.
+#[test]
+fn a_restored_process_killed_with_a_live_context_is_recorded_as_a_host_hang() {
+    let sleeper = || {
+        std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap()
+    };
+    let (mut live, mut again, mut never) = (sleeper(), sleeper(), sleeper());
+    let pids = [live.id(), again.id(), never.id()];
+    let (_g, env) = lock();
+    let procs: Vec<_> = pids
+        .iter()
+        .map(|p| json!({ "pid": p, "used_memory": 100 }))
+        .collect();
+    write_scenario(
+        &env.state,
+        &json!({ "cuda_driver_version": 12080,
+                 "devices": [{ "uuid": "GPU-a", "name": "x", "memory_total": 1000,
+                               "compute_processes": procs }],
+                 "cuda": { "persistence_mode": true } }),
+    );
+    let lib = lib();
+    let c = Checkpoint::of(&lib);
+    let pid = |p: u32| p as c_int;
+    unsafe {
+        for p in [live.id(), again.id()] {
+            assert_eq!((c.lock)(pid(p), null_mut()), 0);
+            assert_eq!((c.checkpoint)(pid(p), null_mut()), 0);
+            assert_eq!((c.restore)(pid(p), null_mut()), 0);
+            assert_eq!((c.unlock)(pid(p), null_mut()), 0);
+        }
+        // The workaround: lock and checkpoint again before the kill.
+        assert_eq!((c.lock)(pid(again.id()), null_mut()), 0);
+        assert_eq!((c.checkpoint)(pid(again.id()), null_mut()), 0);
+    }
+    for child in [&mut again, &mut never] {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    let hangs = gpushare_fake_driver::checkpoint::host_hangs(&env.state).unwrap();
+    assert_eq!(hangs, Vec::new(), "checkpointed again, or never restored");
+    live.kill().unwrap();
+    live.wait().unwrap();
+    let hangs = gpushare_fake_driver::checkpoint::host_hangs(&env.state).unwrap();
+    assert_eq!(hangs.len(), 1, "{hangs:?}");
+    assert_eq!(hangs[0].pid, pids[0]);
+}

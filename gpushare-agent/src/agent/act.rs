@@ -126,15 +126,22 @@ impl Agent {
             ActionKind::Kill(sig) => {
                 warn!("killing {} with {}: {}", a.workload, sig.name, a.reason);
                 let targets = self.targets(a);
-                if sig == Signal::KILL {
-                    self.enforcer.kill(&a.workload, &a.cgroup_path, &targets)
+                // A fresh NVML read, for a restored process checkpointed again (#53).
+                let sampler = &mut self.sampler;
+                let mut sample = || sampler.sample();
+                let outcome = if sig == Signal::KILL {
+                    self.enforcer
+                        .kill(&a.workload, &a.cgroup_path, &targets, &mut sample)
                 } else {
-                    summarize(
-                        &self
-                            .enforcer
-                            .signal(&a.workload, &targets, sig.number, To::Every),
-                    )
+                    let (w, rel) = (&a.workload, &a.cgroup_path);
+                    summarize(&self.enforcer.end(w, rel, &targets, sig.number, &mut sample))
+                };
+                if self.enforcer.kill_refused(&a.workload) {
+                    // Frozen instead, and held so by the kill step.
+                    let workload = a.workload.clone();
+                    reports.push(Report::KillRefused { workload });
                 }
+                outcome
             }
         }
     }

@@ -301,6 +301,14 @@ impl Enforcer {
                 .iter()
                 .flat_map(|s| s.processes.iter().copied().map(super::Target::from))
                 .collect();
+            // Recorded before the restore: a later kill checkpoints them again (#53).
+            if let Some(ledger) = self.ledger.as_mut()
+                && let Err(e) = ledger.remember_restored(targets.iter().map(|t| t.identity))
+            {
+                let why = format!("its processes could not be recorded as restored first ({e:#})");
+                done.left_suspended.push((entry.0, entry.1, why));
+                continue;
+            }
             match suspend::resume_now(&cuda, &rec.cgroup_dir, rec.freezer, &targets) {
                 suspend::JobResult::ResumeFailed { reason } => {
                     done.failed

@@ -12,7 +12,7 @@ use super::{
     freeze::{self, Freezer},
     signal::{SignalOutcome, send_to},
 };
-use crate::attribution::ProcessIdentity;
+use crate::{attribution::ProcessIdentity, sample::GpuSample};
 
 /// Which of its targets a signal goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +44,16 @@ impl Enforcer {
                         id.pid
                     );
                     return (id, Outcome::DryRun);
+                }
+                if to == To::Catching && super::restored::asks_to_exit(sig) && self.was_restored(id)
+                {
+                    warn!(
+                        "not signalling {} of {workload} with {sig}: it was restored from a \
+                         checkpoint and may exit on it; {} (the ladder's later steps act on it)",
+                        id.pid,
+                        super::restored::REFUSAL
+                    );
+                    return (id, Outcome::Refused);
                 }
                 let outcome = match send_to(t, sig, to == To::Catching) {
                     Ok(SignalOutcome::Sent) => {
@@ -80,9 +90,41 @@ impl Enforcer {
             .collect()
     }
 
+    /// A `kill` step's signal other than SIGKILL (SIGTERM, say) to every target of the workload
+    /// at `rel`: it ends them, so a restored process is made safe first ([`super::restored`];
+    /// `sample` is a fresh NVML read), else nothing is sent (each target `refused`) and the
+    /// workload is frozen. Returns the outcome per process, as [`Self::signal`] does.
+    pub fn end(
+        &mut self,
+        workload: &str,
+        rel: &str,
+        targets: &[Target],
+        sig: i32,
+        sample: &mut dyn FnMut() -> GpuSample,
+    ) -> Vec<(ProcessIdentity, Outcome)> {
+        if !self.dry_run
+            && let Err(why) = self.quiesce_restored(workload, rel, sample)
+        {
+            self.refuse_kill(workload, rel, &why);
+            return targets
+                .iter()
+                .map(|t| (t.identity, Outcome::Refused))
+                .collect();
+        }
+        self.signal(workload, targets, sig, To::Every)
+    }
+
     /// Kills a workload: `cgroup.kill` on its root v2 group where it exists (a frozen group is
-    /// killed at once), else SIGKILL to each target.
-    pub fn kill(&mut self, workload: &str, rel: &str, targets: &[Target]) -> Outcome {
+    /// killed at once), else SIGKILL to each target. A process of it restored from a checkpoint
+    /// is checkpointed again and its device seen empty first ([`super::restored`]; `sample` is a
+    /// fresh NVML read); where that cannot be done nothing is killed and the workload is frozen.
+    pub fn kill(
+        &mut self,
+        workload: &str,
+        rel: &str,
+        targets: &[Target],
+        sample: &mut dyn FnMut() -> GpuSample,
+    ) -> Outcome {
         if let Err(e) = self.check_target(rel) {
             warn!("kill of {workload}: {e:#}");
             return Outcome::Refused;
@@ -90,6 +132,10 @@ impl Enforcer {
         if self.dry_run {
             info!("dry run: would kill {workload}");
             return Outcome::DryRun;
+        }
+        if let Err(why) = self.quiesce_restored(workload, rel, sample) {
+            self.refuse_kill(workload, rel, &why);
+            return Outcome::Refused;
         }
         let dir = self.v2_dir(rel);
         if dir.join("cgroup.kill").exists() {

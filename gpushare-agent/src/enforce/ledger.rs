@@ -82,6 +82,11 @@ impl SuspendRecord {
 struct LedgerFile {
     version: u32,
     freezes: Vec<FreezeRecord>,
+    /// Processes restored from a checkpoint by this state directory's agent (or `thaw --all`)
+    /// that still run: each is checkpointed again before it is killed (cuda-checkpoint #53). An
+    /// older version keeps the field as one it does not know.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    restored: Vec<crate::attribution::ProcessIdentity>,
     #[serde(flatten)]
     extra: BTreeMap<String, serde_json::Value>,
 }
@@ -90,6 +95,7 @@ struct LedgerFile {
 pub struct FreezeLedger {
     path: PathBuf,
     records: BTreeMap<PathBuf, FreezeRecord>,
+    restored: std::collections::BTreeSet<crate::attribution::ProcessIdentity>,
     extra: BTreeMap<String, serde_json::Value>,
     read_only: bool,
 }
@@ -102,7 +108,7 @@ impl FreezeLedger {
             .with_context(|| format!("creating state directory {}", state_dir.display()))?;
         let path = state_dir.join(LEDGER_FILE);
         let mut warnings = Vec::new();
-        let (records, extra) = match fs::read(&path) {
+        let (records, restored, extra) = match fs::read(&path) {
             Ok(bytes) => match parse(&bytes) {
                 Ok((file, repaired)) => {
                     if repaired {
@@ -124,7 +130,7 @@ impl FreezeLedger {
                         .into_iter()
                         .map(|r| (r.cgroup_dir.clone(), r))
                         .collect();
-                    (records, file.extra)
+                    (records, file.restored.into_iter().collect(), file.extra)
                 }
                 Err(e) => {
                     let aside = path.with_extension("json.corrupt");
@@ -137,11 +143,11 @@ impl FreezeLedger {
                         e.column(),
                         aside.display()
                     ));
-                    (BTreeMap::new(), BTreeMap::new())
+                    (BTreeMap::new(), Default::default(), BTreeMap::new())
                 }
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                (BTreeMap::new(), BTreeMap::new())
+                (BTreeMap::new(), Default::default(), BTreeMap::new())
             }
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         };
@@ -149,6 +155,7 @@ impl FreezeLedger {
             Self {
                 path,
                 records,
+                restored,
                 extra,
                 read_only: false,
             },
@@ -213,6 +220,28 @@ impl FreezeLedger {
         Ok(())
     }
 
+    /// The processes recorded as restored from a checkpoint (see [`Self::remember_restored`]).
+    pub fn restored(&self) -> impl Iterator<Item = &crate::attribution::ProcessIdentity> {
+        self.restored.iter()
+    }
+
+    /// Records `ids` as restored from a checkpoint (before the restore: a process that stays
+    /// checkpointed is checkpointed again for free) and persists; processes that no longer run
+    /// (start time checked) are dropped on the way.
+    pub fn remember_restored(
+        &mut self,
+        ids: impl IntoIterator<Item = crate::attribution::ProcessIdentity>,
+    ) -> Result<()> {
+        let before = self.restored.clone();
+        self.restored.extend(ids);
+        self.restored
+            .retain(|id| crate::attribution::procinfo::is_same_process(*id));
+        if self.restored == before {
+            return Ok(());
+        }
+        self.persist()
+    }
+
     fn persist(&self) -> Result<()> {
         if self.read_only {
             return Ok(());
@@ -220,6 +249,7 @@ impl FreezeLedger {
         let file = LedgerFile {
             version: LEDGER_VERSION,
             freezes: self.records.values().cloned().collect(),
+            restored: self.restored.iter().copied().collect(),
             extra: self.extra.clone(),
         };
         let text = serde_json::to_string_pretty(&file)?;
@@ -398,6 +428,33 @@ mod tests {
         assert!(dir.join("freezes.json.corrupt").exists());
         assert_eq!(l.merge(vec![rec("/m")]).unwrap(), 1, "rebuilt from marks");
         assert_eq!(l.merge(vec![rec("/m")]).unwrap(), 0);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Restored processes survive a reopen (the next agent checkpoints them again before a
+    /// kill); one that no longer runs is dropped at the next write.
+    #[test]
+    fn restored_processes_survive_a_reopen_and_ended_ones_are_dropped() {
+        let dir = tmp("restored");
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let me = crate::attribution::procinfo::snapshot(std::process::id())
+            .unwrap()
+            .identity;
+        let it = crate::attribution::procinfo::snapshot(child.id())
+            .unwrap()
+            .identity;
+        let (mut l, _) = FreezeLedger::open(&dir).unwrap();
+        l.remember_restored([me, it]).unwrap();
+        let (mut l, _) = FreezeLedger::open(&dir).unwrap();
+        assert_eq!(l.restored().copied().collect::<Vec<_>>().len(), 2);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        l.remember_restored([]).unwrap();
+        let (l, _) = FreezeLedger::open(&dir).unwrap();
+        assert_eq!(l.restored().copied().collect::<Vec<_>>(), vec![me]);
         fs::remove_dir_all(&dir).unwrap();
     }
 

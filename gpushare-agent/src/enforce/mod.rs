@@ -12,6 +12,8 @@
 //!   touched;
 //! - `suspension.rs`: the suspend and resume jobs, over the checkpoint worker of [`suspend`];
 //! - `kill.rs`: the ladder's signal and kill steps, over the pidfd signals of [`signal`];
+//! - [`restored`]: a process restored from a checkpoint is checkpointed again, its device seen
+//!   empty, before a signal that ends it (cuda-checkpoint #53), or the kill is refused;
 //! - `v1.rs`: which group to freeze, and a workload's group in the v1 freezer hierarchy;
 //! - `offline.rs`: `gpushare-agent thaw --all`, without a running agent;
 //! - [`lock`]: one agent per state directory.
@@ -41,6 +43,7 @@ pub mod marks;
 mod observe;
 mod offline;
 mod ours;
+pub mod restored;
 pub mod signal;
 pub mod suspend;
 mod suspension;
@@ -140,6 +143,10 @@ pub struct Enforcer {
     jobs: BTreeMap<String, suspend::Job>,
     /// Suspends that failed since the last observation: (cause, reason) by workload.
     suspend_failures: BTreeMap<String, (suspend::Cause, String)>,
+    /// Kills refused, by reason (see [`restored`]).
+    kill_refusals: BTreeMap<&'static str, u64>,
+    /// The restored processes of each workload whose kill was refused (not tried again).
+    refused_kills: BTreeMap<String, Vec<ProcessIdentity>>,
 }
 
 impl Enforcer {
@@ -199,6 +206,8 @@ impl Enforcer {
             cuda: Err("no CUDA driver loaded (--cuda-lib)".into()),
             jobs: BTreeMap::new(),
             suspend_failures: BTreeMap::new(),
+            kill_refusals: BTreeMap::new(),
+            refused_kills: BTreeMap::new(),
         };
         e.adopt_marks();
         e
@@ -306,8 +315,8 @@ mod tests {
                 let o = match kind {
                     0 => e.freeze(&key, &rel, GpuScope::All, None, "t", Instant::now()),
                     1 => e.thaw(&key, Instant::now()),
-                    2 => e.kill(&key, &rel, &[Target::from(me)]),
-                    3 => e.signal(&key, &[Target::from(me)], libc::SIGUSR2, To::Every)[0].1,
+                    2 => e.kill(&key, &rel, &[Target::from(me)], &mut || unreachable!()),
+                    3 => e.end(&key, &rel, &[Target::from(me)], libc::SIGUSR2, &mut || unreachable!())[0].1,
                     _ => {
                         e.observe([(key.as_str(), rel.as_str())]);
                         e.settle();

@@ -39,15 +39,15 @@ use crate::{
 };
 
 /// A process a job acts on, pinned by a pidfd: its pid names it while the pidfd has not exited.
-struct Pinned {
-    pid: u32,
+pub(super) struct PinnedProcess {
+    pub(super) pid: u32,
     fd: Pidfd,
 }
 
-impl Pinned {
+impl PinnedProcess {
     /// The target pinned: by the pidfd attribution holds, or by one opened now whose process has
     /// the recorded start time. `None`: gone, or the pid names another process now.
-    fn of(t: &Target) -> Option<Self> {
+    pub(super) fn of(t: &Target) -> Option<Self> {
         let pid = t.identity.pid;
         let fd = match &t.pidfd {
             Some(fd) => fd.clone(),
@@ -61,7 +61,7 @@ impl Pinned {
     }
 
     /// The check before each driver call: the process has not exited, so its pid is its own.
-    fn alive(&self) -> bool {
+    pub(super) fn alive(&self) -> bool {
         !self.fd.has_exited()
     }
 }
@@ -267,7 +267,7 @@ fn meminfo_available() -> Option<u64> {
 }
 
 /// Asks for a freeze or thaw and waits (on a worker thread) until the kernel shows it.
-fn settle(dir: &Path, freezer: Freezer, frozen: bool) -> Result<(), String> {
+pub(super) fn settle(dir: &Path, freezer: Freezer, frozen: bool) -> Result<(), String> {
     freeze::request(dir, freezer, frozen).map_err(|e| format!("{e:#}"))?;
     let want = if frozen {
         GroupState::Frozen
@@ -326,8 +326,8 @@ fn suspend(
             format!("cannot thaw it to lock its processes: {e}"),
         );
     }
-    let pinned: Vec<Pinned> = targets.iter().filter_map(Pinned::of).collect();
-    let mut locked: Vec<&Pinned> = Vec::new();
+    let pinned: Vec<PinnedProcess> = targets.iter().filter_map(PinnedProcess::of).collect();
+    let mut locked: Vec<&PinnedProcess> = Vec::new();
     let mut without_cuda: Vec<u32> = Vec::new();
     for p in &pinned {
         if !p.alive() {
@@ -359,7 +359,7 @@ fn suspend(
             dir.display()
         );
     }
-    let mut checkpointed: Vec<&Pinned> = Vec::new();
+    let mut checkpointed: Vec<&PinnedProcess> = Vec::new();
     for (i, &p) in locked.iter().enumerate() {
         if !p.alive() {
             continue; // exited while locked: its GPU memory is gone with it
@@ -381,7 +381,7 @@ fn suspend(
 
 /// Puts processes back as they were: restores and unlocks the checkpointed ones, unlocks the
 /// locked ones. Errors are logged: there is nothing else to fall back to.
-fn undo(cuda: &Checkpointer, checkpointed: &[&Pinned], locked: &[&Pinned]) {
+fn undo(cuda: &Checkpointer, checkpointed: &[&PinnedProcess], locked: &[&PinnedProcess]) {
     for p in checkpointed {
         if p.alive()
             && let Err(e) = cuda.restore(p.pid)
@@ -429,7 +429,7 @@ pub fn resume_now(
 
 fn resume(cuda: &Checkpointer, dir: &Path, freezer: Freezer, targets: &[Target]) -> JobResult {
     let t0 = Instant::now();
-    let pinned: Vec<Pinned> = targets.iter().filter_map(Pinned::of).collect();
+    let pinned: Vec<PinnedProcess> = targets.iter().filter_map(PinnedProcess::of).collect();
     if dir.exists()
         && let Err(e) = settle(dir, freezer, false)
     {

@@ -194,6 +194,14 @@ impl Enforcer {
             per_gpu: BTreeMap::new(),
             since_unix: 0,
         });
+        // Write-ahead: a process restored is checkpointed again before any kill
+        // (cuda-checkpoint #53); one whose restore fails stays checkpointed, which costs nothing.
+        if let Some(ledger) = self.ledger.as_mut()
+            && let Err(e) = ledger.remember_restored(sr.processes.iter().copied())
+        {
+            warn!("cannot resume {workload}: its processes could not be recorded first ({e:#})");
+            return Outcome::Failed;
+        }
         let targets = sr.processes.iter().copied().map(Target::from).collect();
         info!("resuming {workload} ({})", rec.cgroup_dir.display());
         let job = suspend::start_resume(

@@ -28,6 +28,13 @@ pub enum Report {
         /// In words.
         reason: String,
     },
+    /// A kill the executor refused because a process of the workload was restored from a
+    /// checkpoint and could not be checkpointed again (cuda-checkpoint #53): it froze the
+    /// workload instead, which the kill step holds frozen.
+    KillRefused {
+        /// Workload key.
+        workload: String,
+    },
 }
 
 /// `state` with `reports` folded in, in order.
@@ -40,6 +47,13 @@ pub fn fold_reports(mut state: PolicyState, reports: &[Report]) -> PolicyState {
                 cause,
                 reason,
             } => suspend_refused(&mut state, workload, cause, reason),
+            Report::KillRefused { workload } => {
+                if let Some(ws) = state.workloads.get_mut(workload)
+                    && let Some(k) = ws.killing
+                {
+                    ws.frozen.get_or_insert(k.scope);
+                }
+            }
         }
     }
     state

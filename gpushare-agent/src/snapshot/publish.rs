@@ -192,7 +192,7 @@ impl Ioctls {
 
 /// The last snapshot's rows, to share with the next one.
 #[derive(Debug, Default)]
-pub(super) struct Rows {
+pub(super) struct LastRows {
     /// Workload rows in the snapshot's order (by key, then GPU UUID).
     workloads: Vec<LastRow>,
     processes: Vec<Arc<ProcessView>>,
@@ -233,7 +233,7 @@ fn same_static(a: &'static str, b: &'static str, text: &str) -> bool {
 #[derive(Debug, Default)]
 pub struct Publisher {
     pub(super) ioctls: Ioctls,
-    pub(super) rows: Rows,
+    pub(super) rows: LastRows,
     pub(super) order: Order,
     /// The last snapshot's driver limits, shared with the next while they are the same.
     pub(super) limits: Arc<[DriverLimitView]>,

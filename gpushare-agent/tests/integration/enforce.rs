@@ -289,7 +289,7 @@ fn dry_run_reports_and_touches_nothing() {
         vec![(id, Outcome::DryRun)]
     );
     assert_eq!(
-        enf.kill("w://dry", cg.rel_path(), &[Target::from(id)]),
+        enf.kill("w://dry", cg.rel_path(), &[Target::from(id)], &mut no_nvml),
         Outcome::DryRun
     );
     assert!(!cg.is_frozen());
@@ -302,7 +302,7 @@ fn kill_uses_cgroup_kill_even_on_a_frozen_group_and_the_agents_own_groups_are_re
     needs_root!("kill_uses_cgroup_kill");
     let (mut enf, _state, cg, _p, id) = frozen("kill");
     assert_eq!(
-        enf.kill("w://kill", cg.rel_path(), &[Target::from(id)]),
+        enf.kill("w://kill", cg.rel_path(), &[Target::from(id)], &mut no_nvml),
         Outcome::Ok
     );
     assert!(wait_exit(id.pid), "killed while frozen");
@@ -316,7 +316,7 @@ fn kill_uses_cgroup_kill_even_on_a_frozen_group_and_the_agents_own_groups_are_re
         enf.freeze("w://me", &own, GpuScope::All, None, "t", Instant::now()),
         Outcome::Refused
     );
-    assert_eq!(enf.kill("w://me", "/", &[]), Outcome::Refused);
+    assert_eq!(enf.kill("w://me", "/", &[], &mut no_nvml), Outcome::Refused);
     if own != "/" {
         let parent = own
             .rsplit_once('/')
@@ -457,9 +457,18 @@ fn without_a_v2_freezer_the_v1_freezer_group_is_frozen_recorded_taken_over_thawe
         Outcome::Ok
     );
     assert_eq!(group.state(), "FROZEN");
-    assert_eq!(enf.kill(&key, &rel, &[Target::from(id)]), Outcome::Ok);
+    assert_eq!(
+        enf.kill(&key, &rel, &[Target::from(id)], &mut no_nvml),
+        Outcome::Ok
+    );
     assert!(wait_exit(id.pid), "killed while v1-frozen");
     assert_eq!(group.state(), "THAWED");
     drop(p);
     drop(group);
+}
+
+/// The NVML read a kill asks for only when the workload holds a process restored from a
+/// checkpoint (cuda-checkpoint #53), which none of these tests has.
+fn no_nvml() -> gpushare_agent::sample::GpuSample {
+    panic!("no restored process here: the kill must not read NVML")
 }

@@ -20,6 +20,7 @@ mod launch;
 mod ledger;
 mod nvml;
 mod prometheus;
+mod restored_kill;
 mod suspend;
 mod suspend_room;
 mod tenant;

@@ -155,7 +155,12 @@ fn a_quota_removed_without_room_waits_for_room_off_the_event_loop_and_then_resum
 
 /// `gpushare-agent thaw --all` over the agent directory `dir`, with the mock libraries (NVML
 /// unless `nvml` is false) and `extra` arguments: (exit code, stdout + stderr).
-fn thaw_all(dir: &Path, sc: &Scenario, nvml: bool, extra: &[&str]) -> (Option<i32>, String) {
+pub(crate) fn thaw_all(
+    dir: &Path,
+    sc: &Scenario,
+    nvml: bool,
+    extra: &[&str],
+) -> (Option<i32>, String) {
     let mut cmd = Command::new(workspace_bin("gpushare-agent"));
     cmd.args(["thaw", "--all", "--state-dir"])
         .arg(dir.join("state"))

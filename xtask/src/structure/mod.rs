@@ -210,11 +210,18 @@ fn same_names(src: &Path) -> Result<Vec<(String, Vec<PathBuf>)>> {
             continue;
         }
         let code = strip_comments(&std::fs::read_to_string(&f)?);
-        // Code from the first test module on is tests.
-        for line in code
-            .lines()
-            .take_while(|l| !l.trim_start().starts_with("#[cfg(test)]"))
-        {
+        // Code from the first test module with a body on is tests (`#[cfg(test)]` on an item or
+        // on `mod tests;` is not).
+        let lines: Vec<&str> = code.lines().collect();
+        let end = lines
+            .windows(2)
+            .position(|w| {
+                w[0].trim_start().starts_with("#[cfg(test)]")
+                    && w[1].trim_start().starts_with("mod ")
+                    && w[1].contains('{')
+            })
+            .unwrap_or(lines.len());
+        for line in &lines[..end] {
             if let Some(name) = type_defined(line) {
                 at.entry(name.to_string()).or_default().insert(f.clone());
             }
@@ -604,27 +611,15 @@ mod tests {
         std::fs::create_dir_all(dir.join("a")).unwrap();
         std::fs::write(
             dir.join("a/mod.rs"),
-            "pub struct Counters;
-pub enum Only {}
-",
+            "pub struct Counters;\npub enum Only {}\n",
         )
         .unwrap();
         std::fs::write(
             dir.join("b.rs"),
-            "pub struct Counters;
-#[cfg(test)]
-mod tests {
-    pub enum Only {}
-}
-",
+            "#[cfg(test)]\nmod helpers;\npub struct Counters;\n#[cfg(test)]\nmod tests {\n    pub enum Only {}\n}\n",
         )
         .unwrap();
-        std::fs::write(
-            dir.join("c_tests.rs"),
-            "pub struct Counters;
-",
-        )
-        .unwrap();
+        std::fs::write(dir.join("c_tests.rs"), "pub struct Counters;\n").unwrap();
         let found = same_names(&dir).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(

@@ -296,6 +296,23 @@ fn a_freeze_done_is_what_the_kernel_says_and_ends_its_retry_only() {
     assert_eq!(s.workloads["w"].retry, retry(ActionKind::Thaw));
 }
 
+/// A kill refused for a restored process (cuda-checkpoint #53) froze the workload instead: the
+/// kill step holds it frozen (the policy would thaw a freeze it does not want); without a kill
+/// in progress the report changes nothing.
+#[test]
+fn a_kill_refused_for_a_restored_process_is_held_frozen_by_the_kill_step() {
+    let refused = Report::KillRefused {
+        workload: "w".into(),
+    };
+    let mut w = ws(&[(GpuScope::All, Status::Killed)]);
+    w.killing = Some(killing());
+    let s = fold_reports(state_with(w.clone()), std::slice::from_ref(&refused));
+    assert_eq!(s.workloads["w"].frozen, Some(killing().scope));
+    let idle = ws(&[(GpuScope::All, Status::Ok)]);
+    let s = fold_reports(state_with(idle.clone()), &[refused]);
+    assert_eq!(s.workloads["w"], idle);
+}
+
 #[test]
 fn a_thaw_done_drops_a_workload_with_nothing_left_to_carry() {
     let mut w = ws(&[]);
