@@ -19,6 +19,9 @@
 //! - One name a type: no two public types (struct, enum, type alias, trait) of the agent share a
 //!   name (`Counters`, `Mode`, `Cause` each once named two).
 //!
+//! - Tests in one kind of place: a module's unit tests are inline (`mod tests { .. }`) or in its
+//!   own `tests.rs` (and `tests/`); no `*_tests.rs` beside it, no `#[path]` (issue 40: four kinds
+//!   of place once).
 //! - One build: the agent's build and the whole workspace's resolve every package the agent uses
 //!   with the same features (see [`crate::one_build`]).
 //!
@@ -119,6 +122,7 @@ pub fn check(root: &Path) -> Result<()> {
     let (copies, over) = dupes::check(root)?;
     problems.extend(over);
     problems.extend(crate::one_build::check(root)?);
+    problems.extend(test_places(root)?);
     for (name, at) in same_names(&src)? {
         problems.push(format!(
             "the public type `{name}` is defined in {}: one name a type (rename one for what it \
@@ -133,7 +137,7 @@ pub fn check(root: &Path) -> Result<()> {
         eprintln!(
             "xtask: structure: policy files <= {POLICY_FILE_MAX} lines, evaluate <= {EVALUATE_MAX}, \
              enforce/mod.rs <= {ENFORCE_MOD_MAX}, agent/ files <= {AGENT_FILE_MAX}, {} modules without an import cycle, no two \
-             files importing each other, quota/ and grants/ pure, one name a type, one build, functions <= {} lines ({} \
+             files importing each other, quota/ and grants/ pure, one name a type, tests in their places, one build, functions <= {} lines ({} \
              listed exceptions), {copies} pairs of files sharing a copy (budget {})",
             graph.len(),
             functions::FN_MAX,
@@ -232,6 +236,42 @@ fn same_names(src: &Path) -> Result<Vec<(String, Vec<PathBuf>)>> {
         .filter(|(_, files)| files.len() > 1)
         .map(|(n, files)| (n, files.into_iter().collect()))
         .collect())
+}
+
+/// Unit tests out of their places in the workspace's crates: files named `*_tests.rs`, and
+/// `#[path]` attributes (a file compiled as a module it is not beside).
+fn test_places(root: &Path) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    for krate in std::fs::read_dir(root)? {
+        let src = krate?.path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        for f in rust_files(&src)? {
+            let shown = rel(root, &f);
+            if f.file_stem()
+                .and_then(|s| s.to_str())
+                .is_some_and(|s| s.ends_with("_tests"))
+            {
+                problems.push(format!(
+                    "{shown}: tests beside their module: move them into the module's own \
+                     `tests.rs` (`<module>/tests.rs`, declared `#[cfg(test)] mod tests;`)"
+                ));
+            }
+            let code = strip_comments(&std::fs::read_to_string(&f)?);
+            if let Some(n) = code
+                .lines()
+                .position(|l| l.trim_start().starts_with("#[path"))
+            {
+                problems.push(format!(
+                    "{shown}:{}: `#[path]`: a module is the file of its name (move the file, or \
+                     share it through a crate such as gpushare-base)",
+                    n + 1
+                ));
+            }
+        }
+    }
+    Ok(problems)
 }
 
 /// The files below `dir` (tests aside) over `max` lines, with their sizes.
