@@ -394,3 +394,53 @@ pub async fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pod carrying what a tenant may put in it (1 MiB of annotations, labels, managed fields,
+    /// an image and env per container) is kept at the size of what the grants use, and its
+    /// grants are the same as the whole pod's.
+    #[test]
+    fn a_slim_pod_keeps_only_what_the_grants_use_and_grants_the_same() {
+        let cid = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "big-0", "namespace": "ml", "uid": "u-1",
+                "labels": { "app": "x".repeat(60) },
+                "annotations": {
+                    "junk": "x".repeat(1 << 20),
+                    "nvidia.com/container.a.gpu-memory.limit": "1Gi" },
+                "managedFields": [ { "manager": "kubectl", "operation": "Apply",
+                                     "fieldsV1": { "f:x": "y".repeat(4096) } } ] },
+            "spec": { "nodeName": "node-1", "containers": [
+                { "name": "a", "image": "cuda", "env": [ { "name": "E", "value": "v".repeat(4096) } ],
+                  "resources": { "claims": [ { "name": "gpu" } ] } } ],
+              "resourceClaims": [ { "name": "gpu", "resourceClaimName": "x" } ] },
+            "status": { "containerStatuses": [ {
+                "name": "a", "image": "cuda", "imageID": "", "ready": true, "restartCount": 0,
+                "containerID": format!("containerd://{cid}"), "state": { "running": {} } } ] }
+        }))
+        .unwrap();
+        let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "x", "namespace": "ml" },
+            "spec": {},
+            "status": { "allocation": { "devices": { "results": [ {
+                "request": "gpu", "driver": claims::NVIDIA_DRA_DRIVER, "pool": "node-1",
+                "device": "gpu-0", "consumedCapacity": { "memory": "2Gi" } } ] } } }
+        }))
+        .unwrap();
+        let whole = serde_json::to_vec(&pod).unwrap().len();
+        let slimmed = slim(pod.clone());
+        let kept = serde_json::to_vec(&slimmed).unwrap().len();
+        assert!(whole > 1 << 20 && kept < 2048, "{whole} -> {kept}");
+        let unit = GpuShareUnit::GiB;
+        let (a, b) = (
+            claims::view(&[pod], std::slice::from_ref(&claim), unit),
+            claims::view(&[slimmed], &[claim], unit),
+        );
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        assert!(a.quota_for_container(cid).is_some(), "{a:?}");
+        assert_eq!(references(&slim(Pod::default())), vec![]);
+    }
+}
