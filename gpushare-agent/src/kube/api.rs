@@ -30,27 +30,18 @@
 //!   server's grants only ever bound a container). Past [`STALE`] it is said once per outage
 //!   (and counted, `stale_total`); errors are counted and logged once per change.
 
-use std::{
-    path::Path,
-    sync::{Arc, atomic::AtomicU64},
-    time::Duration,
-};
+use std::{path::Path, sync::Arc, time::Duration};
 
 use log::info;
 use tokio::sync::watch;
 
+pub use super::watch::{CLAIM_TIMEOUT, MAX_BACKOFF, PAGE, WatchStats};
 use super::{auth, claims::KubeView};
 use crate::quota::{GpuShareUnit, KubernetesSettings};
 
-/// The longest wait between retries of a claim that fails.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// How long the API server may be unreachable before it is said (once): running containers keep
 /// their grants; pods started since are not seen, and so get none.
 pub const STALE: Duration = Duration::from_secs(60);
-/// The page size of the pod lists (a relist of a node with many pods is read in pages).
-pub const PAGE: u32 = 50;
-/// How long one claim GET may take.
-pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A connected client and what it is for.
 #[derive(Clone)]
@@ -183,21 +174,6 @@ pub struct KubeWatch {
     stats: Arc<WatchStats>,
 }
 
-/// The watcher's counters.
-#[derive(Debug, Default)]
-pub struct WatchStats {
-    /// Failed reads (the watch, or one claim).
-    pub errors_total: AtomicU64,
-    /// Complete pod lists (the first, and a relist after a 410).
-    pub reads_total: AtomicU64,
-    /// ResourceClaim GETs.
-    pub claim_reads_total: AtomicU64,
-    /// Annotation edits after a container's start, ignored.
-    pub annotation_edits_total: AtomicU64,
-    /// Times the view outlived its staleness bound (each said once in the log).
-    pub stale_total: AtomicU64,
-}
-
 impl KubeWatch {
     /// The latest view (never waits).
     pub fn current(&self) -> Arc<KubeView> {
@@ -233,7 +209,14 @@ pub fn spawn_watcher(api: ApiClient, unit: GpuShareUnit) -> KubeWatch {
 pub fn spawn_watcher_with(api: ApiClient, unit: GpuShareUnit, stale: Duration) -> KubeWatch {
     let (tx, rx) = watch::channel(Arc::new(KubeView::default()));
     let stats = Arc::new(WatchStats::default());
-    tokio::spawn(super::watch::run(api, unit, stale, tx, stats.clone()));
+    tokio::spawn(super::watch::run(
+        api.client,
+        api.node,
+        unit,
+        stale,
+        tx,
+        stats.clone(),
+    ));
     KubeWatch { rx, stats }
 }
 

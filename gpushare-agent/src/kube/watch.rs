@@ -4,7 +4,10 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::{Arc, atomic::Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -24,11 +27,30 @@ use k8s_openapi::api::{
 use log::{info, warn};
 use tokio::sync::watch;
 
-use super::{
-    api::{ApiClient, CLAIM_TIMEOUT, MAX_BACKOFF, PAGE, WatchStats},
-    claims::{self, KubeView, Pinned},
-};
+use super::claims::{self, KubeView, Pinned};
 use crate::quota::GpuShareUnit;
+
+/// The longest wait between retries of a claim that fails.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// The page size of the pod lists (a relist of a node with many pods is read in pages).
+pub const PAGE: u32 = 50;
+/// How long one claim GET may take.
+pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The watcher's counters.
+#[derive(Debug, Default)]
+pub struct WatchStats {
+    /// Failed reads (the watch, or one claim).
+    pub errors_total: AtomicU64,
+    /// Complete pod lists (the first, and a relist after a 410).
+    pub reads_total: AtomicU64,
+    /// ResourceClaim GETs.
+    pub claim_reads_total: AtomicU64,
+    /// Annotation edits after a container's start, ignored.
+    pub annotation_edits_total: AtomicU64,
+    /// Times the view outlived its staleness bound (each said once in the log).
+    pub stale_total: AtomicU64,
+}
 
 /// How long after the last error the API server counts as answering again (the watcher retries
 /// at most 30 s apart while it fails).
@@ -132,7 +154,7 @@ struct Claim {
 
 /// The task's state: the pods (by namespace/name), those of a relist in progress, the claims.
 struct Task {
-    api: ApiClient,
+    client: ::kube::Client,
     unit: GpuShareUnit,
     stale: Duration,
     tx: watch::Sender<Arc<KubeView>>,
@@ -263,7 +285,7 @@ impl Task {
             } else {
                 GetParams::default()
             };
-            let api: Api<ResourceClaim> = Api::namespaced(self.api.client.clone(), &ns);
+            let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &ns);
             let got = tokio::time::timeout(CLAIM_TIMEOUT, api.get_with(&name, &gp)).await;
             self.st.claim_reads_total.fetch_add(1, Ordering::Relaxed);
             let backoff = c
@@ -334,20 +356,21 @@ impl Task {
 
 /// Runs the watcher until the last [`super::api::KubeWatch`] is dropped.
 pub async fn run(
-    api: ApiClient,
+    client: ::kube::Client,
+    node: String,
     unit: GpuShareUnit,
     stale: Duration,
     tx: watch::Sender<Arc<KubeView>>,
     st: Arc<WatchStats>,
 ) {
-    let pods: Api<Pod> = Api::all(api.client.clone());
+    let pods: Api<Pod> = Api::all(client.clone());
     let config = watcher::Config::default()
-        .fields(&format!("spec.nodeName={}", api.node))
+        .fields(&format!("spec.nodeName={node}"))
         .any_semantic()
         .page_size(PAGE);
     let mut stream = watcher(pods, config).default_backoff().boxed();
     let mut t = Task {
-        api,
+        client,
         unit,
         stale,
         tx,
