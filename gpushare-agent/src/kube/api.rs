@@ -8,8 +8,12 @@
 //! The step never waits on HTTP: the watcher task ([`super::watch`]) publishes each view through
 //! a `tokio::sync::watch` the step reads with [`KubeWatch::current`].
 //! - Pods: one watch (kube's `runtime::watcher`) with `fieldSelector=spec.nodeName=<node>` and
-//!   bookmarks; the first list with `resourceVersion=0` semantics (served from the API server's
-//!   watch cache, so a fleet restarting at once costs no etcd quorum reads) in pages of [`PAGE`];
+//!   bookmarks; the first list in pages of [`PAGE`] (`limit`, `continue`). The watcher asks for
+//!   `resourceVersion=0` semantics (any version, from the watch cache), but kube sends no
+//!   `resourceVersion=0` with a `limit`, since the API server ignores the limit there and answers
+//!   in one page: the pages win, because an unpaged list of a node whose pods carry a tenant's
+//!   megabytes would be deserialised whole before [`super::watch::slim`] drops what is not used.
+//!   A list happens at start and after a 410 only;
 //!   a dropped watch resumes from the last resourceVersion it saw (an event's or a bookmark's),
 //!   and only a 410 Gone relists; retries back off with jitter (kube's `default_backoff`: 0.8 s
 //!   doubling to 30 s, jittered, so a fleet never reconnects in lockstep). At rest the only

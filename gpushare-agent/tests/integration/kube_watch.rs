@@ -151,6 +151,11 @@ async fn at_rest_no_list_or_get_and_a_change_is_seen_within_a_bound() {
         has_dra(v, &a.id)
     })
     .await;
+    let first = api.with(|s| s.requests[0].clone());
+    assert!(
+        first.contains(&format!("limit={}", api::PAGE)),
+        "the first list paged: {first}"
+    );
     let before = api.with(|s| (s.lists, s.gets));
     tokio::time::sleep(Duration::from_secs(7)).await;
     let after = api.with(|s| (s.lists, s.gets, s.watches));
@@ -313,4 +318,28 @@ async fn one_failing_claim_does_not_drop_the_others() {
         |v| has_dra(v, &b.id),
     )
     .await;
+}
+
+/// A node with more pods than a page is listed in pages (`limit`, `continue`), every pod in the
+/// view, then watched.
+#[tokio::test]
+async fn a_node_with_many_pods_is_listed_in_pages() {
+    let api = FakeApi::start();
+    let all: Vec<One> = (0..120).map(|i| one(&format!("page-{i}"), "1Gi")).collect();
+    serve(&api, &all.iter().collect::<Vec<_>>());
+    let w = start(&api, LONG);
+    wait_view(
+        &w,
+        Duration::from_secs(60),
+        "every pod of every page",
+        |v| all.iter().all(|o| has_dra(v, &o.id)),
+    )
+    .await;
+    let pages = api.with(|s| s.lists);
+    assert_eq!(
+        pages,
+        120usize.div_ceil(api::PAGE as usize),
+        "{:?}",
+        api.with(|s| s.requests.clone())
+    );
 }
