@@ -321,6 +321,18 @@ pub fn event_object(e: &PodEvent, name: &str, count: i32, host: &str) -> Event {
     }
 }
 
+/// How long one Event write may take: the client has no read timeout (its watches are idle
+/// between changes), so a write to a server that never answers would hold the poster.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+async fn bounded<T>(
+    f: impl std::future::Future<Output = Result<T, ::kube::Error>>,
+) -> Result<T, ::kube::Error> {
+    tokio::time::timeout(WRITE_TIMEOUT, f)
+        .await
+        .unwrap_or_else(|e| Err(::kube::Error::Service(Box::new(e))))
+}
+
 /// Starts the poster: Events go to the API server of `client` as `host` (the node).
 pub fn spawn_poster(client: ::kube::Client, host: String) -> EventSender {
     let (tx, mut rx) = mpsc::channel::<PodEvent>(QUEUE);
@@ -350,7 +362,9 @@ pub fn spawn_poster(client: ::kube::Client, host: String) -> EventSender {
                 }
                 Post::Create { name, count } => {
                     let obj = event_object(&e, name, *count, &host);
-                    let r = api.create(&Default::default(), &obj).await.map(|_| ());
+                    let r = bounded(api.create(&Default::default(), &obj))
+                        .await
+                        .map(|_| ());
                     if r.is_ok() {
                         st.created_total.fetch_add(1, Ordering::Relaxed);
                     } else {
@@ -365,14 +379,13 @@ pub fn spawn_poster(client: ::kube::Client, host: String) -> EventSender {
                         "lastTimestamp": now_time(),
                         "message": e.message,
                     });
-                    let r = api
-                        .patch(
-                            name,
-                            &::kube::api::PatchParams::default(),
-                            &::kube::api::Patch::Merge(&patch),
-                        )
-                        .await
-                        .map(|_| ());
+                    let r = bounded(api.patch(
+                        name,
+                        &::kube::api::PatchParams::default(),
+                        &::kube::api::Patch::Merge(&patch),
+                    ))
+                    .await
+                    .map(|_| ());
                     match r {
                         Ok(()) => {
                             st.patched_total.fetch_add(1, Ordering::Relaxed);
@@ -381,7 +394,9 @@ pub fn spawn_poster(client: ::kube::Client, host: String) -> EventSender {
                         // Gone (expired after its TTL): posted anew with its count, as client-go does.
                         Err(::kube::Error::Api(s)) if s.code == 404 => {
                             let obj = event_object(&e, name, *count, &host);
-                            let r = api.create(&Default::default(), &obj).await.map(|_| ());
+                            let r = bounded(api.create(&Default::default(), &obj))
+                                .await
+                                .map(|_| ());
                             if r.is_ok() {
                                 st.created_total.fetch_add(1, Ordering::Relaxed);
                             }
