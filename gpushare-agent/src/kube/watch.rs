@@ -33,7 +33,7 @@ use crate::quota::GpuShareUnit;
 /// The longest wait between retries of a claim that fails.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// The page size of the pod lists (a relist of a node with many pods is read in pages).
-pub const PAGE: u32 = 50;
+pub const PAGE: u32 = 10;
 /// How long one claim GET may take.
 pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(30);
 
