@@ -4,35 +4,47 @@
 //! (`fieldSelector=spec.nodeName=<node>`) and the ResourceClaims they use, and publishes a
 //! [`KubeView`] the step reads without waiting ([`KubeWatch::current`]).
 //!
-//! Design note: the step never waits on HTTP. The task lists every [`POLL`] (the pods of one node,
-//! served from the API server's watch cache), and after an error backs off (1 s doubling to
-//! [`MAX_BACKOFF`]); errors are counted and logged once per change. A view older than [`STALE`]
-//! (the API server unreachable) is replaced by an empty one: nothing is granted (fail open: the
-//! API server's grants only ever bound a container, so without them it is bounded by its other
-//! sources alone).
+//! Design note (issue 43: a fleet of thousands of nodes costs the control plane nothing at rest).
+//! The step never waits on HTTP: the watcher task ([`super::watch`]) publishes each view through
+//! a `tokio::sync::watch` the step reads with [`KubeWatch::current`].
+//! - Pods: one watch (kube's `runtime::watcher`) with `fieldSelector=spec.nodeName=<node>` and
+//!   bookmarks; the first list in pages of [`PAGE`] (`limit`, `continue`). The watcher asks for
+//!   `resourceVersion=0` semantics (any version, from the watch cache), but kube sends no
+//!   `resourceVersion=0` with a `limit`, since the API server ignores the limit there and answers
+//!   in one page: the pages win, because an unpaged list of a node whose pods carry a tenant's
+//!   megabytes would be deserialised whole before [`super::watch::slim`] drops what is not used.
+//!   A list happens at start and after a 410 only;
+//!   a dropped watch resumes from the last resourceVersion it saw (an event's or a bookmark's),
+//!   and only a 410 Gone relists; retries back off with jitter (kube's `default_backoff`: 0.8 s
+//!   doubling to 30 s, jittered, so a fleet never reconnects in lockstep). At rest the only
+//!   requests are the watch's renewals (the server ends a watch after its timeout, ~5 minutes):
+//!   about 12 an hour.
+//! - ResourceClaims: a GET when a pod's reference to a claim first appears (first from the
+//!   watch cache, `resourceVersion=0`), none at rest. Chosen over watching claims because a
+//!   claim cannot be filtered by node (a watch would be per namespace of this node's pods, each
+//!   namespace's every claim streamed to every node running one of its pods), and because a
+//!   claim's allocation cannot change while a pod uses it (the scheduler allocates before it
+//!   binds the pod, and deallocates only once no pod is reserved on it). A claim that fails, is
+//!   not found, or is not allocated yet is read again with its own backoff (1 s doubling to
+//!   [`MAX_BACKOFF`], latest, not cached): its pod's grant waits, the others' do not.
+//! - Kept: only the fields the grants use ([`super::watch::slim`]), so memory is bounded by
+//!   what is read, not by what tenants put in their pods; a page bounds what one reply holds.
+//! - The API server unreachable: the view is kept. Grants of running containers cannot change
+//!   while they run; pods started since are not seen, so they get nothing (fail open: the API
+//!   server's grants only ever bound a container). Past [`STALE`] it is said once per outage
+//!   (and counted, `stale_total`); errors are counted and logged once per change.
 
-use std::{
-    path::Path,
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::{Duration, Instant},
-};
+use std::{path::Path, sync::Arc, time::Duration};
 
-use ::kube::api::{Api, ListParams};
-use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
-use log::{info, warn};
+use log::info;
 use tokio::sync::watch;
 
-use super::claims::{self, KubeView, Pinned};
+pub use super::watch::{CLAIM_TIMEOUT, MAX_BACKOFF, PAGE, WatchStats};
+use super::{auth, claims::KubeView};
 use crate::quota::{GpuShareUnit, KubernetesSettings};
 
-/// How often the pods and claims are listed.
-pub const POLL: Duration = Duration::from_secs(3);
-/// The longest wait after errors.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
-/// How long a view outlives the last successful read.
+/// How long the API server may be unreachable before it is said (once): running containers keep
+/// their grants; pods started since are not seen, and so get none.
 pub const STALE: Duration = Duration::from_secs(60);
 
 /// A connected client and what it is for.
@@ -91,8 +103,9 @@ pub fn node_name(
         })
 }
 
-/// The client configuration: the server, the CA of `<dir>/ca.crt`, the token of `<dir>/token`
-/// (re-read as it rotates), the namespace of `<dir>/namespace`.
+/// The client configuration: the server, the CA of `<dir>/ca.crt`, the namespace of
+/// `<dir>/namespace`; the token of `<dir>/token` must be readable, and is sent by
+/// [`auth::TokenLayer`] (trimmed, re-read as it rotates), not by kube's `token_file`.
 pub fn config(s: &KubernetesSettings, url: &str) -> Result<::kube::Config, ConfigError> {
     let dir = &s.service_account_dir;
     let uri: hyper::Uri = url
@@ -117,11 +130,17 @@ pub fn config(s: &KubernetesSettings, url: &str) -> Result<::kube::Config, Confi
     readable(&token)?;
     let mut c = ::kube::Config::new(uri);
     c.root_cert = Some(certs);
-    c.auth_info.token_file = Some(token.display().to_string());
     if let Ok(ns) = std::fs::read_to_string(dir.join("namespace")) {
         c.default_namespace = ns.trim().to_string();
     }
-    c.read_timeout = Some(Duration::from_secs(30));
+    // No read timeout: a watch is idle between changes. The watcher ends a watch silent past
+    // its server-side timeout (kube's idle timeout) and each claim GET has its own deadline.
+    c.read_timeout = None;
+    // No retries inside the client: kube's default retries a 503 or 429 up to 15 times over
+    // minutes, which would hide an outage from the counters and the log and hold the watcher
+    // task on one claim GET. The watcher retries with its own jittered backoff, each claim
+    // with its own.
+    c.default_retry = false;
     Ok(c)
 }
 
@@ -137,8 +156,13 @@ pub fn connect(s: &KubernetesSettings) -> Result<ApiClient, ConfigError> {
     let node = node_name(s, env)?;
     let url = server_url(s, env)?;
     let config = config(s, &url)?;
-    let client = ::kube::Client::try_from(config)
-        .map_err(|e| ConfigError(format!("API server client: {e}")))?;
+    let token = auth::TokenLayer(Arc::new(auth::TokenFile::new(
+        s.service_account_dir.join("token"),
+    )));
+    let client = ::kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| ConfigError(format!("API server client: {e}")))?
+        .with_layer(&token)
+        .build();
     info!(
         "API server {url}: reading this node's ({node}) pods and their ResourceClaims with the \
          service account of {}",
@@ -152,17 +176,6 @@ pub fn connect(s: &KubernetesSettings) -> Result<ApiClient, ConfigError> {
 pub struct KubeWatch {
     rx: watch::Receiver<Arc<KubeView>>,
     stats: Arc<WatchStats>,
-}
-
-/// The watcher's counters.
-#[derive(Debug, Default)]
-pub struct WatchStats {
-    /// Failed reads.
-    pub errors_total: AtomicU64,
-    /// Successful reads.
-    pub reads_total: AtomicU64,
-    /// Annotation edits after a container's start, ignored.
-    pub annotation_edits_total: AtomicU64,
 }
 
 impl KubeWatch {
@@ -191,99 +204,23 @@ impl KubeWatch {
     }
 }
 
-/// Lists this node's pods and the claims they use, once.
-pub async fn read(api: &ApiClient) -> Result<(Vec<Pod>, Vec<ResourceClaim>), ::kube::Error> {
-    let pods: Api<Pod> = Api::all(api.client.clone());
-    let lp = ListParams::default().fields(&format!("spec.nodeName={}", api.node));
-    let pods = pods.list(&lp).await?.items;
-    let mut names: Vec<(String, String)> = Vec::new();
-    for p in &pods {
-        let ns = p.metadata.namespace.clone().unwrap_or_default();
-        let uses = p.spec.iter().flat_map(|s| &s.containers).flat_map(|c| {
-            c.resources
-                .iter()
-                .flat_map(|r| r.claims.iter().flatten())
-                .map(|r| r.name.as_str())
-        });
-        for entry in uses {
-            if let Some(n) = claims::claim_name(p, entry) {
-                names.push((ns.clone(), n.to_string()));
-            }
-        }
-    }
-    names.sort();
-    names.dedup();
-    let mut out = Vec::new();
-    for (ns, name) in names {
-        let api: Api<ResourceClaim> = Api::namespaced(api.client.clone(), &ns);
-        if let Some(c) = api.get_opt(&name).await? {
-            out.push(c);
-        }
-    }
-    Ok((pods, out))
-}
-
 /// Starts the watcher task; `unit` is GPUShare's memory unit (for its annotations).
 pub fn spawn_watcher(api: ApiClient, unit: GpuShareUnit) -> KubeWatch {
+    spawn_watcher_with(api, unit, STALE)
+}
+
+/// [`spawn_watcher`] with a staleness bound other than [`STALE`] (tests).
+pub fn spawn_watcher_with(api: ApiClient, unit: GpuShareUnit, stale: Duration) -> KubeWatch {
     let (tx, rx) = watch::channel(Arc::new(KubeView::default()));
     let stats = Arc::new(WatchStats::default());
-    let st = stats.clone();
-    tokio::spawn(async move {
-        let mut pinned = Pinned::default();
-        let mut backoff = Duration::from_secs(1);
-        let mut last_ok = Instant::now();
-        let mut said_error = String::new();
-        let mut said_problems: Vec<String> = Vec::new();
-        loop {
-            let wait = match read(&api).await {
-                Ok((pods, claims)) => {
-                    st.reads_total.fetch_add(1, Ordering::Relaxed);
-                    if !said_error.is_empty() {
-                        info!("API server reachable again");
-                        said_error.clear();
-                    }
-                    let mut view = claims::view(&pods, &claims, unit);
-                    for edit in pinned.apply(&mut view) {
-                        warn!("{edit}");
-                    }
-                    st.annotation_edits_total
-                        .store(pinned.edits_total(), Ordering::Relaxed);
-                    if view.problems != said_problems {
-                        for p in view.problems.iter().filter(|p| !said_problems.contains(p)) {
-                            warn!("API server grants: {p}");
-                        }
-                        said_problems.clone_from(&view.problems);
-                    }
-                    last_ok = Instant::now();
-                    backoff = Duration::from_secs(1);
-                    tx.send_replace(Arc::new(view));
-                    POLL
-                }
-                Err(e) => {
-                    st.errors_total.fetch_add(1, Ordering::Relaxed);
-                    let text = e.to_string();
-                    if text != said_error {
-                        warn!(
-                            "API server: {text}; its grants are kept for {STALE:?} after the last \
-                             read, then dropped (retrying with backoff)"
-                        );
-                        said_error = text;
-                    }
-                    if last_ok.elapsed() > STALE && tx.borrow().fresh {
-                        warn!("API server unreachable for {STALE:?}: its grants are dropped");
-                        tx.send_replace(Arc::new(KubeView::default()));
-                    }
-                    let w = backoff;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    w
-                }
-            };
-            if tx.is_closed() {
-                return;
-            }
-            tokio::time::sleep(wait).await;
-        }
-    });
+    tokio::spawn(super::watch::run(
+        api.client,
+        api.node,
+        unit,
+        stale,
+        tx,
+        stats.clone(),
+    ));
     KubeWatch { rx, stats }
 }
 
@@ -345,152 +282,6 @@ mod tests {
         assert_eq!(c.default_namespace, "gpushare");
         assert_eq!(c.root_cert.unwrap().len(), 1);
         assert!(config(&s, "not a url").is_err());
-    }
-
-    /// A fake API server as a tower service: answers the node's pod list and the claims it
-    /// holds (404 for others), or 500 to everything once `down`; records the paths and queries.
-    #[derive(Default)]
-    struct FakeApi {
-        pods: serde_json::Value,
-        claims: Vec<serde_json::Value>,
-        down: std::sync::atomic::AtomicBool,
-        asked: std::sync::Mutex<Vec<String>>,
-    }
-
-    impl FakeApi {
-        fn client(self: &Arc<Self>) -> ApiClient {
-            let f = self.clone();
-            let svc =
-                tower::service_fn(move |req: hyper::Request<::kube::client::Body>| {
-                    let f = f.clone();
-                    async move {
-                        let path = req.uri().path().to_string();
-                        f.asked.lock().unwrap().push(req.uri().to_string());
-                        let found =
-                            if f.down.load(Ordering::SeqCst) {
-                                None
-                            } else if path == "/api/v1/pods" {
-                                Some(f.pods.clone())
-                            } else {
-                                f.claims.iter().find(|c| {
-                            path == format!(
-                                "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims/{}",
-                                c["metadata"]["namespace"].as_str().unwrap(),
-                                c["metadata"]["name"].as_str().unwrap()
-                            )
-                        }).cloned()
-                            };
-                        let code = match &found {
-                            Some(_) => 200,
-                            None if f.down.load(Ordering::SeqCst) => 500,
-                            None => 404,
-                        };
-                        let body = found.unwrap_or_else(|| {
-                            serde_json::json!({
-                                "apiVersion": "v1", "kind": "Status", "status": "Failure",
-                                "message": "from the fake", "reason": "NotFound", "code": code
-                            })
-                        });
-                        Ok::<_, std::convert::Infallible>(
-                            hyper::Response::builder()
-                                .status(code)
-                                .header("content-type", "application/json")
-                                .body(http_body_util::Full::new(hyper::body::Bytes::from(
-                                    body.to_string(),
-                                )))
-                                .unwrap(),
-                        )
-                    }
-                });
-            ApiClient {
-                client: ::kube::Client::new(svc, "default"),
-                node: "node-1".into(),
-            }
-        }
-    }
-
-    const CID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-
-    /// Pod `trainer-0` on node-1: container `a` uses claims `x` and `gone` (twice), running.
-    fn fake() -> FakeApi {
-        let pod = serde_json::json!({
-            "metadata": { "name": "trainer-0", "namespace": "ml", "uid": "u-1" },
-            "spec": { "nodeName": "node-1", "containers": [
-                { "name": "a", "resources": { "claims": [ { "name": "gpu" }, { "name": "old" } ] } },
-                { "name": "b", "resources": { "claims": [ { "name": "gpu" } ] } } ],
-              "resourceClaims": [ { "name": "gpu", "resourceClaimName": "x" },
-                                  { "name": "old", "resourceClaimName": "gone" } ] },
-            "status": { "containerStatuses": [ {
-                "name": "a", "image": "cuda", "imageID": "", "ready": true, "restartCount": 0,
-                "containerID": format!("containerd://{CID}"),
-                "state": { "running": {} } } ] }
-        });
-        let claim = serde_json::json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": { "name": "x", "namespace": "ml" },
-            "spec": {},
-            "status": { "allocation": { "devices": { "results": [ {
-                "request": "gpu", "driver": claims::NVIDIA_DRA_DRIVER, "pool": "node-1",
-                "device": "gpu-0", "consumedCapacity": { "memory": "2Gi" } } ] } } }
-        });
-        FakeApi {
-            pods: serde_json::json!({ "apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [pod] }),
-            claims: vec![claim],
-            ..FakeApi::default()
-        }
-    }
-
-    #[tokio::test]
-    async fn a_read_lists_this_nodes_pods_and_gets_each_claim_they_use_once() {
-        let api = Arc::new(fake());
-        let (pods, claims) = read(&api.client()).await.unwrap();
-        assert_eq!(pods.len(), 1);
-        assert_eq!(pods[0].metadata.name.as_deref(), Some("trainer-0"));
-        // `gone` answers 404: not there, no error.
-        assert_eq!(claims.len(), 1);
-        assert_eq!(claims[0].metadata.name.as_deref(), Some("x"));
-        let asked = api.asked.lock().unwrap().clone();
-        assert!(
-            asked[0].starts_with("/api/v1/pods?")
-                && asked[0].contains("fieldSelector=spec.nodeName%3Dnode-1"),
-            "{asked:?}"
-        );
-        // Each claim once, though two containers use `x`.
-        assert_eq!(asked.len(), 3, "{asked:?}");
-        api.down.store(true, Ordering::SeqCst);
-        assert!(read(&api.client()).await.is_err());
-    }
-
-    /// The watcher publishes the grants of a read, counts reads and errors, and keeps the last
-    /// grants through an error (dropped only after [`STALE`]).
-    #[tokio::test]
-    async fn the_watcher_publishes_and_keeps_its_grants_through_an_error() {
-        let api = Arc::new(fake());
-        let mut w = spawn_watcher(api.client(), GpuShareUnit::GiB);
-        // Bounded, so a watcher that never publishes fails the test rather than hanging it.
-        tokio::time::timeout(Duration::from_secs(30), w.wait_fresh())
-            .await
-            .expect("a fresh view");
-        let v = w.current();
-        assert!(v.fresh, "{v:?}");
-        // `a` and `b` share claim `x`: the pod is bounded by it.
-        let q = v.quota_for_pod("u-1").unwrap();
-        assert_eq!(
-            q.per_gpu,
-            vec![(crate::quota::DeviceRef::Index(0), 2 << 30)]
-        );
-        assert_eq!(w.stats().reads_total.load(Ordering::Relaxed), 1);
-        api.down.store(true, Ordering::SeqCst);
-        // The next read (after POLL) fails: counted, the grants kept.
-        for _ in 0..1000 {
-            if w.stats().errors_total.load(Ordering::Relaxed) > 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(w.stats().errors_total.load(Ordering::Relaxed), 1);
-        let v = w.current();
-        assert!(v.fresh && v.quota_for_pod("u-1").is_some(), "{v:?}");
     }
 
     #[test]

@@ -6,6 +6,14 @@
 //! `EventCorrelator`/`eventLogger`). As there, a repeat the filter skips still counts: the next
 //! PATCH carries every occurrence.
 //!
+//! Issue 43 (a fleet: one bad image on thousands of nodes): occurrences are aggregated by
+//! (object, type, reason), not by message (a verdict's message carries the memory used, which
+//! changes with each): ONE Event per pod and reason, its `count` the occurrences and its
+//! `message` the latest (client-go's `EventAggregator` combines similar events the same way); and
+//! a node budget ([`NODE_BURST`] at once, then [`NODE_BURST`] a minute) bounds what one node posts
+//! when every workload on it turns bad at once. What the budget holds back is skipped and still
+//! counted (the next PATCH carries it; `events_skipped` in the metrics).
+//!
 //! Design note: [`Correlator`] is pure (the clock is passed in); the step hands each event to a
 //! bounded channel ([`EventSender::send`], never waits; a full channel drops it, counted) and
 //! [`spawn_poster`]'s task correlates and posts.
@@ -35,6 +43,8 @@ pub const SPAM_REFILL: Duration = Duration::from_secs(300);
 pub const CACHE_ENTRIES: usize = 4096;
 /// Events waiting for the poster.
 pub const QUEUE: usize = 256;
+/// Writes (creates and patches) one node may make at once, and per minute after.
+pub const NODE_BURST: u32 = 60;
 /// The `source.component` and `reportingComponent` of our Events.
 pub const COMPONENT: &str = "gpushare-agent";
 
@@ -60,6 +70,17 @@ impl PodEvent {
     fn spam_key(&self) -> (String, String, String) {
         (self.namespace.clone(), self.pod.clone(), self.uid.clone())
     }
+
+    /// What makes occurrences one Event: the object, the type and the reason (not the message).
+    fn aggregate_key(&self) -> AggregateKey {
+        (
+            self.namespace.clone(),
+            self.pod.clone(),
+            self.uid.clone(),
+            self.warning,
+            self.reason.clone(),
+        )
+    }
 }
 
 /// What to send for one event.
@@ -83,6 +104,9 @@ pub enum Post {
     Skip,
 }
 
+/// (namespace, pod, uid, warning, reason).
+type AggregateKey = (String, String, String, bool, String);
+
 #[derive(Debug)]
 struct Bucket {
     tokens: f64,
@@ -102,7 +126,9 @@ pub struct Correlator {
     burst: u32,
     refill: Duration,
     buckets: HashMap<(String, String, String), (Bucket, u64)>,
-    seen: HashMap<PodEvent, Seen>,
+    seen: HashMap<AggregateKey, Seen>,
+    node: Bucket,
+    node_burst: u32,
     tick: u64,
     skipped_total: u64,
 }
@@ -121,12 +147,24 @@ impl Correlator {
             refill,
             buckets: HashMap::new(),
             seen: HashMap::new(),
+            node: Bucket {
+                tokens: f64::from(NODE_BURST),
+                at: Instant::now(),
+            },
+            node_burst: NODE_BURST,
             tick: 0,
             skipped_total: 0,
         }
     }
 
-    /// Events skipped by the spam filter.
+    /// The node's budget: `burst` writes at once, then `burst` a minute ([`NODE_BURST`]).
+    pub fn with_node_budget(mut self, burst: u32) -> Self {
+        self.node_burst = burst;
+        self.node.tokens = f64::from(burst);
+        self
+    }
+
+    /// Events skipped by the spam filter or the node's budget.
     pub fn skipped_total(&self) -> u64 {
         self.skipped_total
     }
@@ -137,7 +175,7 @@ impl Correlator {
         self.tick += 1;
         let tick = self.tick;
         // Count it first: a repeat the filter skips is still an occurrence.
-        let post = match self.seen.get_mut(e) {
+        let post = match self.seen.get_mut(&e.aggregate_key()) {
             Some(s) => {
                 s.count = s.count.saturating_add(1);
                 s.used = tick;
@@ -150,7 +188,7 @@ impl Correlator {
                 let name = name();
                 evict(&mut self.seen, |s| s.used);
                 self.seen.insert(
-                    e.clone(),
+                    e.aggregate_key(),
                     Seen {
                         name: name.clone(),
                         count: 1,
@@ -175,8 +213,15 @@ impl Correlator {
         let elapsed = now.saturating_duration_since(b.at).as_secs_f64();
         b.tokens = (b.tokens + elapsed / refill).min(burst);
         b.at = now.max(b.at);
-        if b.tokens >= 1.0 {
+        // The node's budget: `node_burst` writes at once, then `node_burst` a minute.
+        let n = &mut self.node;
+        let node_burst = f64::from(self.node_burst);
+        let elapsed = now.saturating_duration_since(n.at).as_secs_f64();
+        n.tokens = (n.tokens + elapsed * node_burst / 60.0).min(node_burst);
+        n.at = now.max(n.at);
+        if b.tokens >= 1.0 && n.tokens >= 1.0 {
             b.tokens -= 1.0;
+            n.tokens -= 1.0;
             post
         } else {
             self.skipped_total += 1;
@@ -186,7 +231,7 @@ impl Correlator {
 
     /// A create of `e` failed: the next occurrence creates it again (with its count).
     pub fn forget(&mut self, e: &PodEvent) {
-        self.seen.remove(e);
+        self.seen.remove(&e.aggregate_key());
     }
 }
 
@@ -276,6 +321,18 @@ pub fn event_object(e: &PodEvent, name: &str, count: i32, host: &str) -> Event {
     }
 }
 
+/// How long one Event write may take: the client has no read timeout (its watches are idle
+/// between changes), so a write to a server that never answers would hold the poster.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+async fn bounded<T>(
+    f: impl std::future::Future<Output = Result<T, ::kube::Error>>,
+) -> Result<T, ::kube::Error> {
+    tokio::time::timeout(WRITE_TIMEOUT, f)
+        .await
+        .unwrap_or_else(|e| Err(::kube::Error::Service(Box::new(e))))
+}
+
 /// Starts the poster: Events go to the API server of `client` as `host` (the node).
 pub fn spawn_poster(client: ::kube::Client, host: String) -> EventSender {
     let (tx, mut rx) = mpsc::channel::<PodEvent>(QUEUE);
@@ -305,7 +362,9 @@ pub fn spawn_poster(client: ::kube::Client, host: String) -> EventSender {
                 }
                 Post::Create { name, count } => {
                     let obj = event_object(&e, name, *count, &host);
-                    let r = api.create(&Default::default(), &obj).await.map(|_| ());
+                    let r = bounded(api.create(&Default::default(), &obj))
+                        .await
+                        .map(|_| ());
                     if r.is_ok() {
                         st.created_total.fetch_add(1, Ordering::Relaxed);
                     } else {
@@ -314,18 +373,19 @@ pub fn spawn_poster(client: ::kube::Client, host: String) -> EventSender {
                     r
                 }
                 Post::Patch { name, count } => {
+                    // The latest occurrence's message: one Event aggregates its reason's.
                     let patch = serde_json::json!({
                         "count": count,
                         "lastTimestamp": now_time(),
+                        "message": e.message,
                     });
-                    let r = api
-                        .patch(
-                            name,
-                            &::kube::api::PatchParams::default(),
-                            &::kube::api::Patch::Merge(&patch),
-                        )
-                        .await
-                        .map(|_| ());
+                    let r = bounded(api.patch(
+                        name,
+                        &::kube::api::PatchParams::default(),
+                        &::kube::api::Patch::Merge(&patch),
+                    ))
+                    .await
+                    .map(|_| ());
                     match r {
                         Ok(()) => {
                             st.patched_total.fetch_add(1, Ordering::Relaxed);
@@ -334,7 +394,9 @@ pub fn spawn_poster(client: ::kube::Client, host: String) -> EventSender {
                         // Gone (expired after its TTL): posted anew with its count, as client-go does.
                         Err(::kube::Error::Api(s)) if s.code == 404 => {
                             let obj = event_object(&e, name, *count, &host);
-                            let r = api.create(&Default::default(), &obj).await.map(|_| ());
+                            let r = bounded(api.create(&Default::default(), &obj))
+                                .await
+                                .map(|_| ());
                             if r.is_ok() {
                                 st.created_total.fetch_add(1, Ordering::Relaxed);
                             }

@@ -5,6 +5,16 @@
 //! test sets them, as Kubernetes returns them (lists with `apiVersion`, `kind`, `metadata`), and
 //! records the Events posted (`POST`) and patched (`PATCH`). A request without the token is
 //! answered 401, as the API server does.
+//!
+//! Watch semantics (issue 43), as the API server's watch cache gives them: every change [`FakeApi::set`]
+//! makes to a pod gets the next resourceVersion; the pod list pages (`limit`, `continue`) and
+//! carries the current resourceVersion; `?watch=true` streams the pod changes after the
+//! resourceVersion asked for (`0` or none: from now), with a `BOOKMARK` at the start and every
+//! second when `allowWatchBookmarks=true`, ends after `timeoutSeconds`, and answers an `ERROR`
+//! event with a 410 `Expired` Status when asked to resume before [`State::oldest_rv`] (compacted).
+//! The test drops every open watch with [`FakeApi::drop_watches`], takes the server down
+//! ([`State::down`]: 503 to everything), fails single claims, rotates the token, and counts
+//! requests by kind ([`State::lists`], [`State::gets`], [`State::watches`]).
 
 use std::{
     collections::BTreeMap,
@@ -13,8 +23,12 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use http_body_util::{BodyExt, Full};
-use hyper::{Request, Response, body::Bytes, service::service_fn};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::{
+    Request, Response,
+    body::{Bytes, Frame},
+    service::service_fn,
+};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
@@ -33,6 +47,81 @@ pub struct State {
     /// (method, event name, count) of each Event write, in order.
     pub writes: Vec<(String, String, i64)>,
     pub unauthorized: usize,
+    /// The token accepted (the one written to `<sa_dir>/token`, trimmed).
+    pub token: String,
+    /// The latest resourceVersion.
+    pub rv: u64,
+    /// Watches resuming before this resourceVersion are told 410 Gone.
+    pub oldest_rv: u64,
+    /// Pod changes: (resourceVersion, `ADDED`/`MODIFIED`/`DELETED`, the pod).
+    pub history: Vec<(u64, &'static str, Value)>,
+    /// Bumped to end every open watch.
+    pub drops: u64,
+    /// Every request answered 503 and every watch ended while set.
+    pub down: bool,
+    /// ResourceClaims (by name) whose GET is answered 500.
+    pub failing_claims: Vec<String>,
+    /// Pod lists (each page counts), claim GETs, watches opened.
+    pub lists: usize,
+    pub gets: usize,
+    pub watches: usize,
+}
+
+/// A pod's identity across changes.
+fn key_of(o: &Value) -> String {
+    format!(
+        "{}/{}",
+        o["metadata"]["namespace"].as_str().unwrap_or(""),
+        o["metadata"]["name"].as_str().unwrap_or("")
+    )
+}
+
+impl State {
+    /// Replaces the pods and claims, giving each changed object the next resourceVersion and
+    /// recording the pod changes for the watches.
+    pub fn replace(&mut self, mut pods: Vec<Value>, mut claims: Vec<Value>) {
+        let same = |a: &Value, b: &Value| {
+            let (mut a, mut b) = (a.clone(), b.clone());
+            a["metadata"]["resourceVersion"] = Value::Null;
+            b["metadata"]["resourceVersion"] = Value::Null;
+            a == b
+        };
+        for p in &mut pods {
+            let old = self.pods.iter().find(|o| key_of(o) == key_of(p));
+            match old {
+                Some(o) if same(o, p) => {
+                    p["metadata"]["resourceVersion"] = o["metadata"]["resourceVersion"].clone()
+                }
+                _ => {
+                    self.rv += 1;
+                    p["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+                    let kind = if old.is_some() { "MODIFIED" } else { "ADDED" };
+                    self.history.push((self.rv, kind, p.clone()));
+                }
+            }
+        }
+        for o in &self.pods {
+            if !pods.iter().any(|p| key_of(p) == key_of(o)) {
+                self.rv += 1;
+                let mut gone = o.clone();
+                gone["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+                self.history.push((self.rv, "DELETED", gone));
+            }
+        }
+        for c in &mut claims {
+            match self.claims.iter().find(|o| key_of(o) == key_of(c)) {
+                Some(o) if same(o, c) => {
+                    c["metadata"]["resourceVersion"] = o["metadata"]["resourceVersion"].clone()
+                }
+                _ => {
+                    self.rv += 1;
+                    c["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+                }
+            }
+        }
+        self.pods = pods;
+        self.claims = claims;
+    }
 }
 
 pub struct FakeApi {
@@ -73,7 +162,11 @@ impl FakeApi {
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         std_listener.set_nonblocking(true).unwrap();
         let addr = std_listener.local_addr().unwrap();
-        let state: Arc<Mutex<State>> = Arc::default();
+        let state: Arc<Mutex<State>> = Arc::new(Mutex::new(State {
+            token: TOKEN.into(),
+            rv: 100,
+            ..State::default()
+        }));
         let st = state.clone();
         // The server runs on its own thread's runtime for as long as the test process lives.
         std::thread::spawn(move || {
@@ -123,9 +216,21 @@ impl FakeApi {
 
     pub fn set(&self, pods: Vec<Value>, claims: Vec<Value>) {
         check_schemas(&pods, &claims);
-        let mut s = self.state.lock().unwrap();
-        s.pods = pods;
-        s.claims = claims;
+        self.state.lock().unwrap().replace(pods, claims);
+    }
+
+    /// Ends every open watch (as a dropped connection or an API server restart does).
+    pub fn drop_watches(&self) {
+        self.with(|s| s.drops += 1);
+    }
+
+    /// Writes `token` (as given: a trailing newline stays) to the token file and accepts only
+    /// it, trimmed, from now on.
+    pub fn rotate_token(&self, token: &str) {
+        let tmp = self.sa_dir.path().join("token.new");
+        std::fs::write(&tmp, token).unwrap();
+        std::fs::rename(&tmp, self.sa_dir.path().join("token")).unwrap();
+        self.with(|s| s.token = token.trim().to_string());
     }
 
     pub fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
@@ -133,15 +238,17 @@ impl FakeApi {
     }
 }
 
-fn respond(code: u16, body: Value) -> Response<Full<Bytes>> {
+type Body = BoxBody<Bytes, std::convert::Infallible>;
+
+fn respond(code: u16, body: Value) -> Response<Body> {
     Response::builder()
         .status(code)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
+        .body(Full::new(Bytes::from(body.to_string())).boxed())
         .unwrap()
 }
 
-fn status(code: u16, reason: &str, message: &str) -> Response<Full<Bytes>> {
+fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
     respond(
         code,
         json!({ "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -149,14 +256,117 @@ fn status(code: u16, reason: &str, message: &str) -> Response<Full<Bytes>> {
     )
 }
 
-async fn handle(req: Request<hyper::body::Incoming>, st: &Mutex<State>) -> Response<Full<Bytes>> {
+/// The value of `key` in a query, percent-decoded (enough for selectors and tokens).
+fn param(query: &str, key: &str) -> Option<String> {
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .map(|v| {
+            v.replace("%3D", "=")
+                .replace("%3d", "=")
+                .replace("%2C", ",")
+                .replace("%2c", ",")
+        })
+}
+
+/// A watch of this node's pods from resourceVersion `from` (see the module note).
+fn watch(st: &Arc<Mutex<State>>, s: &mut State, query: &str) -> Response<Body> {
+    s.watches += 1;
+    let from = param(query, "resourceVersion")
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|v| *v != 0)
+        .unwrap_or(s.rv);
+    if from < s.oldest_rv {
+        let gone = json!({ "type": "ERROR", "object": { "kind": "Status", "apiVersion": "v1",
+            "metadata": {}, "status": "Failure", "reason": "Expired", "code": 410,
+            "message": format!("too old resource version: {from} ({})", s.oldest_rv) } });
+        return respond(200, gone);
+    }
+    let bookmarks = param(query, "allowWatchBookmarks").as_deref() == Some("true");
+    let timeout = param(query, "timeoutSeconds")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(290);
+    let (tx, rx) =
+        tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::convert::Infallible>>(256);
+    let (st, generation) = (st.clone(), s.drops);
+    tokio::spawn(async move {
+        let end = tokio::time::Instant::now() + std::time::Duration::from_secs(timeout);
+        let (mut at, mut last_mark) = (from, None::<tokio::time::Instant>);
+        while tokio::time::Instant::now() < end {
+            let lines = {
+                let s = st.lock().unwrap();
+                if s.drops != generation || s.down {
+                    return;
+                }
+                let mut lines: Vec<Value> = s
+                    .history
+                    .iter()
+                    .filter(|(rv, _, p)| *rv > at && p["spec"]["nodeName"] == NODE)
+                    .map(|(_, t, p)| json!({ "type": t, "object": p }))
+                    .collect();
+                at = s.rv;
+                if bookmarks && last_mark.is_none_or(|t| t.elapsed().as_secs() >= 1) {
+                    last_mark = Some(tokio::time::Instant::now());
+                    lines.push(json!({ "type": "BOOKMARK", "object": { "kind": "Pod",
+                        "apiVersion": "v1", "metadata": { "resourceVersion": s.rv.to_string() } } }));
+                }
+                lines
+            };
+            for l in lines {
+                let frame = Frame::data(Bytes::from(format!("{l}\n")));
+                if tx.send(Ok(frame)).await.is_err() {
+                    return;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    });
+    let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Response::builder()
+        .status(200)
+        .header("content-type", "application/json")
+        .body(BodyExt::boxed(body))
+        .unwrap()
+}
+
+/// A page of this node's pods (`limit`, `continue`: an offset), with the current resourceVersion.
+fn list(s: &mut State, query: &str) -> Response<Body> {
+    s.lists += 1;
+    let items: Vec<Value> = s
+        .pods
+        .iter()
+        .filter(|p| p["spec"]["nodeName"] == NODE)
+        .cloned()
+        .collect();
+    let start: usize = param(query, "continue")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+        .min(items.len());
+    let limit: usize = param(query, "limit")
+        .and_then(|c| c.parse().ok())
+        .filter(|l| *l > 0)
+        .unwrap_or(usize::MAX);
+    let end = start.saturating_add(limit).min(items.len());
+    let mut meta = json!({ "resourceVersion": s.rv.to_string() });
+    if end < items.len() {
+        meta["continue"] = json!(end.to_string());
+    }
+    respond(
+        200,
+        json!({ "kind": "PodList", "apiVersion": "v1", "metadata": meta,
+                "items": items[start..end].to_vec() }),
+    )
+}
+
+async fn handle(req: Request<hyper::body::Incoming>, st: &Arc<Mutex<State>>) -> Response<Body> {
     let method = req.method().to_string();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
-    let authorized = req
+    let bearer = req
         .headers()
         .get("authorization")
-        .is_some_and(|v| v.as_bytes() == format!("Bearer {TOKEN}").as_bytes());
+        .map(|v| v.as_bytes().to_vec())
+        .unwrap_or_default();
     let body = req
         .into_body()
         .collect()
@@ -165,7 +375,10 @@ async fn handle(req: Request<hyper::body::Incoming>, st: &Mutex<State>) -> Respo
         .unwrap_or_default();
     let mut s = st.lock().unwrap();
     s.requests.push(format!("{method} {path}?{query}"));
-    if !authorized {
+    if s.down {
+        return status(503, "ServiceUnavailable", "the fake is down");
+    }
+    if bearer != format!("Bearer {}", s.token).as_bytes() {
         s.unauthorized += 1;
         return status(401, "Unauthorized", "Unauthorized");
     }
@@ -173,25 +386,14 @@ async fn handle(req: Request<hyper::body::Incoming>, st: &Mutex<State>) -> Respo
     match (method.as_str(), parts.as_slice()) {
         ("GET", ["api", "v1", "pods"]) => {
             let want = format!("spec.nodeName={NODE}");
-            let selector = query
-                .split('&')
-                .find_map(|kv| kv.strip_prefix("fieldSelector="))
-                .map(|v| v.replace("%3D", "=").replace("%3d", "="))
-                .unwrap_or_default();
+            let selector = param(&query, "fieldSelector").unwrap_or_default();
             if selector != want {
                 return status(400, "BadRequest", &format!("want {want}, got `{selector}`"));
             }
-            let items: Vec<Value> = s
-                .pods
-                .iter()
-                .filter(|p| p["spec"]["nodeName"] == NODE)
-                .cloned()
-                .collect();
-            respond(
-                200,
-                json!({ "kind": "PodList", "apiVersion": "v1",
-                        "metadata": { "resourceVersion": "100" }, "items": items }),
-            )
+            match param(&query, "watch").as_deref() {
+                Some("true" | "1") => watch(st, &mut s, &query),
+                _ => list(&mut s, &query),
+            }
         }
         (
             "GET",
@@ -205,6 +407,10 @@ async fn handle(req: Request<hyper::body::Incoming>, st: &Mutex<State>) -> Respo
                 name,
             ],
         ) => {
+            s.gets += 1;
+            if s.failing_claims.iter().any(|c| c == name) {
+                return status(500, "InternalError", "the fake fails this claim");
+            }
             match s
                 .claims
                 .iter()

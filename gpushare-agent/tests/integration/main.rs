@@ -15,6 +15,7 @@ mod golden;
 mod identity;
 mod isolation;
 mod kube;
+mod kube_watch;
 mod kubelet;
 mod launch;
 mod ledger;

@@ -57,12 +57,76 @@ fn a_repeat_is_a_patch_of_one_event_with_its_count() {
             },
         ]
     );
-    // Another message is another Event.
+    // Another message of the same reason on the same pod is the same Event (issue 43): its
+    // count grows, its message becomes the latest (the poster's PATCH carries it).
     let other = ev("a", "GpuMemoryFrozen", "frozen, 5 GiB");
-    assert!(matches!(
+    assert_eq!(
         c.correlate(&other, t0, || "x".into()),
-        Post::Create { .. }
-    ));
+        Post::Patch {
+            name: "a.1".into(),
+            count: 4
+        }
+    );
+}
+
+/// A flood of one bad verdict on one pod (1,000 occurrences within a second, each message with
+/// another amount used) is ONE Event: one create, then patches of its count within the pod's
+/// burst; every occurrence counted, the skipped ones carried by the next patch.
+#[test]
+fn a_flood_of_identical_bad_verdicts_posts_one_aggregated_event() {
+    let mut c = Correlator::default();
+    let t0 = Instant::now();
+    let mut posts = Vec::new();
+    for i in 0..1000 {
+        let e = ev(
+            "a",
+            "GpuMemoryFrozen",
+            &format!("frozen: {i} MiB used over 1 GiB"),
+        );
+        posts.extend(run(&mut c, t0, &[(&e, 0)]));
+    }
+    let creates = posts
+        .iter()
+        .filter(|p| matches!(p, Post::Create { .. }))
+        .count();
+    assert_eq!(creates, 1, "one Event: {:?}", &posts[..3]);
+    let sent = posts.iter().filter(|p| **p != Post::Skip).count();
+    assert_eq!(sent, SPAM_BURST as usize, "the pod's burst");
+    assert_eq!(c.skipped_total(), 1000 - u64::from(SPAM_BURST));
+    let e = ev("a", "GpuMemoryFrozen", "frozen again");
+    assert_eq!(
+        c.correlate(&e, t0 + SPAM_REFILL, || unreachable!()),
+        Post::Patch {
+            name: "a.1".into(),
+            count: 1001
+        },
+        "the next write carries every occurrence"
+    );
+}
+
+/// Every workload of a node turning bad at once (500 pods, one verdict each) is bounded by the
+/// node's budget: [`NODE_BURST`] writes at once, the rest skipped and counted, then
+/// [`NODE_BURST`] a minute.
+#[test]
+fn a_node_posts_at_most_its_budget_when_every_workload_turns_bad_at_once() {
+    let mut c = Correlator::default();
+    let t0 = Instant::now();
+    let all: Vec<PodEvent> = (0..500)
+        .map(|i| ev(&format!("p{i}"), "GpuMemoryFrozen", "frozen"))
+        .collect();
+    let posts: Vec<Post> = all
+        .iter()
+        .flat_map(|e| run(&mut c, t0, &[(e, 0)]))
+        .collect();
+    let sent = posts.iter().filter(|p| **p != Post::Skip).count();
+    assert_eq!(sent, NODE_BURST as usize);
+    assert_eq!(c.skipped_total(), 500 - u64::from(NODE_BURST));
+    // A minute later, the budget again (and no more).
+    let later = all
+        .iter()
+        .filter(|e| c.correlate(e, t0 + Duration::from_secs(60), || "n".into()) != Post::Skip)
+        .count();
+    assert_eq!(later, NODE_BURST as usize);
 }
 
 #[test]
@@ -122,7 +186,7 @@ fn a_burst_of_25_per_pod_then_one_every_5_minutes_and_skipped_ones_still_count()
 
 #[test]
 fn a_failed_create_is_created_again_with_its_count_and_caches_are_bounded() {
-    let mut c = Correlator::new(1000, SPAM_REFILL);
+    let mut c = Correlator::new(1000, SPAM_REFILL).with_node_budget(u32::MAX);
     let t0 = Instant::now();
     let f = ev("a", "GpuMemoryFrozen", "frozen");
     assert_eq!(
@@ -359,8 +423,10 @@ async fn a_full_queue_drops_and_counts() {
         s.send(ev("a", "GpuMemoryFrozen", &format!("frozen {i}")));
     }
     assert_eq!(s.stats().dropped_total.load(Ordering::Relaxed), 10);
+    // One Event (one pod, one reason: the messages differ), its count patched within the burst.
     until("the burst posted", || {
-        s.stats().created_total.load(Ordering::Relaxed) == u64::from(SPAM_BURST)
+        s.stats().created_total.load(Ordering::Relaxed) == 1
+            && s.stats().patched_total.load(Ordering::Relaxed) == u64::from(SPAM_BURST) - 1
             && s.stats().skipped_total.load(Ordering::Relaxed)
                 == (QUEUE as u64) - u64::from(SPAM_BURST)
     })
