@@ -12,7 +12,8 @@
 //! 5. the same with the resourceVersion compacted (410): one relist per node.
 //!
 //! Run: `cargo bench -p gpushare-agent --bench fleet` (`GPUSHARE_BENCH_FLEET_N`, default 200;
-//! `GPUSHARE_BENCH_FLEET_REST_SECS`, default 20). No root, no GPU.
+//! `GPUSHARE_BENCH_FLEET_REST_SECS`, default 20; `GPUSHARE_BENCH_QUICK=1`: 5 nodes, 2 s). No root,
+//! no GPU.
 
 #[allow(dead_code)]
 #[path = "../tests/integration/fake_api.rs"]
@@ -50,11 +51,14 @@ fn one(i: usize) -> (Value, Value, String) {
     )
 }
 
-fn env(name: &str, default: u64) -> u64 {
+/// `name` from the environment, else `default`, else (`GPUSHARE_BENCH_QUICK=1`: a smoke run
+/// whose figures are not judged, as `cargo xtask test` runs every bench) `quick`.
+fn env(name: &str, default: u64, quick: u64) -> u64 {
+    let quick_run = std::env::var_os("GPUSHARE_BENCH_QUICK").is_some_and(|v| v == "1");
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+        .unwrap_or(if quick_run { quick } else { default })
 }
 
 fn counts(s: &State) -> (usize, usize, usize) {
@@ -88,8 +92,8 @@ fn said(what: &str, lat: &[Duration]) {
 }
 
 async fn bench() {
-    let n = env("GPUSHARE_BENCH_FLEET_N", 200) as usize;
-    let rest = env("GPUSHARE_BENCH_FLEET_REST_SECS", 20);
+    let n = env("GPUSHARE_BENCH_FLEET_N", 200, 5) as usize;
+    let rest = env("GPUSHARE_BENCH_FLEET_REST_SECS", 20, 2);
     let api = FakeApi::start();
     let mut pods: Vec<(Value, Value, String)> = (0..10).map(one).collect();
     let serve = |pods: &[(Value, Value, String)], s: &mut State| {

@@ -347,13 +347,14 @@ fn as_root(bin: &Path) -> Command {
 
 /// The benchmarks: package, bench, whether it needs root (eBPF, cgroups). `cargo xtask bench` runs
 /// them in full; `cargo xtask test` runs each once in quick mode.
-const BENCHES: [(&str, &str, bool); 6] = [
+const BENCHES: [(&str, &str, bool); 7] = [
     ("gpushare-agent", "overhead", true),
     ("gpushare-agent", "sample", false),
     ("gpushare-fake-nvml", "sample", false),
     ("gpushare-agent", "metrics_render", false),
     ("gpushare-agent", "latency", true),
     ("gpushare-agent", "scale", true),
+    ("gpushare-agent", "fleet", false),
 ];
 
 fn as_root_cargo(root: &Path) -> Command {
