@@ -41,14 +41,7 @@ pub struct Function {
 /// ones included; code from the first `#[cfg(test)]` module with a body on is left out.
 pub fn functions(code: &str) -> Vec<Function> {
     let lines: Vec<&str> = code.lines().collect();
-    let end = lines
-        .windows(2)
-        .position(|w| {
-            w[0].trim_start().starts_with("#[cfg(test)]")
-                && w[1].trim_start().starts_with("mod ")
-                && w[1].contains('{')
-        })
-        .unwrap_or(lines.len());
+    let end = super::tests_start(&lines);
     let mut out = Vec::new();
     for (i, l) in lines[..end].iter().enumerate() {
         let Some(name) = fn_name(l) else { continue };

@@ -206,6 +206,19 @@ fn type_defined(line: &str) -> Option<&str> {
     Some(&rest[..end]).filter(|n| !n.is_empty())
 }
 
+/// The first line of a file's inline test module (`#[cfg(test)]` then `mod name {`), or its
+/// length: code from there on is tests (`#[cfg(test)]` on an item or on `mod tests;` is not).
+pub(crate) fn tests_start(lines: &[&str]) -> usize {
+    lines
+        .windows(2)
+        .position(|w| {
+            w[0].trim_start().starts_with("#[cfg(test)]")
+                && w[1].trim_start().starts_with("mod ")
+                && w[1].contains('{')
+        })
+        .unwrap_or(lines.len())
+}
+
 /// Public type names defined in more than one file below `src` (tests aside), with the files.
 fn same_names(src: &Path) -> Result<Vec<(String, Vec<PathBuf>)>> {
     let mut at: BTreeMap<String, BTreeSet<PathBuf>> = BTreeMap::new();
@@ -214,18 +227,8 @@ fn same_names(src: &Path) -> Result<Vec<(String, Vec<PathBuf>)>> {
             continue;
         }
         let code = strip_comments(&std::fs::read_to_string(&f)?);
-        // Code from the first test module with a body on is tests (`#[cfg(test)]` on an item or
-        // on `mod tests;` is not).
         let lines: Vec<&str> = code.lines().collect();
-        let end = lines
-            .windows(2)
-            .position(|w| {
-                w[0].trim_start().starts_with("#[cfg(test)]")
-                    && w[1].trim_start().starts_with("mod ")
-                    && w[1].contains('{')
-            })
-            .unwrap_or(lines.len());
-        for line in &lines[..end] {
+        for line in &lines[..tests_start(&lines)] {
             if let Some(name) = type_defined(line) {
                 at.entry(name.to_string()).or_default().insert(f.clone());
             }
