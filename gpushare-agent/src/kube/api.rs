@@ -477,7 +477,7 @@ mod tests {
         let q = v.quota_for_pod("u-1").unwrap();
         assert_eq!(
             q.per_gpu,
-            vec![(crate::quota::DeviceRef::Index(0), 2 << 30)]
+            vec![(crate::quota::DeviceRef::Minor(0), 2 << 30)]
         );
         assert_eq!(w.stats().reads_total.load(Ordering::Relaxed), 1);
         api.down.store(true, Ordering::SeqCst);

@@ -4,10 +4,12 @@
 //!
 //! **DRA.** A ResourceClaim's `status.allocation.devices.results[].consumedCapacity["memory"]` is
 //! the memory granted on the result's device. NVIDIA's DRA driver names a GPU `gpu-<minor>` and a
-//! MIG device `gpu-<minor>-mig-…` (its `CanonicalName`); the minor is taken as the NVML index, as
-//! the runtime-spec device nodes are. Another driver's device, or a name of another shape, cannot
-//! be told: its memory then bounds every GPU the container uses (stricter, never looser). Which
-//! containers use a claim: `spec.containers[].resources.claims[].name` → `spec.resourceClaims[]`
+//! MIG device `gpu-<minor>-mig-…` (its `CanonicalName`); the minor is a device minor
+//! ([`DeviceRef::Minor`]), which the agent resolves to the GPU NVML gives that minor, as it does
+//! the runtime-spec device nodes (a minor no GPU has binds none). Another driver's device, or a
+//! name of another shape, cannot be told: its memory then bounds every GPU the container uses
+//! (stricter, never looser). Which containers use a claim:
+//! `spec.containers[].resources.claims[].name` → `spec.resourceClaims[]`
 //! → the claim's name (`resourceClaimName`, else `status.resourceClaimStatuses[]` for a claim made
 //! from a template). A claim used by one container is that container's quota. A claim shared by
 //! several containers of one pod grants its memory to their union, not to each: those containers
@@ -117,7 +119,7 @@ pub fn dra_device(driver: &str, device: &str) -> Option<DeviceRef> {
     let rest = device.strip_prefix("gpu-")?;
     let minor = rest.split_once("-mig-").map_or(rest, |(m, _)| m);
     (!minor.is_empty() && minor.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| minor.parse().ok().map(DeviceRef::Index))
+        .then(|| minor.parse().ok().map(DeviceRef::Minor))
         .flatten()
 }
 

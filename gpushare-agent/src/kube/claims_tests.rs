@@ -69,12 +69,13 @@ fn claim(name: &str, results: &[(&str, &str, Option<&str>)]) -> ResourceClaim {
     .unwrap()
 }
 
+/// A DRA quota on GPUs named by their device minors (`gpu-<minor>`).
 fn dra(per_gpu: &[(u32, u64)], each: Option<u64>) -> EnvQuota {
     EnvQuota {
         source: EnvSource::Dra,
         per_gpu: per_gpu
             .iter()
-            .map(|(i, b)| (DeviceRef::Index(*i), *b))
+            .map(|(m, b)| (DeviceRef::Minor(*m), *b))
             .collect(),
         each_gpu: each,
     }
@@ -212,11 +213,11 @@ fn container_ids_and_device_names() {
     assert_eq!(container_id("docker://0123456789zz"), None);
     assert_eq!(
         dra_device(NVIDIA_DRA_DRIVER, "gpu-7"),
-        Some(DeviceRef::Index(7))
+        Some(DeviceRef::Minor(7))
     );
     assert_eq!(
         dra_device(NVIDIA_DRA_DRIVER, "gpu-12-mig-1-0-1"),
-        Some(DeviceRef::Index(12))
+        Some(DeviceRef::Minor(12))
     );
     for bad in [
         "gpu-",
@@ -333,18 +334,28 @@ fn the_smallest_applies_on_each_gpu_and_names_its_source() {
     let a = dra(&[(0, 4 * GI)], None);
     let b = ann(Some(2 * GI), &[]);
     let m = min(&a, &b);
-    assert_eq!(m.per_gpu, vec![(DeviceRef::Index(0), 2 * GI)]);
+    assert_eq!(m.per_gpu, vec![(DeviceRef::Minor(0), 2 * GI)]);
     assert_eq!(m.each_gpu, Some(2 * GI));
     assert_eq!(m.source, EnvSource::Annotation, "b's limits are kept");
     // An annotation never lifts: 8 GiB over a 4 GiB claim keeps 4 GiB on its GPU; the
     // annotation's 8 GiB bounds every other GPU, so both are named.
     let m = min(&a, &ann(Some(8 * GI), &[]));
-    assert_eq!(m.per_gpu, vec![(DeviceRef::Index(0), 4 * GI)]);
+    assert_eq!(m.per_gpu, vec![(DeviceRef::Minor(0), 4 * GI)]);
     assert_eq!(m.each_gpu, Some(8 * GI));
     assert_eq!(m.source, EnvSource::DraAndAnnotation);
-    let m = min(&a, &ann(None, &[(0, 8 * GI)]));
-    assert_eq!(m, a, "the claim's limits are kept");
-    let m = min(&a, &ann(None, &[(1, GI)]));
+    // The claim's `gpu-0` is a device minor, the annotation's GPU 0 an NVML index: which GPU each
+    // is, NVML tells (here minor 0 is GPU 0, minor 1 GPU 1), and there the claim's limit is kept.
+    let gpus: Vec<crate::quota::GpuInfo> = (0..2)
+        .map(|i| crate::quota::GpuInfo {
+            index: i,
+            uuid: format!("GPU-{i}"),
+            memory_total: 80 * GI,
+            minor: Some(i),
+        })
+        .collect();
+    let m = crate::quota::resolve_quota(min(&a, &ann(None, &[(0, 8 * GI)])), &gpus);
+    assert_eq!(m.per_gpu, vec![(DeviceRef::Index(0), 4 * GI)]);
+    let m = crate::quota::resolve_quota(min(&a, &ann(None, &[(1, GI)])), &gpus);
     assert_eq!(
         m.per_gpu,
         vec![(DeviceRef::Index(0), 4 * GI), (DeviceRef::Index(1), GI)]
@@ -409,8 +420,8 @@ fn a_sharers_annotation_lowers_the_pods_union() {
     let c = claim("x", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("4Gi"))]);
     let v = view(&[p], &[c], GpuShareUnit::GiB);
     let q = v.quota_for_pod(UID).unwrap();
-    assert_eq!(q.per_gpu, vec![(DeviceRef::Index(0), GI)]);
-    assert_eq!(describe(Some(&q)), "GPU 0: 1 GiB, each GPU: 1 GiB");
+    assert_eq!(q.per_gpu, vec![(DeviceRef::Minor(0), GI)]);
+    assert_eq!(describe(Some(&q)), "/dev/nvidia0: 1 GiB, each GPU: 1 GiB");
     assert_eq!(describe(None), "none");
 }
 

@@ -23,11 +23,14 @@
 //!
 //! **Devices from what the runtime gave.** A device ordinal `<i>` is the `<i>`-th GPU the runtime
 //! gave the container (`granted` of [`env_quota_on`]: its spec's `/dev/nvidiaN` nodes or CDI
-//! devices), never what `CUDA_VISIBLE_DEVICES` / `NVIDIA_VISIBLE_DEVICES` alone say: an image sets
-//! those too. Where those variables name another device for the ordinal the disagreement is
-//! reported ([`Disagreement`]); the limit stays on the runtime's GPU and, when the named one was
-//! given too, applies to both (the smaller applies on the GPU really used). With no device list
-//! from the runtime, or an ordinal beyond it, a per-device limit bounds every GPU. GPUShare's
+//! devices; a node's `N` is its minor, which becomes an NVML index only through the GPU whose
+//! `nvmlDeviceGetMinorNumber` it is, [`resolve_device`]: NVML's index follows PCI order and can
+//! differ; a minor no GPU has binds no GPU and is reported, [`DisagreementKind::UnknownMinor`]),
+//! never what `CUDA_VISIBLE_DEVICES` / `NVIDIA_VISIBLE_DEVICES` alone say: an image sets those too.
+//! Where those variables name another device for the ordinal the disagreement is reported
+//! ([`Disagreement`]); the limit stays on the runtime's GPU and, when the named one was given too,
+//! applies to both (the smaller applies on the GPU really used). With no device list from the
+//! runtime, or an ordinal beyond it, a per-device limit bounds every GPU. GPUShare's
 //! `ALIYUN_COM_GPU_MEM_IDX` naming a GPU the runtime did not give also bounds every GPU instead.
 //!
 //! **No escape.** Every variable can only add a limit or lower one; none can remove or raise a limit
@@ -206,6 +209,33 @@ pub struct GpuInfo {
     pub uuid: String,
     /// Total memory, bytes.
     pub memory_total: u64,
+    /// `nvmlDeviceGetMinorNumber`: the `N` of its `/dev/nvidia<N>` (`None` where NVML did not say).
+    pub minor: Option<u32>,
+}
+
+/// A device as an NVML index where `gpus` tell which GPU it is (a UUID or a device minor they
+/// list); else as it was named. A minor is never taken for an index: one that `gpus` do not list
+/// stays a minor, which binds no GPU.
+pub fn resolve_device(d: DeviceRef, gpus: &[GpuInfo]) -> DeviceRef {
+    let found = match &d {
+        DeviceRef::Index(_) => None,
+        DeviceRef::Uuid(u) => gpus.iter().find(|g| g.uuid == *u),
+        DeviceRef::Minor(m) => gpus.iter().find(|g| g.minor == Some(*m)),
+    };
+    found.map_or(d, |g| DeviceRef::Index(g.index))
+}
+
+/// `q` with its devices resolved ([`resolve_device`]); two names of one GPU keep the smaller limit.
+pub fn resolve_quota(q: EnvQuota, gpus: &[GpuInfo]) -> EnvQuota {
+    let mut per: BTreeMap<DeviceRef, u64> = BTreeMap::new();
+    for (d, b) in q.per_gpu {
+        let e = per.entry(resolve_device(d, gpus)).or_insert(b);
+        *e = (*e).min(b);
+    }
+    EnvQuota {
+        per_gpu: per.into_iter().collect(),
+        ..q
+    }
 }
 
 /// What `ALIYUN_COM_GPU_MEM_DEV` says about the GPUShare unit.
@@ -306,6 +336,9 @@ pub enum DisagreementKind {
     /// The kubelet's pod-resources reply names other devices than the runtime spec: per-device
     /// limits are placed both ways and the smaller applies.
     KubeletDevices,
+    /// The runtime gave a device node (`/dev/nvidia<minor>`) whose minor no GPU NVML lists has:
+    /// a limit placed on it binds no GPU (fail open), never the GPU whose index is that number.
+    UnknownMinor,
 }
 
 impl DisagreementKind {
@@ -317,6 +350,7 @@ impl DisagreementKind {
             Self::BeyondGranted => "beyond_granted",
             Self::NoPluginValue => "no_plugin_value",
             Self::KubeletDevices => "kubelet_devices",
+            Self::UnknownMinor => "unknown_minor",
         }
     }
 }
@@ -466,18 +500,11 @@ where
             }
         }
     }
-    let normalize = |d: DeviceRef| -> DeviceRef {
-        match &d {
-            DeviceRef::Uuid(u) => gpus
-                .iter()
-                .find(|g| g.uuid == *u)
-                .map_or(d, |g| DeviceRef::Index(g.index)),
-            DeviceRef::Index(_) => d,
-        }
-    };
+    let normalize = |d: DeviceRef| resolve_device(d, gpus);
     let granted: Option<Vec<DeviceRef>> = granted
         .filter(|d| !d.is_empty())
         .map(|d| d.iter().cloned().map(normalize).collect());
+    unknown_minors(granted.as_deref(), gpus, &mut disagreements);
     // The largest GPU: no plugin grants more than one GPU holds.
     let largest = gpus.iter().map(|g| g.memory_total).max().filter(|&b| b > 0);
 
@@ -775,6 +802,31 @@ const NV_LIMITS: &str = "NVIDIA_GPU_MEMORY_LIMITS";
 const NV_REQUEST: &str = "NVIDIA_GPU_MEMORY_REQUEST";
 const NV_REQUESTS: &str = "NVIDIA_GPU_MEMORY_REQUESTS";
 const MPS_LIMIT: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
+
+/// Device nodes whose minor no GPU of `gpus` has (none are said while no GPU is known).
+fn unknown_minors(granted: Option<&[DeviceRef]>, gpus: &[GpuInfo], out: &mut Vec<Disagreement>) {
+    if gpus.is_empty() {
+        return;
+    }
+    for d in granted.unwrap_or_default() {
+        if let DeviceRef::Minor(m) = d {
+            out.push(Disagreement {
+                kind: DisagreementKind::UnknownMinor,
+                var: format!("/dev/nvidia{m}"),
+                said: format!(
+                    "the runtime gave /dev/nvidia{m}, whose minor no GPU NVML lists has (GPUs: {}): a limit on it binds no GPU",
+                    gpus.iter()
+                        .map(|g| match g.minor {
+                            Some(m) => format!("GPU {} is /dev/nvidia{m}", g.index),
+                            None => format!("GPU {} has no minor", g.index),
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
+    }
+}
 
 /// A limit above the largest GPU's memory: no plugin grants it.
 fn implausible(
@@ -1087,6 +1139,7 @@ mod tests {
                 index: i,
                 uuid: format!("GPU-{i}{i}{i}"),
                 memory_total: 80 * GIB,
+                minor: Some(i),
             })
             .collect()
     }
@@ -1251,6 +1304,104 @@ mod tests {
 
     /// Issue 22, problem 1: a visible-devices variable naming no GPU took HAMi's limit off the GPU
     /// in use (3 GiB used under a 1 GiB limit, never enforced).
+    /// GPUs whose device minors are not their indices (PCI order differs from the driver's):
+    /// GPU 0 is /dev/nvidia1, GPU 1 is /dev/nvidia0.
+    fn crossed() -> Vec<GpuInfo> {
+        gpus()
+            .into_iter()
+            .map(|g| GpuInfo {
+                minor: Some(g.index ^ 1),
+                ..g
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_device_node_is_the_gpu_nvml_gives_its_minor_not_the_gpu_of_that_index() {
+        let on = |gpus: &[GpuInfo], granted: &[DeviceRef]| {
+            env_quota_on(
+                [("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")],
+                GpuShareUnit::GiB,
+                gpus,
+                Some(granted),
+            )
+        };
+        // /dev/nvidia1 is GPU 0.
+        let r = on(&crossed(), &[DeviceRef::Minor(1)]);
+        assert_eq!(r.quota.unwrap().per_gpu, vec![(G0, GIB)]);
+        assert_eq!(r.disagreements, vec![]);
+        // The visible-devices variables naming that GPU by index agree with it.
+        let r = env_quota_on(
+            [
+                ("NVIDIA_VISIBLE_DEVICES", "0"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
+            ],
+            GpuShareUnit::GiB,
+            &crossed(),
+            Some(&[DeviceRef::Minor(1)]),
+        );
+        assert_eq!(r.quota.unwrap().per_gpu, vec![(G0, GIB)]);
+        assert_eq!(r.disagreements, vec![]);
+        // A minor no GPU has binds no GPU (fail open), and is said.
+        let r = on(&crossed(), &[DeviceRef::Minor(7)]);
+        assert_eq!(
+            r.quota.clone().unwrap().per_gpu,
+            vec![(DeviceRef::Minor(7), GIB)]
+        );
+        assert_eq!(kinds(&r), vec![DisagreementKind::UnknownMinor]);
+        assert!(
+            r.disagreements[0].said.contains("GPU 0 is /dev/nvidia1"),
+            "{r:?}"
+        );
+        // NVML without minors: none is resolved, none is guessed.
+        let blind: Vec<GpuInfo> = gpus()
+            .into_iter()
+            .map(|g| GpuInfo { minor: None, ..g })
+            .collect();
+        let r = on(&blind, &[DeviceRef::Minor(0)]);
+        assert_eq!(
+            r.quota.clone().unwrap().per_gpu,
+            vec![(DeviceRef::Minor(0), GIB)]
+        );
+        assert!(
+            r.disagreements[0].said.contains("GPU 0 has no minor"),
+            "{r:?}"
+        );
+        // No GPU known yet (no sample): nothing to say.
+        assert_eq!(on(&[], &[DeviceRef::Minor(1)]).disagreements, vec![]);
+    }
+
+    #[test]
+    fn resolving_names_each_gpu_once_with_the_smaller_limit() {
+        assert_eq!(resolve_device(DeviceRef::Minor(0), &crossed()), G1);
+        assert_eq!(
+            resolve_device(DeviceRef::Uuid("GPU-111".into()), &crossed()),
+            G1
+        );
+        assert_eq!(resolve_device(G1, &crossed()), G1);
+        assert_eq!(
+            resolve_device(DeviceRef::Minor(2), &crossed()),
+            DeviceRef::Minor(2)
+        );
+        let q = EnvQuota {
+            source: EnvSource::Dra,
+            per_gpu: vec![
+                (G1, 3 * GIB),
+                (DeviceRef::Uuid("GPU-000".into()), 4 * GIB),
+                (DeviceRef::Minor(0), 2 * GIB),
+                (DeviceRef::Minor(1), 5 * GIB),
+                (DeviceRef::Minor(9), GIB),
+            ],
+            each_gpu: Some(8 * GIB),
+        };
+        let r = resolve_quota(q, &crossed());
+        assert_eq!(
+            r.per_gpu,
+            vec![(G0, 4 * GIB), (G1, 2 * GIB), (DeviceRef::Minor(9), GIB)]
+        );
+        assert_eq!((r.source, r.each_gpu), (EnvSource::Dra, Some(8 * GIB)));
+    }
+
     #[test]
     fn a_visible_devices_variable_naming_no_gpu_cannot_take_a_hami_limit_off() {
         let env = [
@@ -1623,6 +1774,7 @@ mod tests {
             index: 0,
             uuid: "GPU-000".into(),
             memory_total: 0,
+            minor: Some(0),
         }];
         let r = env_quota_on(
             [("CUDA_DEVICE_MEMORY_LIMIT", "1g")],

@@ -228,9 +228,10 @@ struct OciDevice {
 /// The NVIDIA character devices' major number.
 const NVIDIA_MAJOR: i64 = 195;
 
-/// The GPU a device node given to a container is: `/dev/nvidia<N>` in the container, GPU `minor`
+/// The device minor of a node given to a container: `/dev/nvidia<N>` in the container, `minor`
 /// when it is NVIDIA's character device (major 195), else `<N>` (a node of other numbers mapped to
-/// that name, as in tests). `nvidiactl`, `nvidia-uvm` and the rest are no GPU.
+/// that name, as in tests). A minor, not an NVML index: it is resolved through NVML
+/// ([`DeviceRef::Minor`]). `nvidiactl`, `nvidia-uvm` and the rest are no GPU.
 fn gpu_of_node(path: &str, major: Option<i64>, minor: Option<i64>) -> Option<u32> {
     let n = path.strip_prefix("/dev/nvidia")?;
     if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
@@ -275,7 +276,7 @@ fn devices_from_oci(cfg: &OciConfig) -> Option<Vec<DeviceRef>> {
         .map(|ds| {
             ds.iter()
                 .filter_map(|d| gpu_of_node(&d.path, d.major, d.minor))
-                .map(DeviceRef::Index)
+                .map(DeviceRef::Minor)
                 .collect::<Vec<_>>()
         })
         .unwrap_or_default();
@@ -321,7 +322,8 @@ struct DockerDeviceRequest {
 }
 
 /// The GPUs Docker gives a container, from the text of its `hostconfig.json`: `--device` nodes
-/// named `/dev/nvidia<N>` in the container (GPU `minor` when the host node is NVIDIA's), then
+/// named `/dev/nvidia<N>` in the container (device minor `N`, or the host node's minor when it is
+/// NVIDIA's), then
 /// `--gpus device=...` ids; `None` when neither names one (`--gpus all` names none).
 pub fn devices_from_docker_hostconfig(bytes: &[u8]) -> Result<Option<Vec<DeviceRef>>, String> {
     let hc: DockerHostConfig =
@@ -329,8 +331,8 @@ pub fn devices_from_docker_hostconfig(bytes: &[u8]) -> Result<Option<Vec<DeviceR
     let mut out = Vec::new();
     for d in hc.devices.iter().flatten() {
         let (major, minor) = host_node_numbers(Path::new(&d.path_on_host));
-        if let Some(i) = gpu_of_node(&d.path_in_container, major, minor) {
-            out.push(DeviceRef::Index(i));
+        if let Some(m) = gpu_of_node(&d.path_in_container, major, minor) {
+            out.push(DeviceRef::Minor(m));
         }
     }
     for r in hc.device_requests.iter().flatten() {
@@ -732,7 +734,7 @@ mod tests {
             ]),
         );
         let g = read_spec_grant(SpecKind::OciBundle, &p, ID).unwrap();
-        assert_eq!(g.devices, Some(vec![DeviceRef::Index(1)]));
+        assert_eq!(g.devices, Some(vec![DeviceRef::Minor(1)]));
         assert_eq!(g.vars[0], ("CUDA_DEVICE_MEMORY_LIMIT_0".into(), "0".into()));
         let r = crate::quota::env_quota_on(
             g.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
@@ -748,7 +750,7 @@ mod tests {
             r.disagreements.iter().map(|d| d.kind).collect::<Vec<_>>(),
             vec![crate::quota::DisagreementKind::NoPluginValue]
         );
-        // A node of other numbers named /dev/nvidiaN (tests, a renamed node) is GPU N.
+        // A node of other numbers named /dev/nvidiaN (tests, a renamed node) is minor N.
         assert_eq!(gpu_of_node("/dev/nvidia3", Some(1), Some(3)), Some(3));
         assert_eq!(gpu_of_node("/dev/nvidia3", Some(195), Some(7)), Some(7));
         assert_eq!(gpu_of_node("/dev/nvidiactl", Some(195), Some(255)), None);
@@ -800,7 +802,12 @@ mod tests {
         let g = read_spec_grant(SpecKind::DockerConfig, &p, ID).unwrap();
         assert_eq!(
             g.devices,
-            Some(vec![DeviceRef::Index(0), DeviceRef::Uuid("GPU-bbb".into())])
+            // The node's minor 0 and NVML's index 0 need not be one GPU: both are kept.
+            Some(vec![
+                DeviceRef::Minor(0),
+                DeviceRef::Uuid("GPU-bbb".into()),
+                DeviceRef::Index(0)
+            ])
         );
         assert_eq!(
             g.vars,
