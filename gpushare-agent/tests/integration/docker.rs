@@ -587,3 +587,63 @@ fn docker_a_device_node_binds_the_gpu_nvml_gives_its_minor_not_the_gpu_of_that_i
         assert!(w.quota_source.contains("hami env"), "{w:?}");
     }
 }
+
+/// Issue 41: MPS limits by GPU UUID, NVIDIA's recommended spelling, read from real containers'
+/// runtime specs: `GPU-<uuid>=1G` naming the container's GPU bounds it (frozen at 2 GiB); one that
+/// names a GPU this node does not have makes MPS drop every pinned limit, so it grants nothing and
+/// is said (`mps_dropped`), the container left alone. (On main: the UUID form was malformed, ignored
+/// in both.)
+#[test]
+fn docker_mps_limits_by_gpu_uuid_and_a_limit_mps_would_drop() {
+    let Some(dk) = require_docker("docker_mps_limits_by_gpu_uuid") else {
+        return;
+    };
+    let by_uuid = GpuContainer::attached(
+        dk,
+        "mps-uuid",
+        &["-e", &format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={GPU}=1G")],
+    )
+    .unwrap();
+    let dropped = GpuContainer::attached(
+        dk,
+        "mps-dropped",
+        &[
+            "-e",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1G,GPU-7a0e4c1b-elsewhere=1G",
+        ],
+    )
+    .unwrap();
+    let sc = Scenario::create(&scenario(&[
+        (by_uuid.pid(), 2 * GIB),
+        (dropped.pid(), 2 * GIB),
+    ]))
+    .unwrap();
+    let agent = AgentProcess::start(&sc, FAST, &[]);
+    let s = agent.wait_for(WAIT, |s| state_of(s, &by_uuid) == "frozen");
+    assert!(by_uuid.wait_v2_frozen(true, Duration::from_secs(5)));
+    let w = row(&s, &by_uuid).unwrap();
+    assert_eq!(w.quota_bytes, Some(GIB), "{w:?}");
+    assert!(w.quota_source.contains("mps env"), "{w:?}");
+    for _ in 0..3 {
+        agent.wait_next_step();
+    }
+    let s = agent.wait_next_step();
+    let w = row(&s, &dropped);
+    assert!(
+        w.is_none_or(|w| w.quota_bytes.is_none() && w.state == "ok"),
+        "{w:?}"
+    );
+    assert!(!dropped.is_v2_frozen());
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("gpushare_env_quota_disagreements_total{kind=\"mps_dropped\"}")),
+        "{metrics}"
+    );
+    assert!(
+        agent.log().contains("MPS drops every pinned limit"),
+        "{}",
+        agent.log()
+    );
+}

@@ -266,8 +266,25 @@ fn dedup_in_order(v: Vec<DeviceRef>) -> Option<Vec<DeviceRef>> {
     (!out.is_empty()).then_some(out)
 }
 
+/// Whether annotation `key` names CDI devices for the container named `container`: the CRI's
+/// `cdi.k8s.io/*`, and nvidia-container-runtime's `nvidia.cdi.k8s.io/*` (KAI's and the NRI plugin's
+/// `nvidia.cdi.k8s.io/container.<name>` only for container `<name>`: a pod's annotations reach each
+/// of its containers' specs).
+fn cdi_annotation_for(key: &str, container: Option<&str>) -> bool {
+    if key.starts_with("cdi.k8s.io/") {
+        return true;
+    }
+    match key.strip_prefix("nvidia.cdi.k8s.io/") {
+        Some(rest) => rest
+            .strip_prefix("container.")
+            .is_none_or(|name| container == Some(name)),
+        None => false,
+    }
+}
+
 /// The GPUs an OCI runtime config gives the container, in its order: its `linux.devices` GPU nodes,
-/// else the GPUs its CDI annotations (`cdi.k8s.io/*`) name; `None` when neither says.
+/// else the GPUs its CDI annotations (`cdi.k8s.io/*`, `nvidia.cdi.k8s.io/*`) name; `None` when
+/// neither says.
 fn devices_from_oci(cfg: &OciConfig) -> Option<Vec<DeviceRef>> {
     let nodes = cfg
         .linux
@@ -285,7 +302,7 @@ fn devices_from_oci(cfg: &OciConfig) -> Option<Vec<DeviceRef>> {
             .annotations
             .iter()
             .flatten()
-            .filter(|(k, _)| k.starts_with("cdi.k8s.io/"))
+            .filter(|(k, _)| cdi_annotation_for(k, container_name_of(cfg).as_deref()))
             .flat_map(|(_, v)| v.split(','))
             .filter_map(|qualified| {
                 let (kind, name) = qualified.trim().split_once('=')?;
@@ -777,6 +794,28 @@ mod tests {
             g.devices,
             Some(vec![DeviceRef::Uuid("GPU-aaa".into()), DeviceRef::Index(2)])
         );
+        // KAI's CDI device annotation (NVIDIA's NRI plugin's spelling), which takes the place of
+        // NVIDIA_VISIBLE_DEVICES: only the one for this container; the pod's other containers'
+        // and the KAI limits under the same prefix name no device.
+        let p = t.write(
+            "kai/config.json",
+            &serde_json::json!({
+                "process": { "env": ["CUDA_DEVICE_MEMORY_LIMIT_0=1024m"] },
+                "annotations": {
+                    "io.kubernetes.cri.container-name": "trainer",
+                    "nvidia.cdi.k8s.io/container.trainer": "nvidia.com/gpu=GPU-ccc",
+                    "nvidia.cdi.k8s.io/container.sidecar": "nvidia.com/gpu=3",
+                    "nvidia.cdi.k8s.io/container.trainer.gpu-memory.limit": "4Gi",
+                    "nvidia.cdi.k8s.io/trainer.gpu-memory.limit": "4Gi"
+                }
+            })
+            .to_string(),
+        );
+        let g = read_spec_grant(SpecKind::OciBundle, &p, ID).unwrap();
+        assert_eq!(g.devices, Some(vec![DeviceRef::Uuid("GPU-ccc".into())]));
+        assert!(cdi_annotation_for("nvidia.cdi.k8s.io/gpus", None));
+        assert!(!cdi_annotation_for("nvidia.cdi.k8s.io/container.a", None));
+        assert!(!cdi_annotation_for("example.com/cdi.k8s.io/x", Some("a")));
         // Nothing said: None (not an empty list).
         let p = t.write("none/config.json", &oci(&["A=1"]));
         assert_eq!(
