@@ -199,12 +199,16 @@ pub async fn read(api: &ApiClient) -> Result<(Vec<Pod>, Vec<ResourceClaim>), ::k
     let mut names: Vec<(String, String)> = Vec::new();
     for p in &pods {
         let ns = p.metadata.namespace.clone().unwrap_or_default();
-        let uses = p.spec.iter().flat_map(|s| &s.containers).flat_map(|c| {
-            c.resources
-                .iter()
-                .flat_map(|r| r.claims.iter().flatten())
-                .map(|r| r.name.as_str())
-        });
+        let uses = p
+            .spec
+            .iter()
+            .flat_map(claims::bounded_containers)
+            .flat_map(|c| {
+                c.resources
+                    .iter()
+                    .flat_map(|r| r.claims.iter().flatten())
+                    .map(|r| r.name.as_str())
+            });
         for entry in uses {
             if let Some(n) = claims::claim_name(p, entry) {
                 names.push((ns.clone(), n.to_string()));

@@ -504,3 +504,113 @@ fn a_container_naming_a_request_gets_only_that_requests_results() {
         Some(dra(&[(0, 4 * GI), (2, 2 * GI)], None))
     );
 }
+
+/// `p` with its containers from `from` on moved to `spec.initContainers` (and their statuses to
+/// `status.initContainerStatuses`), the first `sidecars` of them with `restartPolicy: Always`.
+fn with_init_containers(p: Pod, from: usize, sidecars: usize) -> Pod {
+    let mut v = serde_json::to_value(&p).unwrap();
+    let mut init: Vec<Value> = v["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .drain(from..)
+        .collect();
+    for c in init.iter_mut().take(sidecars) {
+        c["restartPolicy"] = json!("Always");
+    }
+    let statuses: Vec<Value> = v["status"]["containerStatuses"]
+        .as_array_mut()
+        .unwrap()
+        .drain(from..)
+        .collect();
+    v["spec"]["initContainers"] = json!(init);
+    v["status"]["initContainerStatuses"] = json!(statuses);
+    serde_json::from_value(v).unwrap()
+}
+
+/// Issue 41: a native sidecar (an init container with `restartPolicy: Always`, GA in 1.33) that
+/// holds a claim is bounded by it like a container (on main its claim was never read); an
+/// ordinary init container, which has finished before the containers run, is not.
+#[test]
+fn a_native_sidecars_claim_bounds_the_sidecar() {
+    let p = pod(
+        json!({ "nvidia.com/container.side.gpu-memory.limit": "1Gi" }),
+        &[("main", &[]), ("side", &["gpu"]), ("init", &["warm"])],
+        &[("gpu", "x"), ("warm", "y")],
+    );
+    let p = with_init_containers(p, 1, 1);
+    let spec = p.spec.as_ref().unwrap();
+    assert_eq!(spec.containers.len(), 1);
+    assert_eq!(spec.init_containers.as_ref().unwrap().len(), 2);
+    let x = claim("x", &[(NVIDIA_DRA_DRIVER, "gpu-1", Some("2Gi"))]);
+    let y = claim("y", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("4Gi"))]);
+    let v = view(&[p], &[x, y], GpuShareUnit::GiB);
+    let side = v.containers.get(&cid(1)).expect("the sidecar is read");
+    assert_eq!(side.name, "side");
+    assert_eq!(side.dra, Some(dra(&[(1, 2 * GI)], None)));
+    assert_eq!(side.annotation, Some(ann(Some(GI), &[])));
+    assert!(v.quota_for_container(&cid(1)).is_some());
+    assert!(!v.containers.contains_key(&cid(2)), "{v:?}");
+    assert_eq!(v.quota_for_container(&cid(0)), None);
+    assert_eq!(v.problems, Vec::<String>::new());
+}
+
+/// Issue 41: the schedulers' own spellings. KAI's CDI-era annotations under `nvidia.cdi.k8s.io/`
+/// and TensorFusion's `tensor-fusion.ai/vram-limit` (on the containers it injects) are limits on
+/// each GPU; their requests are not; the smallest of several applies; a broken one is said.
+#[test]
+fn kai_cdi_and_tensorfusion_annotations_are_limits_in_their_spelling() {
+    let p = pod(
+        json!({
+            "nvidia.cdi.k8s.io/a.gpu-memory.limit": "3Gi",
+            "nvidia.cdi.k8s.io/a.gpu-memory.request": "1Gi",
+            "nvidia.cdi.k8s.io/container.b.gpu-memory.limit": "2048Mi",
+            "nvidia.cdi.k8s.io/container.b": "nvidia.com/gpu=0",
+            "tensor-fusion.ai/vram-request": "1Gi",
+        }),
+        &[("a", &[]), ("b", &[]), ("c", &[])],
+        &[],
+    );
+    let mut problems = Vec::new();
+    let q = |p: &Pod, n: &str, problems: &mut Vec<String>| {
+        annotation_quota(p, n, GpuShareUnit::GiB, problems)
+    };
+    assert_eq!(q(&p, "a", &mut problems), Some(ann(Some(3 * GI), &[])));
+    assert_eq!(q(&p, "b", &mut problems), Some(ann(Some(2 * GI), &[])));
+    assert_eq!(q(&p, "c", &mut problems), None, "a request is no limit");
+    assert!(problems.is_empty(), "{problems:?}");
+    // TensorFusion: the pod's limit, on each container it injects.
+    let p = pod(
+        json!({
+            "tensor-fusion.ai/vram-limit": "4Gi",
+            "tensor-fusion.ai/vram-request": "4Gi",
+            "tensor-fusion.ai/inject-container": "python, b",
+            "nvidia.com/container.b.gpu-memory.limit": "6Gi",
+            "nvidia.cdi.k8s.io/b.gpu-memory.limit": "5Gi",
+        }),
+        &[("python", &[]), ("b", &[]), ("c", &[])],
+        &[],
+    );
+    assert_eq!(q(&p, "python", &mut problems), Some(ann(Some(4 * GI), &[])));
+    assert_eq!(q(&p, "b", &mut problems), Some(ann(Some(4 * GI), &[])));
+    assert_eq!(q(&p, "c", &mut problems), None, "not injected");
+    let p = pod(
+        json!({ "tensor-fusion.ai/vram-limit": "512Mi" }),
+        &[("x", &[])],
+        &[],
+    );
+    assert_eq!(q(&p, "x", &mut problems), Some(ann(Some(512 * MI), &[])));
+    assert!(problems.is_empty(), "{problems:?}");
+    // Broken or zero: said, and nothing granted from it.
+    let p = pod(
+        json!({ "tensor-fusion.ai/vram-limit": "4 gigs", "nvidia.cdi.k8s.io/x.gpu-memory.limit": "0" }),
+        &[("x", &[])],
+        &[],
+    );
+    assert_eq!(q(&p, "x", &mut problems), None);
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("tensor-fusion.ai/vram-limit"))
+    );
+}
