@@ -10,6 +10,9 @@ pub struct DeviceSample {
     pub index: u32,
     /// `GPU-...` UUID.
     pub uuid: String,
+    /// `nvmlDeviceGetMinorNumber`: the `N` of its `/dev/nvidia<N>`, which need not be its index
+    /// (`None` where NVML did not say).
+    pub minor: Option<u32>,
     /// Product name.
     pub name: String,
     /// Total memory, bytes.

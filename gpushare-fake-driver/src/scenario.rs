@@ -91,6 +91,11 @@ pub struct Device {
     pub uuid: String,
     /// nvmlDeviceGetName.
     pub name: String,
+    /// nvmlDeviceGetMinorNumber: the `N` of the device's `/dev/nvidia<N>`; absent, the device's
+    /// index. NVML's index follows PCI order and the minor the driver's: they differ on some
+    /// hosts. Unique within the scenario.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u32>,
     /// Total framebuffer memory in bytes.
     pub memory_total: u64,
     /// Memory reserved by driver/firmware in bytes (nvmlMemory_v2_t.reserved).
@@ -154,11 +159,18 @@ pub struct ProcessUtilization {
 }
 
 impl Device {
+    /// nvmlDeviceGetMinorNumber of the device at `index`: its `minor`, else the index.
+    pub fn minor_at(&self, index: usize) -> u32 {
+        self.minor
+            .unwrap_or_else(|| u32::try_from(index).unwrap_or(u32::MAX))
+    }
+
     /// A device with the given identity and every other field at its default.
     pub fn new(uuid: impl Into<String>, name: impl Into<String>, memory_total: u64) -> Self {
         Self {
             uuid: uuid.into(),
             name: name.into(),
+            minor: None,
             memory_total,
             memory_reserved: 0,
             utilization_gpu: 0,
@@ -245,7 +257,14 @@ impl Scenario {
             ));
         }
         let mut uuids = BTreeSet::new();
+        let mut minors = BTreeSet::new();
         for (i, d) in self.devices.iter().enumerate() {
+            if !minors.insert(d.minor_at(i)) {
+                return Err(format!(
+                    "devices[{i}].minor: minor {} is another device's (a device without `minor` has its index)",
+                    d.minor_at(i)
+                ));
+            }
             check_string(&format!("devices[{i}].uuid"), &d.uuid, MAX_UUID_LEN)?;
             if d.uuid.is_empty() {
                 return Err(format!("devices[{i}].uuid: must not be empty"));

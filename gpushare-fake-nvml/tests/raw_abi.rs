@@ -460,6 +460,7 @@ fn handles_strings_and_pointers_are_validated() {
     };
     assert_eq!(u32_getter(b"nvmlDeviceGetIndex\0"), (SUCCESS, 0));
     assert_eq!(u32_getter(b"nvmlDeviceGetMinorNumber\0"), (SUCCESS, 0));
+    assert_eq!(s.devices[0].minor, None, "no minor: the index");
     assert_eq!(u32_getter(b"nvmlDeviceGetPersistenceMode\0"), (SUCCESS, 1));
     assert_eq!(u32_getter(b"nvmlDeviceGetComputeMode\0"), (SUCCESS, 0));
     assert_eq!(
@@ -537,6 +538,26 @@ fn handles_strings_and_pointers_are_validated() {
 
 /// Every export answers with its own `fail` code, which proves each export looks itself up in
 /// `fail` under its own name (a copy-pasted name would answer with another function's code).
+/// A scenario's `minor` is what nvmlDeviceGetMinorNumber says, whatever the index.
+#[test]
+fn a_device_minor_differs_from_its_index_where_the_scenario_says() {
+    let mut s = rich_scenario();
+    s.devices[0].minor = Some(1);
+    s.devices[1].minor = Some(0);
+    let (_g, _env, nvml) = Nvml::initialized(&s);
+    let minor = sym!(
+        nvml,
+        "nvmlDeviceGetMinorNumber",
+        unsafe extern "C" fn(Handle, *mut c_uint) -> c_uint
+    );
+    for (index, want) in [(0, 1), (1, 0)] {
+        let mut v: c_uint = 0xFFFF;
+        assert_eq!(unsafe { minor(nvml.handle_ok(index), &mut v) }, SUCCESS);
+        assert_eq!(v, want, "device {index}");
+    }
+    assert_eq!(nvml.shutdown(), SUCCESS);
+}
+
 #[test]
 fn every_export_honours_its_own_fail_entry() {
     let plain = rich_scenario();
@@ -616,6 +637,10 @@ fn minimal_scenario_and_defaults() {
         (
             r#"{"devices":[{"uuid":"GPU-1","name":"x","memory_total":1},{"uuid":"GPU-1","name":"y","memory_total":1}]}"#,
             "duplicate uuid",
+        ),
+        (
+            r#"{"devices":[{"uuid":"GPU-1","name":"x","memory_total":1,"minor":1},{"uuid":"GPU-2","name":"y","memory_total":1}]}"#,
+            "devices[1].minor: minor 1 is another device's",
         ),
         (
             r#"{"devices":[{"uuid":"GPU-1","name":"x","memory_total":1,"memory_reserved":2}]}"#,

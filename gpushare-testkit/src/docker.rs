@@ -853,6 +853,33 @@ impl GpuContainer {
         docker_args: &[&str],
         cmd: &[impl AsRef<std::ffi::OsStr>],
     ) -> Result<Self> {
+        Self::attached_cmd_on(docker, hint, CONTAINER_DEVICE, docker_args, cmd)
+    }
+
+    /// Like [`Self::attached`], with the fake node mapped as `device` in the container (e.g.
+    /// `/dev/nvidia1`, a device minor NVML may give another index) and the program opening it.
+    pub fn attached_on(
+        docker: &Docker,
+        hint: &str,
+        device: &str,
+        docker_args: &[&str],
+    ) -> Result<Self> {
+        Self::attached_cmd_on(
+            docker,
+            hint,
+            device,
+            docker_args,
+            &[FAKE_GPU_PROC, "--device", device],
+        )
+    }
+
+    fn attached_cmd_on(
+        docker: &Docker,
+        hint: &str,
+        device: &str,
+        docker_args: &[&str],
+        cmd: &[impl AsRef<std::ffi::OsStr>],
+    ) -> Result<Self> {
         let node = FakeDeviceNode::create_at(PathBuf::from(format!(
             "{DEVICE_NODE_PREFIX}{}",
             unique(hint)
@@ -863,7 +890,7 @@ impl GpuContainer {
             .args(["run", "-i", "--name", &name, "--label"])
             .arg(format!("{OWNER_LABEL}={}", std::process::id()))
             .args(["--network", "none", "--device"])
-            .arg(format!("{}:{CONTAINER_DEVICE}", node.path().display()))
+            .arg(format!("{}:{device}", node.path().display()))
             .args(docker_args)
             .arg(docker.image())
             .args(cmd)

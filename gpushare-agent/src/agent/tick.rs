@@ -159,6 +159,7 @@ impl Agent {
                 index: d.index,
                 uuid: d.uuid.clone(),
                 memory_total: d.memory_total,
+                minor: d.minor,
             })
             .collect();
         let processes =

@@ -36,7 +36,7 @@ use crate::{
     kube::{devices::devices_disagree, podresources::PodResourcesView},
     quota::{
         DeviceRef, Disagreement, DisagreementKind, EnvQuota, EnvSource, GpuInfo, GpuShareUnit,
-        Trust, UnitCheck, env_quota_on, trusted::smallest_of,
+        Trust, UnitCheck, env_quota_on, resolve_device, trusted::smallest_of,
     },
 };
 
@@ -63,6 +63,11 @@ struct Entry {
     /// What its variables and its runtime's devices disagree on, as of its last quota, in words.
     disagreements: String,
     logged_request: Option<u64>,
+}
+
+/// Devices with their minors and UUIDs resolved to NVML indices where `gpus` tell.
+fn resolved(devices: Option<&[DeviceRef]>, gpus: &[GpuInfo]) -> Option<Vec<DeviceRef>> {
+    devices.map(|d| d.iter().map(|d| resolve_device(d.clone(), gpus)).collect())
 }
 
 fn entry_origin(o: &Option<EnvOrigin>) -> String {
@@ -163,7 +168,7 @@ impl EnvQuotaReader {
             }
         };
         let kube_devices = assignment.and_then(|a| a.grant.devices.clone());
-        let spec_devices = entry.devices.clone();
+        let spec_devices = resolved(entry.devices.as_deref(), gpus);
         // Devices from the spec, else the kubelet's; both and different: placed both ways.
         let placements: Vec<Option<Vec<DeviceRef>>> = match (&spec_devices, &kube_devices) {
             (Some(s), Some(k)) if devices_disagree(s, k) => {
@@ -448,6 +453,7 @@ mod tests {
             index: 0,
             uuid: "GPU-0".into(),
             memory_total: 80 * GIB,
+            minor: Some(0),
         }]
     }
 
@@ -608,6 +614,7 @@ mod tests {
                 index: i,
                 uuid: format!("GPU-{i}"),
                 memory_total: 80 * GIB,
+                minor: Some(i),
             })
             .collect()
     }

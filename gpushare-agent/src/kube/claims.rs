@@ -4,27 +4,37 @@
 //!
 //! **DRA.** A ResourceClaim's `status.allocation.devices.results[].consumedCapacity["memory"]` is
 //! the memory granted on the result's device. NVIDIA's DRA driver names a GPU `gpu-<minor>` and a
-//! MIG device `gpu-<minor>-mig-…` (its `CanonicalName`); the minor is taken as the NVML index, as
-//! the runtime-spec device nodes are. Another driver's device, or a name of another shape, cannot
-//! be told: its memory then bounds every GPU the container uses (stricter, never looser). Which
-//! containers use a claim: `spec.containers[].resources.claims[].name` → `spec.resourceClaims[]`
+//! MIG device `gpu-<minor>-mig-…` (its `CanonicalName`); the minor is a device minor
+//! ([`DeviceRef::Minor`]), which the agent resolves to the GPU NVML gives that minor, as it does
+//! the runtime-spec device nodes (a minor no GPU has binds none). Another driver's device, or a
+//! name of another shape, cannot be told: its memory then bounds every GPU the container uses
+//! (stricter, never looser). Which containers use a claim:
+//! `spec.containers[].resources.claims[].name` → `spec.resourceClaims[]`
 //! → the claim's name (`resourceClaimName`, else `status.resourceClaimStatuses[]` for a claim made
-//! from a template). A claim used by one container is that container's quota. A claim shared by
-//! several containers of one pod grants its memory to their union, not to each: those containers
-//! are one workload, the pod, bounded by the sum of the claims they hold (see
-//! [`KubeView::pod_of`]). A claim shared by several pods bounds each pod, not their union (no
-//! workload spans pods): said as a problem.
+//! from a template). Native sidecars (`spec.initContainers[]` with `restartPolicy: Always`, their
+//! ids in `status.initContainerStatuses[]`) run beside the containers and are read the same way;
+//! other init containers are not (they have finished before the containers run). A claim used by
+//! one container is that container's quota. A claim shared by several containers of one pod grants
+//! its memory to their union, not to each: those containers are one workload, the pod, bounded by
+//! the sum of the claims they hold (see [`KubeView::pod_of`]). A claim shared by several pods
+//! bounds each pod, not their union (no workload spans pods): said as a problem.
 //!
 //! **Annotations** (written by the pod's author, changeable after scheduling): NVIDIA's
 //! kai-gpu-fractioning `nvidia.com/container.<name>.gpu-memory.limit` (a quantity; `.request` is
-//! not a limit) and GPUShare's `ALIYUN_COM_GPU_MEM_POD` (units of `gpushare_memory_unit`, on the
+//! not a limit), the same under KAI's CDI-era prefix `nvidia.cdi.k8s.io/` (`<name>.` or
+//! `container.<name>.gpu-memory.limit`), TensorFusion's `tensor-fusion.ai/vram-limit` (a quantity
+//! per GPU, for the containers `tensor-fusion.ai/inject-container` names, else every one;
+//! `vram-request` is not a limit) and GPUShare's `ALIYUN_COM_GPU_MEM_POD` (units of `gpushare_memory_unit`, on the
 //! GPU `ALIYUN_COM_GPU_MEM_IDX`, else on each GPU; the pod's total, so it bounds each of its
 //! containers). They only ever lower a limit (the quota is the smallest of all sources) and are read
 //! as they stood when the container was first seen running: [`Pinned`].
 
 use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
+use k8s_openapi::api::{
+    core::v1::{Container, Pod, PodSpec},
+    resource::v1::ResourceClaim,
+};
 
 use super::quantity::parse_quantity;
 use crate::quota::{DeviceRef, EnvQuota, EnvSource, GpuShareUnit, trusted};
@@ -33,6 +43,15 @@ use crate::quota::{DeviceRef, EnvQuota, EnvSource, GpuShareUnit, trusted};
 pub const NVIDIA_DRA_DRIVER: &str = "gpu.nvidia.com";
 /// kai-gpu-fractioning's annotation prefix (`<prefix><container>.gpu-memory.limit`).
 pub const KAI_PREFIX: &str = "nvidia.com/container.";
+/// KAI's CDI-era annotation prefix (`<prefix><container>.gpu-memory.limit`), beside the NRI
+/// plugin's CDI device annotation `nvidia.cdi.k8s.io/container.<container>`.
+pub const KAI_CDI_PREFIX: &str = "nvidia.cdi.k8s.io/";
+/// The same under the NRI plugin's per-container form.
+pub const KAI_CDI_CONTAINER_PREFIX: &str = "nvidia.cdi.k8s.io/container.";
+/// TensorFusion's per-GPU memory limit of the pod's GPU workers (a quantity, e.g. `4Gi`).
+pub const TF_VRAM_LIMIT: &str = "tensor-fusion.ai/vram-limit";
+/// TensorFusion's containers that get the GPU (comma-separated names).
+pub const TF_INJECT: &str = "tensor-fusion.ai/inject-container";
 /// GPUShare's scheduler extender: the pod's GPU memory, in device-plugin units.
 pub const GPUSHARE_POD: &str = "ALIYUN_COM_GPU_MEM_POD";
 /// GPUShare's scheduler extender: the GPU index it chose.
@@ -117,7 +136,7 @@ pub fn dra_device(driver: &str, device: &str) -> Option<DeviceRef> {
     let rest = device.strip_prefix("gpu-")?;
     let minor = rest.split_once("-mig-").map_or(rest, |(m, _)| m);
     (!minor.is_empty() && minor.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| minor.parse().ok().map(DeviceRef::Index))
+        .then(|| minor.parse().ok().map(DeviceRef::Minor))
         .flatten()
 }
 
@@ -213,6 +232,27 @@ pub fn claim_name<'p>(pod: &'p Pod, entry: &str) -> Option<&'p str> {
         .as_deref()
 }
 
+/// The annotations that spell a limit on each GPU container `name` uses (quantities): KAI's
+/// (`nvidia.com/container.<name>.gpu-memory.limit`, and its CDI-era spellings under
+/// `nvidia.cdi.k8s.io/`: `<name>.gpu-memory.limit` and `container.<name>.gpu-memory.limit`) and
+/// TensorFusion's `tensor-fusion.ai/vram-limit` (the pod's, for each container it injects, named
+/// by `tensor-fusion.ai/inject-container`, comma-separated; every container where none is named).
+/// Requests (`.gpu-memory.request`, `tensor-fusion.ai/vram-request`) are never limits.
+fn each_gpu_keys(a: &BTreeMap<String, String>, name: &str) -> Vec<String> {
+    let mut keys: Vec<String> = [KAI_PREFIX, KAI_CDI_PREFIX, KAI_CDI_CONTAINER_PREFIX]
+        .iter()
+        .map(|p| format!("{p}{name}.gpu-memory.limit"))
+        .collect();
+    let injected = a.get(TF_INJECT).is_none_or(|list| {
+        let mut named = list.split(',').map(str::trim).filter(|n| !n.is_empty());
+        named.clone().next().is_none() || named.any(|n| n == name)
+    });
+    if injected {
+        keys.push(TF_VRAM_LIMIT.to_string());
+    }
+    keys
+}
+
 /// What the pod's annotations say for container `name` now.
 pub fn annotation_quota(
     pod: &Pod,
@@ -229,15 +269,16 @@ pub fn annotation_quota(
         )
     };
     let mut q: Option<EnvQuota> = None;
-    let key = format!("{KAI_PREFIX}{name}.gpu-memory.limit");
-    if let Some(v) = a.get(&key) {
+    for key in each_gpu_keys(a, name) {
+        let Some(v) = a.get(&key) else { continue };
         match parse_quantity(v) {
             Ok(b) if b > 0 => {
-                q = Some(EnvQuota {
+                let each = EnvQuota {
                     source: EnvSource::Annotation,
                     per_gpu: Vec::new(),
                     each_gpu: Some(b),
-                })
+                };
+                q = trusted::smallest_of(q, Some(each), EnvSource::Annotation);
             }
             Ok(_) => problems.push(format!("{}: `{key}: {v}` is zero; ignored", who())),
             Err(e) => problems.push(format!("{}: `{key}`: {e}; ignored", who())),
@@ -279,6 +320,19 @@ pub fn annotation_quota(
     q
 }
 
+/// The containers of a pod that run beside each other and so are bounded: its containers and its
+/// native sidecars (init containers with `restartPolicy: Always`, which run for the pod's life and
+/// hold claims like any container). Other init containers run to completion before the others
+/// start: their claims bound nothing here.
+pub fn bounded_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
+    spec.containers.iter().chain(
+        spec.init_containers
+            .iter()
+            .flatten()
+            .filter(|c| c.restart_policy.as_deref() == Some("Always")),
+    )
+}
+
 /// The grants of `pods` (this node's) from their `claims` (any namespace) and annotations.
 pub fn view(pods: &[Pod], claims: &[ResourceClaim], unit: GpuShareUnit) -> KubeView {
     let mut v = KubeView {
@@ -298,18 +352,18 @@ pub fn view(pods: &[Pod], claims: &[ResourceClaim], unit: GpuShareUnit) -> KubeV
         };
         let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
         let pod_name = format!("{ns}/{}", pod.metadata.name.as_deref().unwrap_or(""));
-        let ids: HashMap<&str, &str> = pod
-            .status
-            .as_ref()
+        let status = pod.status.as_ref();
+        let ids: HashMap<&str, &str> = status
             .and_then(|s| s.container_statuses.as_ref())
             .into_iter()
+            .chain(status.and_then(|s| s.init_container_statuses.as_ref()))
             .flatten()
             .filter(|s| s.state.as_ref().is_some_and(|st| st.running.is_some()))
             .filter_map(|s| Some((s.name.as_str(), container_id(s.container_id.as_deref()?)?)))
             .collect();
         // claim name -> the containers (by name) that use it, with their request filter.
         let mut users: BTreeMap<&str, Vec<(&str, Option<&str>)>> = BTreeMap::new();
-        for c in &spec.containers {
+        for c in bounded_containers(spec) {
             for r in c
                 .resources
                 .as_ref()
@@ -365,7 +419,7 @@ pub fn view(pods: &[Pod], claims: &[ResourceClaim], unit: GpuShareUnit) -> KubeV
                 union.add(&g);
             }
         }
-        for c in &spec.containers {
+        for c in bounded_containers(spec) {
             let Some(id) = ids.get(c.name.as_str()) else {
                 continue;
             };

@@ -56,9 +56,10 @@ pub struct WatchStats {
 /// at most 30 s apart while it fails).
 const QUIET: Duration = Duration::from_secs(40);
 
-/// Only what the grants are made of: names, uid, the annotations read (`nvidia.com/container.`
-/// and GPUShare's), each container's claim entries, the pod's claim references, and each
-/// container's status (id, running). A tenant's other fields (up to 1.5 MiB a pod) are dropped
+/// Only what the grants are made of: names, uid, the annotations read (KAI's `nvidia.com/container.`
+/// and `nvidia.cdi.k8s.io/`, TensorFusion's and GPUShare's), each container's claim entries (and
+/// native sidecars', init containers with `restartPolicy: Always`), the pod's claim references,
+/// and each container's status (id, running). A tenant's other fields (up to 1.5 MiB a pod) are dropped
 /// on arrival, so what the agent keeps is bounded by what it reads, not by what a pod carries.
 pub fn slim(p: Pod) -> Pod {
     let mut meta = p.metadata;
@@ -69,24 +70,33 @@ pub fn slim(p: Pod) -> Pod {
     if let Some(a) = meta.annotations.as_mut() {
         a.retain(|k, _| {
             k.starts_with(claims::KAI_PREFIX)
+                || k.starts_with(claims::KAI_CDI_PREFIX)
+                || k == claims::TF_VRAM_LIMIT
+                || k == claims::TF_INJECT
                 || k == claims::GPUSHARE_POD
                 || k == claims::GPUSHARE_IDX
         });
     }
+    // A container as far as its grant goes: its name, its claim entries, and (an init
+    // container's) restart policy, which makes it a native sidecar bounded by its claims.
+    let bounded = |c: Container| Container {
+        name: c.name,
+        resources: c.resources.map(|r| ResourceRequirements {
+            claims: r.claims,
+            ..ResourceRequirements::default()
+        }),
+        restart_policy: c.restart_policy,
+        ..Container::default()
+    };
     let spec = p.spec.map(|s| PodSpec {
         node_name: s.node_name,
-        containers: s
-            .containers
-            .into_iter()
-            .map(|c| Container {
-                name: c.name,
-                resources: c.resources.map(|r| ResourceRequirements {
-                    claims: r.claims,
-                    ..ResourceRequirements::default()
-                }),
-                ..Container::default()
-            })
-            .collect(),
+        containers: s.containers.into_iter().map(bounded).collect(),
+        init_containers: s.init_containers.map(|v| {
+            v.into_iter()
+                .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+                .map(bounded)
+                .collect()
+        }),
         resource_claims: s.resource_claims.map(|v| {
             v.into_iter()
                 .map(|c| PodResourceClaim {
@@ -98,17 +108,19 @@ pub fn slim(p: Pod) -> Pod {
         }),
         ..PodSpec::default()
     });
+    let running = |v: Vec<ContainerStatus>| {
+        v.into_iter()
+            .map(|c| ContainerStatus {
+                name: c.name,
+                container_id: c.container_id,
+                state: c.state,
+                ..ContainerStatus::default()
+            })
+            .collect()
+    };
     let status = p.status.map(|s| PodStatus {
-        container_statuses: s.container_statuses.map(|v| {
-            v.into_iter()
-                .map(|c| ContainerStatus {
-                    name: c.name,
-                    container_id: c.container_id,
-                    state: c.state,
-                    ..ContainerStatus::default()
-                })
-                .collect()
-        }),
+        container_statuses: s.container_statuses.map(running),
+        init_container_statuses: s.init_container_statuses.map(running),
         resource_claim_statuses: s.resource_claim_statuses.map(|v| {
             v.into_iter()
                 .map(|c| PodResourceClaimStatus {
@@ -133,7 +145,7 @@ fn references(pod: &Pod) -> Vec<(String, String, String)> {
     let mut out: Vec<(String, String, String)> = pod
         .spec
         .iter()
-        .flat_map(|s| &s.containers)
+        .flat_map(claims::bounded_containers)
         .flat_map(|c| c.resources.iter().flat_map(|r| r.claims.iter().flatten()))
         .filter_map(|r| claims::claim_name(pod, &r.name))
         .map(|n| (ns.clone(), n.to_string(), uid.clone()))

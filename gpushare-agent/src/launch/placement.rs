@@ -142,6 +142,8 @@ pub fn add_reservations(set: &QuotaSet, gpus: &mut [GpuCapacity]) {
         let g = gpus.iter_mut().find(|g| match d {
             DeviceRef::Index(i) => g.index == *i,
             DeviceRef::Uuid(u) => g.uuid == *u,
+            // Quota files name no minors.
+            DeviceRef::Minor(_) => false,
         });
         if let Some(g) = g {
             g.reserved = g.reserved.saturating_add(e.gpu_memory);

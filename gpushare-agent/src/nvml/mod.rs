@@ -246,6 +246,7 @@ impl NvmlSampler {
         let mem = dev
             .memory_info()
             .map_err(|e| self.fail("nvmlDeviceGetMemoryInfo_v2", e))?;
+        let minor = self.optional("nvmlDeviceGetMinorNumber", dev.minor_number());
         let utilization =
             self.utilization
                 .device(&dev, index, &uuid)
@@ -270,6 +271,7 @@ impl NvmlSampler {
         sample.devices.push(DeviceSample {
             index,
             uuid: uuid.clone(),
+            minor,
             name,
             memory_total: mem.total,
             memory_used: mem.used,

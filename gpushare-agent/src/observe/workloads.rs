@@ -198,13 +198,15 @@ fn sharing_pod(found: Found, view: &KubeView) -> Found {
     found
 }
 
-/// The API server's quota for a workload: a container's own, or a sharing pod's.
-fn kube_quota(id: &WorkloadId, view: &KubeView) -> Option<EnvQuota> {
-    match &id.kind {
+/// The API server's quota for a workload: a container's own, or a sharing pod's; its DRA devices'
+/// minors resolved to the GPUs NVML gives them ([`crate::quota::resolve_quota`]).
+fn kube_quota(id: &WorkloadId, view: &KubeView, gpus: &[GpuInfo]) -> Option<EnvQuota> {
+    let q = match &id.kind {
         WorkloadKind::Container { container_id, .. } => view.quota_for_container(container_id),
         WorkloadKind::Pod { pod_uid, .. } => view.quota_for_pod(pod_uid),
         _ => None,
-    }
+    };
+    q.map(|q| crate::quota::resolve_quota(q, gpus))
 }
 
 impl Observer {
@@ -438,7 +440,7 @@ impl Observer {
                         let granted = view
                             .as_ref()
                             .filter(|_| env_enabled && claimed)
-                            .and_then(|v| kube_quota(id, v));
+                            .and_then(|v| kube_quota(id, v, gpus));
                         trusted::smallest_of(env, granted, EnvSource::Several)
                     })
                     .clone();

@@ -253,6 +253,7 @@ fn same_device(a: &DeviceSample, b: &DeviceSample, memory: bool) -> bool {
     let DeviceSample {
         index,
         uuid,
+        minor,
         name,
         memory_total,
         memory_used,
@@ -267,6 +268,7 @@ fn same_device(a: &DeviceSample, b: &DeviceSample, memory: bool) -> bool {
     } = a;
     *index == b.index
         && *uuid == b.uuid
+        && *minor == b.minor
         && *name == b.name
         && *memory_total == b.memory_total
         && (!memory || (*memory_used == b.memory_used && *memory_free == b.memory_free))

@@ -44,6 +44,12 @@ pub(super) fn of_workload(
                 .filter(|d| &d.uuid == u)
                 .map(|d| d.index)
                 .collect(),
+            LimitScope::Device(DeviceRef::Minor(m)) => sample
+                .devices
+                .iter()
+                .filter(|d| d.minor == Some(*m))
+                .map(|d| d.index)
+                .collect(),
             LimitScope::EachGpu | LimitScope::AllGpusTotal => {
                 sampled_on.into_iter().flatten().copied().collect()
             }

@@ -129,6 +129,18 @@ fn plan_one(
                 }
                 found.map(GpuScope::Gpu)
             }
+            // A device node's minor: the GPU NVML gives that minor, never the GPU of that index.
+            LimitScope::Device(DeviceRef::Minor(m)) => {
+                let found = sample
+                    .devices
+                    .iter()
+                    .find(|d| d.minor == Some(*m))
+                    .map(|d| d.index);
+                if found.is_none() && !devices.trustworthy() {
+                    unresolved = true;
+                }
+                found.map(GpuScope::Gpu)
+            }
             LimitScope::EachGpu => None,
         };
         if let Some(scope) = scope

@@ -56,6 +56,8 @@ fn sample(gpus: &[(u32, u64, bool)], usage: &[(u32, u32, Option<u64>)]) -> GpuSa
             .map(|&(index, free, _)| DeviceSample {
                 index,
                 uuid: format!("GPU-0000000{index}"),
+                // Device minors are not indices: GPU 0 is /dev/nvidia1, GPU 1 /dev/nvidia0.
+                minor: Some(index ^ 1),
                 name: "Fake GPU".into(),
                 memory_total: TOTAL,
                 memory_used: TOTAL - free.min(TOTAL),
@@ -909,6 +911,32 @@ fn env_quotas_apply_per_gpu() {
     assert_eq!(actions.len(), 1);
     assert_eq!(actions[0].gpu, GpuScope::Gpu(0));
     assert_reason(&actions[0], "hami env");
+}
+
+/// A runtime's device node binds the GPU NVML gives its minor (GPU 0 is /dev/nvidia1 here), never
+/// the GPU whose index is that number; a minor no GPU has binds none (fail open).
+#[test]
+fn a_device_minor_binds_the_gpu_nvml_gives_that_minor() {
+    let a = docker('a');
+    let with = |minor: u32| {
+        let mut p = attributed(10, &a);
+        p.env_quota = Some(EnvQuota {
+            source: EnvSource::Hami,
+            per_gpu: vec![(DeviceRef::Minor(minor), GIB)],
+            each_gpu: None,
+        });
+        Sim::new("[defaults]\ngrace = \"0s\"\n", vec![p])
+    };
+    let mut sim = with(1);
+    // 2 GiB on GPU 1 (/dev/nvidia0): no limit there.
+    assert!(sim.at(0, &[(10, 1, Some(2 * GIB))]).is_empty());
+    let actions = sim.at(1000, &[(10, 0, Some(2 * GIB))]);
+    assert_eq!(actions.len(), 1, "{actions:?}");
+    assert_eq!(actions[0].gpu, GpuScope::Gpu(0));
+    let mut unknown = with(7);
+    for (t, gpu) in [(0, 0), (1000, 1)] {
+        assert!(unknown.at(t, &[(10, gpu, Some(9 * GIB))]).is_empty());
+    }
 }
 
 #[test]

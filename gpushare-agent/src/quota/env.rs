@@ -18,16 +18,22 @@
 //!   comma-separated one per ordinal; `NVIDIA_GPU_MEMORY_REQUEST` / `_REQUESTS` is reported beside
 //!   it ([`EnvQuotaReport::request`]) and is never a limit.
 //! - MPS (Amazon ECS's MPS allocation): `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, `<ordinal>=<size>`
-//!   entries, comma-separated (`0=4G,1=512MB`; K/M/G/T with or without `B`, powers of 1024; a bare
-//!   number is bytes), or one size for every device.
+//!   and `GPU-<uuid>=<size>` entries (NVIDIA's recommended form), comma-separated and mixed
+//!   (`0=4G,GPU-8f6c...=512MB`; K/M/G/T with or without `B`, powers of 1024; a bare number is
+//!   bytes), or one size for every device. A UUID naming a GPU the container cannot see makes MPS
+//!   drop every pinned limit: such a grant is reported as dropped and grants nothing
+//!   ([`DisagreementKind::MpsDropped`]).
 //!
 //! **Devices from what the runtime gave.** A device ordinal `<i>` is the `<i>`-th GPU the runtime
 //! gave the container (`granted` of [`env_quota_on`]: its spec's `/dev/nvidiaN` nodes or CDI
-//! devices), never what `CUDA_VISIBLE_DEVICES` / `NVIDIA_VISIBLE_DEVICES` alone say: an image sets
-//! those too. Where those variables name another device for the ordinal the disagreement is
-//! reported ([`Disagreement`]); the limit stays on the runtime's GPU and, when the named one was
-//! given too, applies to both (the smaller applies on the GPU really used). With no device list
-//! from the runtime, or an ordinal beyond it, a per-device limit bounds every GPU. GPUShare's
+//! devices; a node's `N` is its minor, which becomes an NVML index only through the GPU whose
+//! `nvmlDeviceGetMinorNumber` it is, [`resolve_device`]: NVML's index follows PCI order and can
+//! differ; a minor no GPU has binds no GPU and is reported, [`DisagreementKind::UnknownMinor`]),
+//! never what `CUDA_VISIBLE_DEVICES` / `NVIDIA_VISIBLE_DEVICES` alone say: an image sets those too.
+//! Where those variables name another device for the ordinal the disagreement is reported
+//! ([`Disagreement`]); the limit stays on the runtime's GPU and, when the named one was given too,
+//! applies to both (the smaller applies on the GPU really used). With no device list from the
+//! runtime, or an ordinal beyond it, a per-device limit bounds every GPU. GPUShare's
 //! `ALIYUN_COM_GPU_MEM_IDX` naming a GPU the runtime did not give also bounds every GPU instead.
 //!
 //! **No escape.** Every variable can only add a limit or lower one; none can remove or raise a limit
@@ -206,6 +212,33 @@ pub struct GpuInfo {
     pub uuid: String,
     /// Total memory, bytes.
     pub memory_total: u64,
+    /// `nvmlDeviceGetMinorNumber`: the `N` of its `/dev/nvidia<N>` (`None` where NVML did not say).
+    pub minor: Option<u32>,
+}
+
+/// A device as an NVML index where `gpus` tell which GPU it is (a UUID or a device minor they
+/// list); else as it was named. A minor is never taken for an index: one that `gpus` do not list
+/// stays a minor, which binds no GPU.
+pub fn resolve_device(d: DeviceRef, gpus: &[GpuInfo]) -> DeviceRef {
+    let found = match &d {
+        DeviceRef::Index(_) => None,
+        DeviceRef::Uuid(u) => gpus.iter().find(|g| g.uuid == *u),
+        DeviceRef::Minor(m) => gpus.iter().find(|g| g.minor == Some(*m)),
+    };
+    found.map_or(d, |g| DeviceRef::Index(g.index))
+}
+
+/// `q` with its devices resolved ([`resolve_device`]); two names of one GPU keep the smaller limit.
+pub fn resolve_quota(q: EnvQuota, gpus: &[GpuInfo]) -> EnvQuota {
+    let mut per: BTreeMap<DeviceRef, u64> = BTreeMap::new();
+    for (d, b) in q.per_gpu {
+        let e = per.entry(resolve_device(d, gpus)).or_insert(b);
+        *e = (*e).min(b);
+    }
+    EnvQuota {
+        per_gpu: per.into_iter().collect(),
+        ..q
+    }
 }
 
 /// What `ALIYUN_COM_GPU_MEM_DEV` says about the GPUShare unit.
@@ -306,6 +339,12 @@ pub enum DisagreementKind {
     /// The kubelet's pod-resources reply names other devices than the runtime spec: per-device
     /// limits are placed both ways and the smaller applies.
     KubeletDevices,
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` names a GPU the container cannot see: MPS then drops
+    /// every pinned limit of the client, so the variable grants nothing.
+    MpsDropped,
+    /// The runtime gave a device node (`/dev/nvidia<minor>`) whose minor no GPU NVML lists has:
+    /// a limit placed on it binds no GPU (fail open), never the GPU whose index is that number.
+    UnknownMinor,
 }
 
 impl DisagreementKind {
@@ -317,6 +356,8 @@ impl DisagreementKind {
             Self::BeyondGranted => "beyond_granted",
             Self::NoPluginValue => "no_plugin_value",
             Self::KubeletDevices => "kubelet_devices",
+            Self::UnknownMinor => "unknown_minor",
+            Self::MpsDropped => "mps_dropped",
         }
     }
 }
@@ -466,18 +507,11 @@ where
             }
         }
     }
-    let normalize = |d: DeviceRef| -> DeviceRef {
-        match &d {
-            DeviceRef::Uuid(u) => gpus
-                .iter()
-                .find(|g| g.uuid == *u)
-                .map_or(d, |g| DeviceRef::Index(g.index)),
-            DeviceRef::Index(_) => d,
-        }
-    };
+    let normalize = |d: DeviceRef| resolve_device(d, gpus);
     let granted: Option<Vec<DeviceRef>> = granted
         .filter(|d| !d.is_empty())
         .map(|d| d.iter().cloned().map(normalize).collect());
+    unknown_minors(granted.as_deref(), gpus, &mut disagreements);
     // The largest GPU: no plugin grants more than one GPU holds.
     let largest = gpus.iter().map(|g| g.memory_total).max().filter(|&b| b > 0);
 
@@ -561,54 +595,16 @@ where
         }
     }
 
-    // MPS: `<ordinal>=<size>[,...]`, or a size for every device.
-    let mut mps_limits = Limits::default();
-    for value in mps {
-        for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-            let (ordinal, size) = match entry.split_once('=') {
-                Some((o, s)) => match o
-                    .trim()
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|_| o.trim().bytes().all(|b| b.is_ascii_digit()))
-                {
-                    Some(o) => (Some(o), s),
-                    None => {
-                        problems.push(error(
-                            MPS_LIMIT,
-                            value,
-                            format!("`{entry}`: expected `<device ordinal>=<size>`, e.g. `0=4G`"),
-                        ));
-                        continue;
-                    }
-                },
-                None => (None, entry),
-            };
-            match parse_mps_size(size) {
-                Some(0) => {}
-                Some(bytes) => {
-                    implausible(&mut disagreements, largest, MPS_LIMIT, value, bytes);
-                    match ordinal {
-                        Some(ordinal) => ordinals.push((
-                            EnvSource::Mps,
-                            Ordinal {
-                                ordinal,
-                                var: MPS_LIMIT,
-                                value,
-                                bytes,
-                            },
-                        )),
-                        None => mps_limits.each(bytes),
-                    }
-                }
-                None => problems.push(error(
-                    MPS_LIMIT,
-                    value,
-                    format!("`{entry}`: expected a size such as `4G`, `512MB` or bytes"),
-                )),
-            }
-        }
-    }
+    // MPS: `<ordinal>=<size>`, `GPU-<uuid>=<size>`, mixed, or a size for every device.
+    let (mps_ordinals, mut mps_limits) = mps_limits(
+        &mps,
+        gpus,
+        granted.as_deref(),
+        largest,
+        &mut problems,
+        &mut disagreements,
+    );
+    ordinals.extend(mps_ordinals.into_iter().map(|o| (EnvSource::Mps, o)));
 
     // Place every per-device limit on the device the runtime gave at that ordinal.
     let env_list = env_device_list(cuda_visible, nvidia_visible);
@@ -775,6 +771,177 @@ const NV_LIMITS: &str = "NVIDIA_GPU_MEMORY_LIMITS";
 const NV_REQUEST: &str = "NVIDIA_GPU_MEMORY_REQUEST";
 const NV_REQUESTS: &str = "NVIDIA_GPU_MEMORY_REQUESTS";
 const MPS_LIMIT: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
+
+/// One `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` entry's device.
+enum MpsKey {
+    /// No `=`: a size for every device.
+    Every,
+    /// A device ordinal of the process.
+    Ordinal(u32),
+    /// `GPU-<uuid>` (NVIDIA's recommended form) or `MIG-<uuid>`.
+    Uuid(String),
+}
+
+fn mps_key(k: &str) -> Option<MpsKey> {
+    let k = k.trim();
+    if !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()) {
+        k.parse().ok().map(MpsKey::Ordinal)
+    } else if (k.starts_with("GPU-") || k.starts_with("MIG-"))
+        && k.len() > 4
+        && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        Some(MpsKey::Uuid(k.to_string()))
+    } else {
+        None
+    }
+}
+
+/// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` values: comma-separated `<ordinal>=<size>` and
+/// `GPU-<uuid>=<size>` entries (mixed as MPS allows), or one size for every device. Returns the
+/// ordinal entries (placed on devices like the other conventions') and the limits on GPUs named by
+/// UUID and on every GPU.
+///
+/// MPS drops every pinned limit of a client when one names a GPU the client cannot see: such a
+/// value is reported as dropped ([`DisagreementKind::MpsDropped`]) and grants nothing. A GPU is
+/// unseen when NVML lists no GPU of that UUID on this node, or when it is not among the GPUs the
+/// runtime gave the container (the visible-devices variables, which an image sets too, never drop
+/// a limit; a MIG UUID is not checked). Each value is judged alone: one that is dropped takes no
+/// other value's limit with it.
+fn mps_limits<'a>(
+    values: &[&'a str],
+    gpus: &[GpuInfo],
+    granted: Option<&[DeviceRef]>,
+    largest: Option<u64>,
+    problems: &mut Vec<EnvQuotaError>,
+    disagreements: &mut Vec<Disagreement>,
+) -> (Vec<Ordinal<'a>>, Limits) {
+    let mut ordinals = Vec::new();
+    let mut limits = Limits::default();
+    for &value in values {
+        let mut unseen: Vec<String> = Vec::new();
+        let (o, l) = mps_value(
+            value,
+            gpus,
+            granted,
+            largest,
+            problems,
+            disagreements,
+            &mut unseen,
+        );
+        if unseen.is_empty() {
+            ordinals.extend(o);
+            for (d, b) in l.per_gpu {
+                limits.device(d, b);
+            }
+            if let Some(b) = l.each_gpu {
+                limits.each(b);
+            }
+            continue;
+        }
+        disagreements.push(Disagreement {
+            kind: DisagreementKind::MpsDropped,
+            var: MPS_LIMIT.to_string(),
+            said: format!(
+                "`{MPS_LIMIT}={}` names {}, which the container cannot see ({}): MPS drops every pinned limit then, so it grants nothing",
+                value.chars().take(64).collect::<String>(),
+                unseen.join(", "),
+                match granted {
+                    Some(g) => format!("its runtime gave {}", describe_devices(g)),
+                    None => "no GPU here has that UUID".to_string(),
+                }
+            ),
+        });
+    }
+    (ordinals, limits)
+}
+
+/// One value of [`mps_limits`]; the UUIDs it names that the container cannot see go to `unseen`.
+fn mps_value<'a>(
+    value: &'a str,
+    gpus: &[GpuInfo],
+    granted: Option<&[DeviceRef]>,
+    largest: Option<u64>,
+    problems: &mut Vec<EnvQuotaError>,
+    disagreements: &mut Vec<Disagreement>,
+    unseen: &mut Vec<String>,
+) -> (Vec<Ordinal<'a>>, Limits) {
+    let mut ordinals = Vec::new();
+    let mut limits = Limits::default();
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (key, size) = match entry.split_once('=') {
+            None => (Some(MpsKey::Every), entry),
+            Some((k, s)) => (mps_key(k), s),
+        };
+        let Some(key) = key else {
+            problems.push(error(
+                MPS_LIMIT,
+                value,
+                format!(
+                    "`{entry}`: expected `<device ordinal>=<size>` or `GPU-<uuid>=<size>`, e.g. `0=4G`"
+                ),
+            ));
+            continue;
+        };
+        let bytes = match parse_mps_size(size) {
+            Some(0) => continue,
+            Some(b) => b,
+            None => {
+                problems.push(error(
+                    MPS_LIMIT,
+                    value,
+                    format!("`{entry}`: expected a size such as `4G`, `512MB` or bytes"),
+                ));
+                continue;
+            }
+        };
+        implausible(disagreements, largest, MPS_LIMIT, value, bytes);
+        match key {
+            MpsKey::Every => limits.each(bytes),
+            MpsKey::Ordinal(ordinal) => ordinals.push(Ordinal {
+                ordinal,
+                var: MPS_LIMIT,
+                value,
+                bytes,
+            }),
+            MpsKey::Uuid(u) => {
+                let d = resolve_device(DeviceRef::Uuid(u.clone()), gpus);
+                let on_node = gpus.is_empty() || matches!(d, DeviceRef::Index(_));
+                let given = granted.is_none_or(|g| g.contains(&d));
+                if u.starts_with("MIG-") || (on_node && given) {
+                    limits.device(d, bytes);
+                } else {
+                    unseen.push(u);
+                }
+            }
+        }
+    }
+    (ordinals, limits)
+}
+
+/// Device nodes whose minor no GPU of `gpus` has (none are said while no GPU is known).
+fn unknown_minors(granted: Option<&[DeviceRef]>, gpus: &[GpuInfo], out: &mut Vec<Disagreement>) {
+    if gpus.is_empty() {
+        return;
+    }
+    for d in granted.unwrap_or_default() {
+        if let DeviceRef::Minor(m) = d {
+            out.push(Disagreement {
+                kind: DisagreementKind::UnknownMinor,
+                var: format!("/dev/nvidia{m}"),
+                said: format!(
+                    "the runtime gave /dev/nvidia{m}, whose minor no GPU NVML lists has (GPUs: {}): a limit on it binds no GPU",
+                    gpus.iter()
+                        .map(|g| match g.minor {
+                            Some(m) => format!("GPU {} is /dev/nvidia{m}", g.index),
+                            None => format!("GPU {} has no minor", g.index),
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
+    }
+}
 
 /// A limit above the largest GPU's memory: no plugin grants it.
 fn implausible(
@@ -1087,6 +1254,7 @@ mod tests {
                 index: i,
                 uuid: format!("GPU-{i}{i}{i}"),
                 memory_total: 80 * GIB,
+                minor: Some(i),
             })
             .collect()
     }
@@ -1251,6 +1419,158 @@ mod tests {
 
     /// Issue 22, problem 1: a visible-devices variable naming no GPU took HAMi's limit off the GPU
     /// in use (3 GiB used under a 1 GiB limit, never enforced).
+    /// GPUs whose device minors are not their indices (PCI order differs from the driver's):
+    /// GPU 0 is /dev/nvidia1, GPU 1 is /dev/nvidia0.
+    fn crossed() -> Vec<GpuInfo> {
+        gpus()
+            .into_iter()
+            .map(|g| GpuInfo {
+                minor: Some(g.index ^ 1),
+                ..g
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_device_node_is_the_gpu_nvml_gives_its_minor_not_the_gpu_of_that_index() {
+        let on = |gpus: &[GpuInfo], granted: &[DeviceRef]| {
+            env_quota_on(
+                [("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")],
+                GpuShareUnit::GiB,
+                gpus,
+                Some(granted),
+            )
+        };
+        // /dev/nvidia1 is GPU 0.
+        let r = on(&crossed(), &[DeviceRef::Minor(1)]);
+        assert_eq!(r.quota.unwrap().per_gpu, vec![(G0, GIB)]);
+        assert_eq!(r.disagreements, vec![]);
+        // The visible-devices variables naming that GPU by index agree with it.
+        let r = env_quota_on(
+            [
+                ("NVIDIA_VISIBLE_DEVICES", "0"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
+            ],
+            GpuShareUnit::GiB,
+            &crossed(),
+            Some(&[DeviceRef::Minor(1)]),
+        );
+        assert_eq!(r.quota.unwrap().per_gpu, vec![(G0, GIB)]);
+        assert_eq!(r.disagreements, vec![]);
+        // A minor no GPU has binds no GPU (fail open), and is said.
+        let r = on(&crossed(), &[DeviceRef::Minor(7)]);
+        assert_eq!(
+            r.quota.clone().unwrap().per_gpu,
+            vec![(DeviceRef::Minor(7), GIB)]
+        );
+        assert_eq!(kinds(&r), vec![DisagreementKind::UnknownMinor]);
+        assert!(
+            r.disagreements[0].said.contains("GPU 0 is /dev/nvidia1"),
+            "{r:?}"
+        );
+        // NVML without minors: none is resolved, none is guessed.
+        let blind: Vec<GpuInfo> = gpus()
+            .into_iter()
+            .map(|g| GpuInfo { minor: None, ..g })
+            .collect();
+        let r = on(&blind, &[DeviceRef::Minor(0)]);
+        assert_eq!(
+            r.quota.clone().unwrap().per_gpu,
+            vec![(DeviceRef::Minor(0), GIB)]
+        );
+        assert!(
+            r.disagreements[0].said.contains("GPU 0 has no minor"),
+            "{r:?}"
+        );
+        // No GPU known yet (no sample): nothing to say.
+        assert_eq!(on(&[], &[DeviceRef::Minor(1)]).disagreements, vec![]);
+    }
+
+    #[test]
+    fn resolving_names_each_gpu_once_with_the_smaller_limit() {
+        assert_eq!(resolve_device(DeviceRef::Minor(0), &crossed()), G1);
+        assert_eq!(
+            resolve_device(DeviceRef::Uuid("GPU-111".into()), &crossed()),
+            G1
+        );
+        assert_eq!(resolve_device(G1, &crossed()), G1);
+        assert_eq!(
+            resolve_device(DeviceRef::Minor(2), &crossed()),
+            DeviceRef::Minor(2)
+        );
+        let q = EnvQuota {
+            source: EnvSource::Dra,
+            per_gpu: vec![
+                (G1, 3 * GIB),
+                (DeviceRef::Uuid("GPU-000".into()), 4 * GIB),
+                (DeviceRef::Minor(0), 2 * GIB),
+                (DeviceRef::Minor(1), 5 * GIB),
+                (DeviceRef::Minor(9), GIB),
+            ],
+            each_gpu: Some(8 * GIB),
+        };
+        let r = resolve_quota(q, &crossed());
+        assert_eq!(
+            r.per_gpu,
+            vec![(G0, 4 * GIB), (G1, 2 * GIB), (DeviceRef::Minor(9), GIB)]
+        );
+        assert_eq!((r.source, r.each_gpu), (EnvSource::Dra, Some(8 * GIB)));
+    }
+
+    /// NVIDIA's recommended spelling, by GPU UUID, alone and mixed with ordinals; a UUID naming a GPU
+    /// the container cannot see makes MPS drop every pinned limit: reported, granting nothing.
+    #[test]
+    fn mps_limits_by_uuid_and_the_invisible_gpu_rule() {
+        const MPS: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
+        // GPU-111 is GPU 1.
+        assert_eq!(limits(&[(MPS, "GPU-111=2G")]), (vec![(G1, 2 * GIB)], None));
+        // Mixed with an ordinal, on the GPUs the runtime gave (its device 0 is GPU 1).
+        let r = report_on(&[(MPS, "0=1G, GPU-000=3G")], &[G1, G0]);
+        assert_eq!(r.disagreements, vec![]);
+        let q = r.quota.unwrap();
+        assert_eq!(q.source, EnvSource::Mps);
+        assert_eq!(q.per_gpu, vec![(G0, 3 * GIB), (G1, GIB)]);
+        // A GPU the runtime did not give: MPS drops every limit, the ordinal's too.
+        let r = report_on(&[(MPS, "0=1G,GPU-000=3G")], &[G1]);
+        assert_eq!(r.quota, None);
+        assert_eq!(kinds(&r), vec![DisagreementKind::MpsDropped]);
+        assert!(r.disagreements[0].said.contains("GPU-000"), "{r:?}");
+        assert!(r.disagreements[0].said.contains("grants nothing"), "{r:?}");
+        // A UUID no GPU here has.
+        let r = report(&[(MPS, "2G,GPU-999=1G")], GpuShareUnit::GiB);
+        assert_eq!(
+            (r.quota.clone(), kinds(&r)),
+            (None, vec![DisagreementKind::MpsDropped])
+        );
+        // Each value alone: a second value (a name given twice) that MPS would drop takes nothing
+        // from the first.
+        let r = report(&[(MPS, "1G"), (MPS, "GPU-999=512M")], GpuShareUnit::GiB);
+        assert_eq!(kinds(&r), vec![DisagreementKind::MpsDropped]);
+        assert_eq!(r.quota.unwrap().each_gpu, Some(GIB));
+        // Another convention's limit stays.
+        let r = report_on(
+            &[(MPS, "GPU-000=3G"), ("CUDA_DEVICE_MEMORY_LIMIT", "2g")],
+            &[G1],
+        );
+        let q = r.quota.unwrap();
+        assert_eq!((q.source, q.each_gpu), (EnvSource::Hami, Some(2 * GIB)));
+        // The visible-devices variables never drop a limit (an image sets them too).
+        let (per, _) = limits_on(
+            &[("CUDA_VISIBLE_DEVICES", "GPU-111"), (MPS, "GPU-000=3G")],
+            &[G0, G1],
+        );
+        assert_eq!(per, vec![(G0, 3 * GIB)]);
+        // A MIG device is kept by its UUID, unchecked.
+        let (per, _) = limits_on(&[(MPS, "MIG-abc=1G")], &[G0]);
+        assert_eq!(per, vec![(DeviceRef::Uuid("MIG-abc".into()), GIB)]);
+        // Malformed keys are said and ignored; the rest of the list counts.
+        for bad in ["GPU-=1G", "GPU-a b=1G", "gpu-000=1G", "GPU-000:1G"] {
+            let r = report(&[(MPS, bad), (MPS, "1=1G")], GpuShareUnit::GiB);
+            assert_eq!(r.problems.len(), 1, "{bad}: {r:?}");
+            assert_eq!(r.quota.unwrap().each_gpu, Some(GIB), "{bad}");
+        }
+    }
+
     #[test]
     fn a_visible_devices_variable_naming_no_gpu_cannot_take_a_hami_limit_off() {
         let env = [
@@ -1623,6 +1943,7 @@ mod tests {
             index: 0,
             uuid: "GPU-000".into(),
             memory_total: 0,
+            minor: Some(0),
         }];
         let r = env_quota_on(
             [("CUDA_DEVICE_MEMORY_LIMIT", "1g")],

@@ -35,6 +35,7 @@ pub use self::{
     env::{
         Disagreement, DisagreementKind, EnvQuota, EnvQuotaError, EnvQuotaReport, EnvSource,
         GpuInfo, GpuShareUnit, Trust, UnitCheck, env_quota, env_quota_on, parse_environ,
+        resolve_device, resolve_quota,
     },
     file::{KubernetesPatch, LocatedError, QuotaFile, load_dir_set, parse_str},
     select::{PathGlob, PodRef, ProtectPattern, Selector, WorkloadMeta},
@@ -420,7 +421,7 @@ impl Default for KubeletSettings {
     }
 }
 
-/// One GPU, by NVML index or UUID.
+/// One GPU, by NVML index, UUID or device minor.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DeviceRef {
@@ -428,6 +429,11 @@ pub enum DeviceRef {
     Index(u32),
     /// `GPU-...` UUID.
     Uuid(String),
+    /// The minor number of the GPU's device node `/dev/nvidia<minor>` (a runtime spec's device,
+    /// NVIDIA's DRA driver's `gpu-<minor>`): not an NVML index (NVML's index follows PCI order,
+    /// the minor the driver's), so it is resolved through `nvmlDeviceGetMinorNumber`
+    /// ([`env::resolve_device`]); one that NVML does not list binds no GPU (fail open).
+    Minor(u32),
 }
 
 impl fmt::Display for DeviceRef {
@@ -435,6 +441,7 @@ impl fmt::Display for DeviceRef {
         match self {
             Self::Index(i) => write!(f, "GPU {i}"),
             Self::Uuid(u) => f.write_str(u),
+            Self::Minor(m) => write!(f, "/dev/nvidia{m}"),
         }
     }
 }

@@ -433,6 +433,7 @@ fn docker_runtime_spec_from_the_engine_its_containerd_bundle_or_else_the_init() 
         index: 0,
         uuid: GPU.into(),
         memory_total: 80 * GIB,
+        minor: Some(0),
     }];
     let quota = |roots: SpecRoots| {
         let (q, trust) = EnvQuotaReader::new(roots, v2.clone())
@@ -548,5 +549,101 @@ fn docker_limits_land_on_the_gpu_the_runtime_gave_in_every_schedulers_variables(
             .lines()
             .any(|l| l.starts_with("gpushare_env_quota_disagreements_total{kind=\"not_granted\"}")),
         "{metrics}"
+    );
+}
+
+/// Issue 41: a device node's number is its minor, not NVML's index (NVML's follows PCI order, the
+/// minor the driver's). Here GPU 0 is /dev/nvidia1 and GPU 1 is /dev/nvidia0: a HAMi per-device
+/// limit of the container given /dev/nvidia1 binds GPU 0, the one it uses, and the one given
+/// /dev/nvidia0 is bounded on GPU 1. On main each limit bound the neighbour's GPU (the one whose
+/// index is the node's number) and neither container was ever frozen.
+#[test]
+fn docker_a_device_node_binds_the_gpu_nvml_gives_its_minor_not_the_gpu_of_that_index() {
+    let Some(dk) = require_docker("docker_device_minor_is_not_the_index") else {
+        return;
+    };
+    let limit = ["-e", "CUDA_DEVICE_MEMORY_LIMIT_0=1024m"];
+    let on1 = GpuContainer::attached_on(dk, "minor-1", "/dev/nvidia1", &limit).unwrap();
+    let on0 = GpuContainer::attached_on(dk, "minor-0", "/dev/nvidia0", &limit).unwrap();
+    let process = |pid: u32| json!([{ "pid": pid, "used_memory": 2 * GIB }]);
+    let sc = Scenario::create(&json!({ "devices": [
+        { "uuid": "GPU-minor-1", "name": "NVIDIA Fake", "memory_total": 80 * GIB, "minor": 1,
+          "compute_processes": process(on1.pid()) },
+        { "uuid": "GPU-minor-0", "name": "NVIDIA Fake", "memory_total": 80 * GIB, "minor": 0,
+          "compute_processes": process(on0.pid()) },
+    ] }))
+    .unwrap();
+    let agent = AgentProcess::start(&sc, FAST, &[]);
+    let on = [(&on1, "GPU-minor-1"), (&on0, "GPU-minor-0")];
+    let frozen = |s: &Snapshot| {
+        on.iter()
+            .all(|(c, gpu)| workload(s, &c.key(), gpu).is_some_and(|w| w.state == "frozen"))
+    };
+    let s = agent.wait_for(WAIT, frozen);
+    for (c, gpu) in on {
+        assert!(c.wait_v2_frozen(true, Duration::from_secs(5)));
+        let w = workload(&s, &c.key(), gpu).unwrap();
+        assert_eq!(w.quota_bytes, Some(GIB), "{w:?}");
+        assert!(w.quota_source.contains("hami env"), "{w:?}");
+    }
+}
+
+/// Issue 41: MPS limits by GPU UUID, NVIDIA's recommended spelling, read from real containers'
+/// runtime specs: `GPU-<uuid>=1G` naming the container's GPU bounds it (frozen at 2 GiB); one that
+/// names a GPU this node does not have makes MPS drop every pinned limit, so it grants nothing and
+/// is said (`mps_dropped`), the container left alone. (On main: the UUID form was malformed, ignored
+/// in both.)
+#[test]
+fn docker_mps_limits_by_gpu_uuid_and_a_limit_mps_would_drop() {
+    let Some(dk) = require_docker("docker_mps_limits_by_gpu_uuid") else {
+        return;
+    };
+    let by_uuid = GpuContainer::attached(
+        dk,
+        "mps-uuid",
+        &["-e", &format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={GPU}=1G")],
+    )
+    .unwrap();
+    let dropped = GpuContainer::attached(
+        dk,
+        "mps-dropped",
+        &[
+            "-e",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1G,GPU-7a0e4c1b-elsewhere=1G",
+        ],
+    )
+    .unwrap();
+    let sc = Scenario::create(&scenario(&[
+        (by_uuid.pid(), 2 * GIB),
+        (dropped.pid(), 2 * GIB),
+    ]))
+    .unwrap();
+    let agent = AgentProcess::start(&sc, FAST, &[]);
+    let s = agent.wait_for(WAIT, |s| state_of(s, &by_uuid) == "frozen");
+    assert!(by_uuid.wait_v2_frozen(true, Duration::from_secs(5)));
+    let w = row(&s, &by_uuid).unwrap();
+    assert_eq!(w.quota_bytes, Some(GIB), "{w:?}");
+    assert!(w.quota_source.contains("mps env"), "{w:?}");
+    for _ in 0..3 {
+        agent.wait_next_step();
+    }
+    let s = agent.wait_next_step();
+    let w = row(&s, &dropped);
+    assert!(
+        w.is_none_or(|w| w.quota_bytes.is_none() && w.state == "ok"),
+        "{w:?}"
+    );
+    assert!(!dropped.is_v2_frozen());
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("gpushare_env_quota_disagreements_total{kind=\"mps_dropped\"}")),
+        "{metrics}"
+    );
+    assert!(
+        agent.log().contains("MPS drops every pinned limit"),
+        "{}",
+        agent.log()
     );
 }

@@ -214,6 +214,112 @@ fn an_annotation_lowers_never_raises_and_an_edit_after_the_start_is_ignored() {
     drop((pa, pb));
 }
 
+/// Issue 41: a native sidecar (an init container with `restartPolicy: Always`) holding a 1 GiB DRA
+/// claim and using 2 GiB is frozen by it (on main its claim was never read: no quota at all); a
+/// container of a TensorFusion pod (`tensor-fusion.ai/vram-limit: 1Gi`) and one with KAI's
+/// CDI-era annotation (`nvidia.cdi.k8s.io/<name>.gpu-memory.limit`), each using 2 GiB, are frozen by
+/// them (on main neither spelling was read).
+#[test]
+fn a_sidecars_claim_and_the_schedulers_own_annotations_bound_their_containers() {
+    needs_root!("a_sidecars_claim_and_the_schedulers_own_annotations_bound_their_containers");
+    let api = FakeApi::start();
+    let (uid, main, side) = (pod_uid(), container_id(), container_id());
+    let (uid2, tf) = (pod_uid(), container_id());
+    let (uid3, kai) = (pod_uid(), container_id());
+    let g_main = PlacedGroup::create(&format!("kubepods/pod{uid}/{main}"));
+    let g_side = PlacedGroup::create(&format!("kubepods/pod{uid}/{side}"));
+    let g_tf = PlacedGroup::create(&format!("kubepods/pod{uid2}/{tf}"));
+    let g_kai = PlacedGroup::create(&format!("kubepods/pod{uid3}/{kai}"));
+    let (p_main, p_side) = (sleeping(g_main.cg()), sleeping(g_side.cg()));
+    let (p_tf, p_kai) = (sleeping(g_tf.cg()), sleeping(g_kai.cg()));
+    // The sidecar: the pod helper's second container moved to `spec.initContainers`.
+    let mut sidecar_pod = pod(
+        "ml",
+        "serve-0",
+        &uid,
+        json!({}),
+        &[("main", &main, &[]), ("proxy", &side, &["gpu"])],
+        &[("gpu", "serve-0-gpu")],
+    );
+    let mut init = sidecar_pod["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .split_off(1);
+    init[0]["restartPolicy"] = json!("Always");
+    sidecar_pod["spec"]["initContainers"] = json!(init);
+    let statuses = sidecar_pod["status"]["containerStatuses"]
+        .as_array_mut()
+        .unwrap()
+        .split_off(1);
+    sidecar_pod["status"]["initContainerStatuses"] = json!(statuses);
+    api.set(
+        vec![
+            sidecar_pod,
+            pod(
+                "ml",
+                "tf-0",
+                &uid2,
+                json!({ "tensor-fusion.ai/vram-limit": "1Gi", "tensor-fusion.ai/vram-request": "1Gi",
+                        "tensor-fusion.ai/inject-container": "python" }),
+                &[("python", &tf, &[])],
+                &[],
+            ),
+            pod(
+                "ml",
+                "kai-0",
+                &uid3,
+                json!({ "nvidia.cdi.k8s.io/trainer.gpu-memory.limit": "1Gi",
+                        "nvidia.cdi.k8s.io/trainer.gpu-memory.request": "512Mi" }),
+                &[("trainer", &kai, &[])],
+                &[],
+            ),
+        ],
+        vec![claim("ml", "serve-0-gpu", "gpu-0", "1Gi")],
+    );
+    let sc = Scenario::create(&one_gpu(&[
+        (p_main.pid(), 2 * GIB),
+        (p_side.pid(), 2 * GIB),
+        (p_tf.pid(), 2 * GIB),
+        (p_kai.pid(), 2 * GIB),
+    ]))
+    .unwrap();
+    let agent = AgentProcess::start(&sc, &format!("{FREEZE}{}", api.quota_table(false)), &[]);
+    let key_of = |id: &str| {
+        let s = agent.wait_next_step();
+        s.workloads
+            .iter()
+            .find(|w| w.container_id == id || w.workload.ends_with(id))
+            .map(|w| w.workload.clone())
+            .unwrap_or_else(|| panic!("{id}: {:?}\n{}", s.workloads, agent.log()))
+    };
+    for (id, source, what) in [
+        (&side, "dra", "the sidecar's claim freezes it"),
+        (&tf, "annotation", "TensorFusion's vram-limit freezes it"),
+        (&kai, "annotation", "KAI's CDI-era limit freezes it"),
+    ] {
+        let w = wait_row(&agent, &key_of(id), what, |w| w.state == "frozen");
+        assert_eq!(
+            (w.quota_bytes, w.quota_source.as_str()),
+            (Some(GIB), source),
+            "{what}: {w:?}"
+        );
+    }
+    assert!(g_side.cg().wait_frozen(true) && g_tf.cg().wait_frozen(true));
+    assert!(g_kai.cg().wait_frozen(true));
+    // The main container holds no claim and no annotation names it: no quota, left alone.
+    let s = agent.wait_next_step();
+    let m = s
+        .workloads
+        .iter()
+        .find(|w| w.container_id == main || w.workload.ends_with(&main));
+    assert!(
+        m.is_none_or(|w| w.quota_bytes.is_none() && w.state == "ok"),
+        "{m:?}"
+    );
+    assert!(!g_main.cg().is_frozen());
+    drop((p_main, p_side, p_tf, p_kai));
+}
+
 /// 100 freeze and release cycles of one pod's container give the Events client-go's spam filter
 /// allows: 25 writes at once (two Events created, `GpuMemoryFrozen` and `GpuMemoryThawed`, then
 /// PATCHes of their counts), never one Event per occurrence; the counts they carry grow with the

@@ -107,8 +107,8 @@ macro_rules! device_strings {
 device_values! {
     nvmlDeviceGetIndex(index: c_uint) = |_, i| i as c_uint;
     nvmlDeviceGetPowerUsage(power: c_uint) = |s, i| s.scenario.devices[i].power_usage;
-    /// The index (/dev/nvidia<index>).
-    nvmlDeviceGetMinorNumber(minor: c_uint) = |_, i| i as c_uint;
+    /// The scenario's `minor` (/dev/nvidia<minor>), else the index.
+    nvmlDeviceGetMinorNumber(minor: c_uint) = |s, i| s.scenario.devices[i].minor_at(i);
     nvmlDeviceGetPersistenceMode(mode: c_uint) = |_, _| abi::FEATURE_ENABLED;
     nvmlDeviceGetComputeMode(mode: c_uint) = |_, _| abi::COMPUTEMODE_DEFAULT;
     nvmlDeviceGetBrand(brand: c_uint) = |_, _| abi::BRAND_NVIDIA;

@@ -228,9 +228,10 @@ struct OciDevice {
 /// The NVIDIA character devices' major number.
 const NVIDIA_MAJOR: i64 = 195;
 
-/// The GPU a device node given to a container is: `/dev/nvidia<N>` in the container, GPU `minor`
+/// The device minor of a node given to a container: `/dev/nvidia<N>` in the container, `minor`
 /// when it is NVIDIA's character device (major 195), else `<N>` (a node of other numbers mapped to
-/// that name, as in tests). `nvidiactl`, `nvidia-uvm` and the rest are no GPU.
+/// that name, as in tests). A minor, not an NVML index: it is resolved through NVML
+/// ([`DeviceRef::Minor`]). `nvidiactl`, `nvidia-uvm` and the rest are no GPU.
 fn gpu_of_node(path: &str, major: Option<i64>, minor: Option<i64>) -> Option<u32> {
     let n = path.strip_prefix("/dev/nvidia")?;
     if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
@@ -265,8 +266,25 @@ fn dedup_in_order(v: Vec<DeviceRef>) -> Option<Vec<DeviceRef>> {
     (!out.is_empty()).then_some(out)
 }
 
+/// Whether annotation `key` names CDI devices for the container named `container`: the CRI's
+/// `cdi.k8s.io/*`, and nvidia-container-runtime's `nvidia.cdi.k8s.io/*` (KAI's and the NRI plugin's
+/// `nvidia.cdi.k8s.io/container.<name>` only for container `<name>`: a pod's annotations reach each
+/// of its containers' specs).
+fn cdi_annotation_for(key: &str, container: Option<&str>) -> bool {
+    if key.starts_with("cdi.k8s.io/") {
+        return true;
+    }
+    match key.strip_prefix("nvidia.cdi.k8s.io/") {
+        Some(rest) => rest
+            .strip_prefix("container.")
+            .is_none_or(|name| container == Some(name)),
+        None => false,
+    }
+}
+
 /// The GPUs an OCI runtime config gives the container, in its order: its `linux.devices` GPU nodes,
-/// else the GPUs its CDI annotations (`cdi.k8s.io/*`) name; `None` when neither says.
+/// else the GPUs its CDI annotations (`cdi.k8s.io/*`, `nvidia.cdi.k8s.io/*`) name; `None` when
+/// neither says.
 fn devices_from_oci(cfg: &OciConfig) -> Option<Vec<DeviceRef>> {
     let nodes = cfg
         .linux
@@ -275,7 +293,7 @@ fn devices_from_oci(cfg: &OciConfig) -> Option<Vec<DeviceRef>> {
         .map(|ds| {
             ds.iter()
                 .filter_map(|d| gpu_of_node(&d.path, d.major, d.minor))
-                .map(DeviceRef::Index)
+                .map(DeviceRef::Minor)
                 .collect::<Vec<_>>()
         })
         .unwrap_or_default();
@@ -284,7 +302,7 @@ fn devices_from_oci(cfg: &OciConfig) -> Option<Vec<DeviceRef>> {
             .annotations
             .iter()
             .flatten()
-            .filter(|(k, _)| k.starts_with("cdi.k8s.io/"))
+            .filter(|(k, _)| cdi_annotation_for(k, container_name_of(cfg).as_deref()))
             .flat_map(|(_, v)| v.split(','))
             .filter_map(|qualified| {
                 let (kind, name) = qualified.trim().split_once('=')?;
@@ -321,7 +339,8 @@ struct DockerDeviceRequest {
 }
 
 /// The GPUs Docker gives a container, from the text of its `hostconfig.json`: `--device` nodes
-/// named `/dev/nvidia<N>` in the container (GPU `minor` when the host node is NVIDIA's), then
+/// named `/dev/nvidia<N>` in the container (device minor `N`, or the host node's minor when it is
+/// NVIDIA's), then
 /// `--gpus device=...` ids; `None` when neither names one (`--gpus all` names none).
 pub fn devices_from_docker_hostconfig(bytes: &[u8]) -> Result<Option<Vec<DeviceRef>>, String> {
     let hc: DockerHostConfig =
@@ -329,8 +348,8 @@ pub fn devices_from_docker_hostconfig(bytes: &[u8]) -> Result<Option<Vec<DeviceR
     let mut out = Vec::new();
     for d in hc.devices.iter().flatten() {
         let (major, minor) = host_node_numbers(Path::new(&d.path_on_host));
-        if let Some(i) = gpu_of_node(&d.path_in_container, major, minor) {
-            out.push(DeviceRef::Index(i));
+        if let Some(m) = gpu_of_node(&d.path_in_container, major, minor) {
+            out.push(DeviceRef::Minor(m));
         }
     }
     for r in hc.device_requests.iter().flatten() {
@@ -732,7 +751,7 @@ mod tests {
             ]),
         );
         let g = read_spec_grant(SpecKind::OciBundle, &p, ID).unwrap();
-        assert_eq!(g.devices, Some(vec![DeviceRef::Index(1)]));
+        assert_eq!(g.devices, Some(vec![DeviceRef::Minor(1)]));
         assert_eq!(g.vars[0], ("CUDA_DEVICE_MEMORY_LIMIT_0".into(), "0".into()));
         let r = crate::quota::env_quota_on(
             g.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
@@ -748,7 +767,7 @@ mod tests {
             r.disagreements.iter().map(|d| d.kind).collect::<Vec<_>>(),
             vec![crate::quota::DisagreementKind::NoPluginValue]
         );
-        // A node of other numbers named /dev/nvidiaN (tests, a renamed node) is GPU N.
+        // A node of other numbers named /dev/nvidiaN (tests, a renamed node) is minor N.
         assert_eq!(gpu_of_node("/dev/nvidia3", Some(1), Some(3)), Some(3));
         assert_eq!(gpu_of_node("/dev/nvidia3", Some(195), Some(7)), Some(7));
         assert_eq!(gpu_of_node("/dev/nvidiactl", Some(195), Some(255)), None);
@@ -775,6 +794,28 @@ mod tests {
             g.devices,
             Some(vec![DeviceRef::Uuid("GPU-aaa".into()), DeviceRef::Index(2)])
         );
+        // KAI's CDI device annotation (NVIDIA's NRI plugin's spelling), which takes the place of
+        // NVIDIA_VISIBLE_DEVICES: only the one for this container; the pod's other containers'
+        // and the KAI limits under the same prefix name no device.
+        let p = t.write(
+            "kai/config.json",
+            &serde_json::json!({
+                "process": { "env": ["CUDA_DEVICE_MEMORY_LIMIT_0=1024m"] },
+                "annotations": {
+                    "io.kubernetes.cri.container-name": "trainer",
+                    "nvidia.cdi.k8s.io/container.trainer": "nvidia.com/gpu=GPU-ccc",
+                    "nvidia.cdi.k8s.io/container.sidecar": "nvidia.com/gpu=3",
+                    "nvidia.cdi.k8s.io/container.trainer.gpu-memory.limit": "4Gi",
+                    "nvidia.cdi.k8s.io/trainer.gpu-memory.limit": "4Gi"
+                }
+            })
+            .to_string(),
+        );
+        let g = read_spec_grant(SpecKind::OciBundle, &p, ID).unwrap();
+        assert_eq!(g.devices, Some(vec![DeviceRef::Uuid("GPU-ccc".into())]));
+        assert!(cdi_annotation_for("nvidia.cdi.k8s.io/gpus", None));
+        assert!(!cdi_annotation_for("nvidia.cdi.k8s.io/container.a", None));
+        assert!(!cdi_annotation_for("example.com/cdi.k8s.io/x", Some("a")));
         // Nothing said: None (not an empty list).
         let p = t.write("none/config.json", &oci(&["A=1"]));
         assert_eq!(
@@ -800,7 +841,12 @@ mod tests {
         let g = read_spec_grant(SpecKind::DockerConfig, &p, ID).unwrap();
         assert_eq!(
             g.devices,
-            Some(vec![DeviceRef::Index(0), DeviceRef::Uuid("GPU-bbb".into())])
+            // The node's minor 0 and NVML's index 0 need not be one GPU: both are kept.
+            Some(vec![
+                DeviceRef::Minor(0),
+                DeviceRef::Uuid("GPU-bbb".into()),
+                DeviceRef::Index(0)
+            ])
         );
         assert_eq!(
             g.vars,

@@ -69,12 +69,13 @@ fn claim(name: &str, results: &[(&str, &str, Option<&str>)]) -> ResourceClaim {
     .unwrap()
 }
 
+/// A DRA quota on GPUs named by their device minors (`gpu-<minor>`).
 fn dra(per_gpu: &[(u32, u64)], each: Option<u64>) -> EnvQuota {
     EnvQuota {
         source: EnvSource::Dra,
         per_gpu: per_gpu
             .iter()
-            .map(|(i, b)| (DeviceRef::Index(*i), *b))
+            .map(|(m, b)| (DeviceRef::Minor(*m), *b))
             .collect(),
         each_gpu: each,
     }
@@ -212,11 +213,11 @@ fn container_ids_and_device_names() {
     assert_eq!(container_id("docker://0123456789zz"), None);
     assert_eq!(
         dra_device(NVIDIA_DRA_DRIVER, "gpu-7"),
-        Some(DeviceRef::Index(7))
+        Some(DeviceRef::Minor(7))
     );
     assert_eq!(
         dra_device(NVIDIA_DRA_DRIVER, "gpu-12-mig-1-0-1"),
-        Some(DeviceRef::Index(12))
+        Some(DeviceRef::Minor(12))
     );
     for bad in [
         "gpu-",
@@ -333,18 +334,28 @@ fn the_smallest_applies_on_each_gpu_and_names_its_source() {
     let a = dra(&[(0, 4 * GI)], None);
     let b = ann(Some(2 * GI), &[]);
     let m = min(&a, &b);
-    assert_eq!(m.per_gpu, vec![(DeviceRef::Index(0), 2 * GI)]);
+    assert_eq!(m.per_gpu, vec![(DeviceRef::Minor(0), 2 * GI)]);
     assert_eq!(m.each_gpu, Some(2 * GI));
     assert_eq!(m.source, EnvSource::Annotation, "b's limits are kept");
     // An annotation never lifts: 8 GiB over a 4 GiB claim keeps 4 GiB on its GPU; the
     // annotation's 8 GiB bounds every other GPU, so both are named.
     let m = min(&a, &ann(Some(8 * GI), &[]));
-    assert_eq!(m.per_gpu, vec![(DeviceRef::Index(0), 4 * GI)]);
+    assert_eq!(m.per_gpu, vec![(DeviceRef::Minor(0), 4 * GI)]);
     assert_eq!(m.each_gpu, Some(8 * GI));
     assert_eq!(m.source, EnvSource::DraAndAnnotation);
-    let m = min(&a, &ann(None, &[(0, 8 * GI)]));
-    assert_eq!(m, a, "the claim's limits are kept");
-    let m = min(&a, &ann(None, &[(1, GI)]));
+    // The claim's `gpu-0` is a device minor, the annotation's GPU 0 an NVML index: which GPU each
+    // is, NVML tells (here minor 0 is GPU 0, minor 1 GPU 1), and there the claim's limit is kept.
+    let gpus: Vec<crate::quota::GpuInfo> = (0..2)
+        .map(|i| crate::quota::GpuInfo {
+            index: i,
+            uuid: format!("GPU-{i}"),
+            memory_total: 80 * GI,
+            minor: Some(i),
+        })
+        .collect();
+    let m = crate::quota::resolve_quota(min(&a, &ann(None, &[(0, 8 * GI)])), &gpus);
+    assert_eq!(m.per_gpu, vec![(DeviceRef::Index(0), 4 * GI)]);
+    let m = crate::quota::resolve_quota(min(&a, &ann(None, &[(1, GI)])), &gpus);
     assert_eq!(
         m.per_gpu,
         vec![(DeviceRef::Index(0), 4 * GI), (DeviceRef::Index(1), GI)]
@@ -409,8 +420,8 @@ fn a_sharers_annotation_lowers_the_pods_union() {
     let c = claim("x", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("4Gi"))]);
     let v = view(&[p], &[c], GpuShareUnit::GiB);
     let q = v.quota_for_pod(UID).unwrap();
-    assert_eq!(q.per_gpu, vec![(DeviceRef::Index(0), GI)]);
-    assert_eq!(describe(Some(&q)), "GPU 0: 1 GiB, each GPU: 1 GiB");
+    assert_eq!(q.per_gpu, vec![(DeviceRef::Minor(0), GI)]);
+    assert_eq!(describe(Some(&q)), "/dev/nvidia0: 1 GiB, each GPU: 1 GiB");
     assert_eq!(describe(None), "none");
 }
 
@@ -491,5 +502,115 @@ fn a_container_naming_a_request_gets_only_that_requests_results() {
     assert_eq!(
         v.quota_for_container(&cid(0)),
         Some(dra(&[(0, 4 * GI), (2, 2 * GI)], None))
+    );
+}
+
+/// `p` with its containers from `from` on moved to `spec.initContainers` (and their statuses to
+/// `status.initContainerStatuses`), the first `sidecars` of them with `restartPolicy: Always`.
+fn with_init_containers(p: Pod, from: usize, sidecars: usize) -> Pod {
+    let mut v = serde_json::to_value(&p).unwrap();
+    let mut init: Vec<Value> = v["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .drain(from..)
+        .collect();
+    for c in init.iter_mut().take(sidecars) {
+        c["restartPolicy"] = json!("Always");
+    }
+    let statuses: Vec<Value> = v["status"]["containerStatuses"]
+        .as_array_mut()
+        .unwrap()
+        .drain(from..)
+        .collect();
+    v["spec"]["initContainers"] = json!(init);
+    v["status"]["initContainerStatuses"] = json!(statuses);
+    serde_json::from_value(v).unwrap()
+}
+
+/// Issue 41: a native sidecar (an init container with `restartPolicy: Always`, GA in 1.33) that
+/// holds a claim is bounded by it like a container (on main its claim was never read); an
+/// ordinary init container, which has finished before the containers run, is not.
+#[test]
+fn a_native_sidecars_claim_bounds_the_sidecar() {
+    let p = pod(
+        json!({ "nvidia.com/container.side.gpu-memory.limit": "1Gi" }),
+        &[("main", &[]), ("side", &["gpu"]), ("init", &["warm"])],
+        &[("gpu", "x"), ("warm", "y")],
+    );
+    let p = with_init_containers(p, 1, 1);
+    let spec = p.spec.as_ref().unwrap();
+    assert_eq!(spec.containers.len(), 1);
+    assert_eq!(spec.init_containers.as_ref().unwrap().len(), 2);
+    let x = claim("x", &[(NVIDIA_DRA_DRIVER, "gpu-1", Some("2Gi"))]);
+    let y = claim("y", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("4Gi"))]);
+    let v = view(&[p], &[x, y], GpuShareUnit::GiB);
+    let side = v.containers.get(&cid(1)).expect("the sidecar is read");
+    assert_eq!(side.name, "side");
+    assert_eq!(side.dra, Some(dra(&[(1, 2 * GI)], None)));
+    assert_eq!(side.annotation, Some(ann(Some(GI), &[])));
+    assert!(v.quota_for_container(&cid(1)).is_some());
+    assert!(!v.containers.contains_key(&cid(2)), "{v:?}");
+    assert_eq!(v.quota_for_container(&cid(0)), None);
+    assert_eq!(v.problems, Vec::<String>::new());
+}
+
+/// Issue 41: the schedulers' own spellings. KAI's CDI-era annotations under `nvidia.cdi.k8s.io/`
+/// and TensorFusion's `tensor-fusion.ai/vram-limit` (on the containers it injects) are limits on
+/// each GPU; their requests are not; the smallest of several applies; a broken one is said.
+#[test]
+fn kai_cdi_and_tensorfusion_annotations_are_limits_in_their_spelling() {
+    let p = pod(
+        json!({
+            "nvidia.cdi.k8s.io/a.gpu-memory.limit": "3Gi",
+            "nvidia.cdi.k8s.io/a.gpu-memory.request": "1Gi",
+            "nvidia.cdi.k8s.io/container.b.gpu-memory.limit": "2048Mi",
+            "nvidia.cdi.k8s.io/container.b": "nvidia.com/gpu=0",
+            "tensor-fusion.ai/vram-request": "1Gi",
+        }),
+        &[("a", &[]), ("b", &[]), ("c", &[])],
+        &[],
+    );
+    let mut problems = Vec::new();
+    let q = |p: &Pod, n: &str, problems: &mut Vec<String>| {
+        annotation_quota(p, n, GpuShareUnit::GiB, problems)
+    };
+    assert_eq!(q(&p, "a", &mut problems), Some(ann(Some(3 * GI), &[])));
+    assert_eq!(q(&p, "b", &mut problems), Some(ann(Some(2 * GI), &[])));
+    assert_eq!(q(&p, "c", &mut problems), None, "a request is no limit");
+    assert!(problems.is_empty(), "{problems:?}");
+    // TensorFusion: the pod's limit, on each container it injects.
+    let p = pod(
+        json!({
+            "tensor-fusion.ai/vram-limit": "4Gi",
+            "tensor-fusion.ai/vram-request": "4Gi",
+            "tensor-fusion.ai/inject-container": "python, b",
+            "nvidia.com/container.b.gpu-memory.limit": "6Gi",
+            "nvidia.cdi.k8s.io/b.gpu-memory.limit": "5Gi",
+        }),
+        &[("python", &[]), ("b", &[]), ("c", &[])],
+        &[],
+    );
+    assert_eq!(q(&p, "python", &mut problems), Some(ann(Some(4 * GI), &[])));
+    assert_eq!(q(&p, "b", &mut problems), Some(ann(Some(4 * GI), &[])));
+    assert_eq!(q(&p, "c", &mut problems), None, "not injected");
+    let p = pod(
+        json!({ "tensor-fusion.ai/vram-limit": "512Mi" }),
+        &[("x", &[])],
+        &[],
+    );
+    assert_eq!(q(&p, "x", &mut problems), Some(ann(Some(512 * MI), &[])));
+    assert!(problems.is_empty(), "{problems:?}");
+    // Broken or zero: said, and nothing granted from it.
+    let p = pod(
+        json!({ "tensor-fusion.ai/vram-limit": "4 gigs", "nvidia.cdi.k8s.io/x.gpu-memory.limit": "0" }),
+        &[("x", &[])],
+        &[],
+    );
+    assert_eq!(q(&p, "x", &mut problems), None);
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("tensor-fusion.ai/vram-limit"))
     );
 }
