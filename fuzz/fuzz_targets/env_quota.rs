@@ -16,6 +16,7 @@ fn gpus() -> Vec<GpuInfo> {
             index: i,
             uuid: format!("GPU-{i}"),
             memory_total: 80 << 30,
+            minor: Some(i),
         })
         .collect()
 }
