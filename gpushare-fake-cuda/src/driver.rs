@@ -237,7 +237,7 @@ pub fn restore(ctx: &Ctx) -> Result<(), u32> {
         code::ERROR_UNKNOWN
     })?;
     let now = Scenario {
-        hidden_pids: states.checkpointed(),
+        hidden_pids: ctx.scenario.hidden_when_checkpointed(states.checkpointed()),
         ..(*ctx.scenario).clone()
     };
     for (index, bytes) in ctx.scenario.process_memory(ctx.pid) {

@@ -186,6 +186,10 @@ pub struct CudaProcess {
     /// CUDA_ERROR_NOT_READY, as a lock of a frozen process does.
     #[serde(default, skip_serializing_if = "is_false")]
     pub lock_timeout: bool,
+    /// true: a checkpoint succeeds but NVML keeps listing the process's memory (what the driver
+    /// did not move off the GPU, or memory that leaves late): the mock NVML does not hide it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub memory_stays: bool,
     /// `cuCheckpointProcessCheckpoint` fails with this error (e.g. 801 NOT_SUPPORTED for a
     /// process using UVM or IPC memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]

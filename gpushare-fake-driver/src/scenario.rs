@@ -353,6 +353,13 @@ impl Scenario {
         list
     }
 
+    /// Of the `checkpointed` pids, those NVML no longer lists: all but the ones whose memory
+    /// stays on the GPU after a checkpoint (`cuda.processes.<pid>.memory_stays`).
+    pub fn hidden_when_checkpointed(&self, mut checkpointed: BTreeSet<u32>) -> BTreeSet<u32> {
+        checkpointed.retain(|p| !self.cuda.processes.get(p).is_some_and(|c| c.memory_stays));
+        checkpointed
+    }
+
     /// Graphics processes of device `index` (without the hidden pids).
     pub fn graphics_processes(&self, index: usize) -> Vec<Process> {
         let mut list = self

@@ -93,7 +93,7 @@ impl State {
         if let Err(e) = checkpoints.refresh() {
             say(&format!("{e} (keeping the last good checkpoint states)"));
         }
-        let hidden = checkpoints.current().checkpointed();
+        let hidden = base.hidden_when_checkpointed(checkpoints.current().checkpointed());
         if hidden.is_empty() {
             return Some(base);
         }

@@ -120,14 +120,16 @@ pub fn device_left(sample: &GpuSample, pid: u32) -> Result<u64, String> {
 
 /// Locks (where it runs) and checkpoints one restored process; a checkpoint that fails unlocks
 /// what this call locked, so nothing is left locked (a locked process blocks in every CUDA call).
-fn checkpoint_again(cuda: &Checkpointer, p: &PinnedProcess) -> Result<(), String> {
+/// `Ok(Some(locked_here))`: this call checkpointed it (and locked it first, where `locked_here`);
+/// `Ok(None)`: nothing to do (already checkpointed, no CUDA state, or gone).
+fn checkpoint_again(cuda: &Checkpointer, p: &PinnedProcess) -> Result<Option<bool>, String> {
     let step = before_kill(cuda.state(p.pid).as_ref().map(|s| *s));
     let locked_here = match step {
-        Before::Nothing => return Ok(()),
+        Before::Nothing => return Ok(None),
         Before::Refuse(why) => return Err(why),
         Before::LockAndCheckpoint => {
             if !p.alive() {
-                return Ok(());
+                return Ok(None);
             }
             cuda.lock(p.pid, LOCK_TIMEOUT_MS)
                 .map_err(|e| format!("lock: {e}"))?;
@@ -136,7 +138,7 @@ fn checkpoint_again(cuda: &Checkpointer, p: &PinnedProcess) -> Result<(), String
         Before::Checkpoint => false,
     };
     if !p.alive() {
-        return Ok(()); // exited: its context went with it
+        return Ok(None); // exited: its context went with it
     }
     if let Err(e) = cuda.checkpoint(p.pid) {
         if locked_here
@@ -146,6 +148,24 @@ fn checkpoint_again(cuda: &Checkpointer, p: &PinnedProcess) -> Result<(), String
             warn!("pid {}: unlock after a failed checkpoint: {u}", p.pid);
         }
         return Err(format!("checkpoint: {e}"));
+    }
+    Ok(Some(locked_here))
+}
+
+/// Undoes [`checkpoint_again`] where a kill it prepared is refused: restores the process (and
+/// unlocks it where that call locked it), so nothing is left checkpointed that no suspension
+/// records (a thaw, a shutdown or `thaw --all` would leave it blocked in every CUDA call).
+fn undo_checkpoint(
+    cuda: &Checkpointer,
+    id: ProcessIdentity,
+    locked_here: bool,
+) -> Result<(), String> {
+    let Some(p) = PinnedProcess::of(&Target::from(id)) else {
+        return Ok(()); // gone
+    };
+    cuda.restore(p.pid).map_err(|e| format!("restore: {e}"))?;
+    if locked_here && p.alive() {
+        cuda.unlock(p.pid).map_err(|e| format!("unlock: {e}"))?;
     }
     Ok(())
 }
@@ -177,8 +197,10 @@ impl Enforcer {
     /// `sample` (a fresh NVML read) must show none of its memory on the GPU. `Err`: why it is not
     /// safe to kill; the caller refuses the kill. The policy repeats a kill that left processes
     /// running; a workload refused once is not thawed and locked again while the same processes
-    /// run (it stays frozen), but one whose processes are all checkpointed already is looked at
-    /// through NVML again (memory that left late).
+    /// run (it stays frozen), but one whose processes are all checkpointed already (by someone
+    /// else) is looked at through NVML again. A refusal after processes were checkpointed here
+    /// restores them first: nothing is left checkpointed that no suspension records (a later
+    /// thaw, shutdown or `thaw --all` would leave it blocked in every CUDA call).
     pub(super) fn quiesce_restored(
         &mut self,
         workload: &str,
@@ -192,18 +214,30 @@ impl Enforcer {
         }
         let r = self
             .checkpoint_all_again(workload, rel, &ids)
-            .and_then(|()| {
+            .and_then(|done| {
                 let now = sample();
-                for id in ids.iter().filter(|id| procinfo::is_same_process(**id)) {
-                    let bytes =
-                        device_left(&now, id.pid).map_err(|e| format!("pid {}: {e}", id.pid))?;
-                    info!(
-                        "pid {} of {workload} {QUIESCED}: {} on the GPU (cuda-checkpoint #53)",
-                        id.pid,
-                        ByteSize(bytes).approx()
-                    );
+                let left = ids
+                    .iter()
+                    .filter(|id| procinfo::is_same_process(**id))
+                    .map(|id| {
+                        device_left(&now, id.pid)
+                            .map(|bytes| (id.pid, bytes))
+                            .map_err(|e| format!("pid {}: {e}", id.pid))
+                    })
+                    .collect::<Result<Vec<_>, _>>();
+                match left {
+                    Ok(left) => {
+                        for (pid, bytes) in left {
+                            info!(
+                                "pid {pid} of {workload} {QUIESCED}: {} on the GPU \
+                                 (cuda-checkpoint #53)",
+                                ByteSize(bytes).approx()
+                            );
+                        }
+                        Ok(())
+                    }
+                    Err(why) => Err(self.undo_checkpoints(why, &done)),
                 }
-                Ok(())
             });
         match &r {
             Ok(()) => self.refused_kills.remove(workload),
@@ -212,14 +246,41 @@ impl Enforcer {
         r
     }
 
+    /// A kill prepared by [`Self::checkpoint_all_again`] is refused (`why`): the processes it
+    /// checkpointed (`done`) are restored, so the refusal leaves them as they were. Returns the
+    /// reason, with what was undone.
+    fn undo_checkpoints(&self, why: String, done: &[(ProcessIdentity, bool)]) -> String {
+        let Ok(cuda) = &self.cuda else {
+            return why;
+        };
+        if done.is_empty() {
+            return why;
+        }
+        let undone: Vec<String> = done
+            .iter()
+            .map(|(id, locked)| match undo_checkpoint(cuda, *id, *locked) {
+                Ok(()) => format!("pid {} restored again", id.pid),
+                Err(e) => {
+                    warn!(
+                        "pid {}: left checkpointed after a refused kill: {e}",
+                        id.pid
+                    );
+                    format!("pid {} left checkpointed ({e})", id.pid)
+                }
+            })
+            .collect();
+        format!("{why}; {}", undone.join(", "))
+    }
+
     /// The driver's part of [`Self::quiesce_restored`]: every process of `ids` checkpointed (or
-    /// without CUDA state, or gone).
+    /// without CUDA state, or gone). `Ok`: the processes this call checkpointed, each with
+    /// whether it locked it first.
     fn checkpoint_all_again(
         &self,
         workload: &str,
         rel: &str,
         ids: &[ProcessIdentity],
-    ) -> Result<(), String> {
+    ) -> Result<Vec<(ProcessIdentity, bool)>, String> {
         let cuda = match &self.cuda {
             Ok(c) => c.clone(),
             Err(why) => return Err(format!("it cannot be checkpointed again ({why})")),
@@ -232,7 +293,7 @@ impl Enforcer {
             return Err(why.clone());
         }
         if steps.iter().all(|b| *b == Before::Nothing) {
-            return Ok(());
+            return Ok(Vec::new());
         }
         if let Some(before) = self.refused_kills.get(workload)
             && ids.iter().all(|id| before.contains(id))
@@ -255,13 +316,18 @@ impl Enforcer {
             }
             settle(&dir, freezer, false).map_err(|e| format!("cannot thaw it to lock it: {e}"))?;
         }
+        let mut done = Vec::new();
         for id in ids {
             let Some(p) = PinnedProcess::of(&Target::from(*id)) else {
                 continue; // gone: its context went with it
             };
-            checkpoint_again(&cuda, &p).map_err(|e| format!("pid {}: {e}", id.pid))?;
+            match checkpoint_again(&cuda, &p) {
+                Ok(Some(locked)) => done.push((*id, locked)),
+                Ok(None) => {}
+                Err(e) => return Err(self.undo_checkpoints(format!("pid {}: {e}", id.pid), &done)),
+            }
         }
-        Ok(())
+        Ok(done)
     }
 
     /// Counts and logs a refused kill, freezes the workload instead and says what the kernel and

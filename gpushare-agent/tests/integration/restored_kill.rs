@@ -196,6 +196,47 @@ fn a_restored_process_whose_checkpoint_fails_is_not_killed_but_left_frozen_with_
 }
 
 #[test]
+fn a_restored_process_whose_memory_stays_after_the_checkpoint_is_restored_not_left_checkpointed() {
+    needs_root!("a_restored_process_whose_memory_stays_after_the_checkpoint");
+    let (cg, p, sc, agent) = suspended_then_resumed("rk-stays", json!({}));
+    let pid = p.pid();
+    // The checkpoint now succeeds but NVML still lists the process's memory (what the driver did
+    // not move off the GPU): the kill is refused, and the process must not be left checkpointed
+    // (locked in every CUDA call, and no suspension recorded that a thaw or `thaw --all` undoes).
+    sc.write(&scenario(
+        &[(pid, 6 * GIB)],
+        json!({ "processes": { pid.to_string(): { "memory_stays": true } } }),
+    ))
+    .unwrap();
+    agent.write_quotas(&format!("{KILL}{}", cgroup_quota(&cg, "2GiB")));
+    wait_until(WAIT, || agent.log(), || agent.log().contains("not killing"));
+    let log = agent.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("not killing") && l.contains("still on the GPU"))
+        .unwrap_or_else(|| panic!("no refusal for the memory left\n{log}"));
+    assert!(line.contains("restored again"), "what was undone: {line}");
+    assert!(cg.wait_frozen(true), "left frozen\n{}", agent.log());
+    assert!(!ended(pid), "not killed\n{}", agent.log());
+    assert_eq!(hangs(&sc), Vec::new());
+    assert_eq!(
+        cuda_state(&sc, pid),
+        "running",
+        "restored and unlocked after the refused kill\n{}",
+        agent.log()
+    );
+    // Back under quota: thawed, and its CUDA calls work (nothing stranded).
+    agent.write_quotas(&format!("{KILL}{}", cgroup_quota(&cg, "8GiB")));
+    agent.wait_for(WAIT, |s| {
+        workload(s, &key(&cg), "all").is_some_and(|w| w.state == "ok")
+    });
+    assert!(cg.wait_frozen(false), "thawed\n{}", agent.log());
+    assert_eq!(cuda_state(&sc, pid), "running");
+    assert!(!ended(pid));
+    assert_eq!(hangs(&sc), Vec::new());
+}
+
+#[test]
 fn shutdown_leaves_a_restored_process_alive_and_a_later_agents_kill_checkpoints_it_first() {
     needs_root!("shutdown_leaves_a_restored_process_alive");
     let (cg, p) = sleeping_group("rk-stop");
