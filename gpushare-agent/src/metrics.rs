@@ -437,8 +437,8 @@ fn by_kind<'a>(
     }
 }
 
-/// gpushare's own families, in the order they are exported.
-fn families() -> Vec<Family> {
+/// The GPUs' own families (memory, health, backend, utilization), in the order they are exported.
+fn gpu_families() -> Vec<Family> {
     vec![
         Family::gauge("gpushare_gpu_memory_total_bytes", "GPU memory in total, bytes").each(
             |snap, _, s| {
@@ -454,6 +454,18 @@ fn families() -> Vec<Family> {
                 }
             },
         ),
+        Family::gauge(
+            "gpushare_gpu_context_overhead_bytes",
+            "The driver's memory (a CUDA context) allowed beyond every quota on a GPU, once per \
+             workload, bytes; source: learned, set, learning or none",
+        )
+        .each(|snap, _, s| {
+            for g in &snap.gpus {
+                let mut labels = gpu_labels(g);
+                labels.push(("source", g.context_overhead_source.clone()));
+                push(s, labels, g.context_overhead_bytes as f64);
+            }
+        }),
         Family::gauge(
             "gpushare_gpu_healthy",
             "1 when the last NVML sample read the GPU completely",
@@ -504,6 +516,13 @@ fn families() -> Vec<Family> {
                 }
             }
         }),
+    ]
+}
+
+/// gpushare's own families, in the order they are exported.
+fn families() -> Vec<Family> {
+    let mut families = gpu_families();
+    families.extend(vec![
         Family::gauge(
             "gpushare_workload_gpu_utilization_ratio",
             "SM utilization of a workload's processes on a GPU over its last sample window, summed, \
@@ -758,7 +777,8 @@ fn families() -> Vec<Family> {
             ];
             push(s, labels, 1.0)
         }),
-    ]
+    ]);
+    families
 }
 
 #[cfg(test)]

@@ -34,6 +34,47 @@ pub struct DeviceSample {
     pub power_mw: Option<u32>,
     /// SM clock, MHz (`None` where not reported).
     pub sm_clock_mhz: Option<u32>,
+    /// The driver's own memory a workload may hold on this GPU beyond its quota (its CUDA
+    /// context), once per workload: not NVML's, filled in by observation
+    /// ([`crate::observe::overhead`]); none until then.
+    pub context_overhead: ContextOverhead,
+}
+
+/// What a CUDA context takes on one GPU, allowed beyond every quota once per workload and GPU
+/// (KAI-Scheduler #2212: the context counts in NVML's per-process usage).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ContextOverhead {
+    /// Bytes.
+    pub bytes: u64,
+    /// Where the figure comes from.
+    pub source: OverheadSource,
+}
+
+/// Where a GPU's [`ContextOverhead`] comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverheadSource {
+    /// None is allowed: `context_overhead = "0"`, or nothing learned and nothing set.
+    #[default]
+    None,
+    /// Not enough small processes seen on this model yet to learn it: none allowed meanwhile.
+    Learning,
+    /// Learned on this node: the smallest process seen on this model.
+    Learned,
+    /// Set in the quota file.
+    Set,
+}
+
+impl OverheadSource {
+    /// `none`, `learning`, `learned`, `set`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Learning => "learning",
+            Self::Learned => "learned",
+            Self::Set => "set",
+        }
+    }
 }
 
 /// Percentages of time busy, 0-100, as NVML reports them.

@@ -15,6 +15,45 @@ fn human_bytes(b: u64) -> String {
 }
 
 /// A 0-1 ratio as `37%`; `-` where unknown (never 0).
+/// The GPU table: one row a GPU, with the driver's memory allowed beyond each quota on it.
+fn render_gpus(out: &mut String, snap: &crate::snapshot::Snapshot) {
+    let _ = writeln!(
+        out,
+        "{:<4} {:<42} {:<24} {:>22} {:>8} {:>5}  CONTEXT",
+        "GPU", "UUID", "NAME", "MEMORY USED / TOTAL", "GPU-UTIL", "OK"
+    );
+    for g in &snap.gpus {
+        let _ = writeln!(
+            out,
+            "{:<4} {:<42} {:<24} {:>22} {:>8} {:>5}  {}",
+            g.index,
+            g.uuid,
+            truncate(&shown(&g.name), 24),
+            format!(
+                "{} / {}",
+                human_bytes(g.memory_used_bytes),
+                human_bytes(g.memory_total_bytes)
+            ),
+            human_ratio(g.utilization),
+            if g.healthy { "yes" } else { "NO" },
+            context(g)
+        );
+    }
+    if snap.gpus.is_empty() {
+        let _ = writeln!(out, "(no GPU sampled)");
+    }
+}
+
+/// The driver's memory allowed beyond each quota on a GPU: `300.0MiB learned`, `450.0MiB set`,
+/// `learning`, or `-`.
+fn context(g: &crate::snapshot::GpuView) -> String {
+    match (g.context_overhead_bytes, g.context_overhead_source.as_str()) {
+        (0, "learning") => "learning".into(),
+        (0, _) => "-".into(),
+        (b, source) => format!("{} {source}", human_bytes(b)),
+    }
+}
+
 fn human_ratio(r: Option<f64>) -> String {
     r.map_or_else(|| "-".into(), |r| format!("{:.0}%", r * 100.0))
 }
@@ -50,30 +89,7 @@ pub fn render_status(snap: &Snapshot) -> String {
         let _ = writeln!(out, "  degraded: {}", shown(d));
     }
     let _ = writeln!(out);
-    let _ = writeln!(
-        out,
-        "{:<4} {:<42} {:<24} {:>22} {:>8} {:>5}",
-        "GPU", "UUID", "NAME", "MEMORY USED / TOTAL", "GPU-UTIL", "OK"
-    );
-    for g in &snap.gpus {
-        let _ = writeln!(
-            out,
-            "{:<4} {:<42} {:<24} {:>22} {:>8} {:>5}",
-            g.index,
-            g.uuid,
-            truncate(&shown(&g.name), 24),
-            format!(
-                "{} / {}",
-                human_bytes(g.memory_used_bytes),
-                human_bytes(g.memory_total_bytes)
-            ),
-            human_ratio(g.utilization),
-            if g.healthy { "yes" } else { "NO" }
-        );
-    }
-    if snap.gpus.is_empty() {
-        let _ = writeln!(out, "(no GPU sampled)");
-    }
+    render_gpus(&mut out, snap);
     let _ = writeln!(out);
     let _ = writeln!(
         out,

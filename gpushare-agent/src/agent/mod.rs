@@ -82,6 +82,8 @@ pub struct Agent {
     opts: AgentOptions,
     started: Instant,
     workloads: Observer,
+    /// The CUDA context's memory learned per GPU model.
+    overheads: crate::observe::overhead::Overheads,
     counters: Totals,
     metrics: Arc<Metrics>,
     snapshot: SharedSnapshot,
@@ -134,6 +136,7 @@ impl Agent {
             opts,
             started: Instant::now(),
             workloads: Observer::new(v2_root),
+            overheads: Default::default(),
             counters: Totals::default(),
             metrics,
             snapshot,

@@ -152,6 +152,10 @@ impl Agent {
             keep.push(p);
         }
         sample.processes = keep;
+        self.overheads.fill(
+            &mut sample,
+            &self.quotas.current().defaults().context_overhead,
+        );
         let gpus: Vec<GpuInfo> = sample
             .devices
             .iter()

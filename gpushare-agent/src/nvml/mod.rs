@@ -282,6 +282,7 @@ impl NvmlSampler {
             temperature_c,
             power_mw,
             sm_clock_mhz,
+            context_overhead: Default::default(),
         });
         let compute = self.process_list(&dev, "nvmlDeviceGetComputeRunningProcesses_v3", |d| {
             d.running_compute_processes()

@@ -259,6 +259,7 @@ fn same_device(a: &DeviceSample, b: &DeviceSample, memory: bool) -> bool {
         memory_used,
         memory_free,
         memory_reserved,
+        context_overhead,
         // Not read by the policy: reports only.
         utilization: _,
         process_utilization: _,
@@ -273,6 +274,7 @@ fn same_device(a: &DeviceSample, b: &DeviceSample, memory: bool) -> bool {
         && *memory_total == b.memory_total
         && (!memory || (*memory_used == b.memory_used && *memory_free == b.memory_free))
         && *memory_reserved == b.memory_reserved
+        && *context_overhead == b.context_overhead
 }
 
 fn same_process(a: &ProcessSample, b: &ProcessSample) -> bool {

@@ -234,6 +234,9 @@ fn reason(cx: &Cx, l: &Liability, elapsed: Duration, quota: &ResolvedQuota) -> S
     if tolerance > 0 {
         reason += &format!(" (tolerance {})", ByteSize(tolerance).approx());
     }
+    if l.overhead > 0 {
+        reason += &format!(" (the driver's context {})", ByteSize(l.overhead).approx());
+    }
     if let Some((dev, free)) = l.pressure {
         reason += &format!(
             ", and GPU {dev} has {} free, below the {} reserve",

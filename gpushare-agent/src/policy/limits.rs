@@ -56,7 +56,8 @@ pub(super) fn of_workload(
         };
         for d in devices {
             let Some(total) = total(d) else { continue };
-            let hard = threshold(l).min(total);
+            let overhead = super::plan::overhead_of(sample, crate::policy::GpuScope::Gpu(d), []);
+            let hard = threshold(l).saturating_add(overhead).min(total);
             let e = limits.entry(d).or_insert((0, hard));
             e.1 = e.1.min(hard);
         }

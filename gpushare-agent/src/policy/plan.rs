@@ -33,6 +33,9 @@ pub(super) struct Liability {
     pub limit: u64,
     pub enforcement: Enforcement,
     pub usage: u64,
+    /// The driver's memory allowed beyond the limit (a CUDA context per GPU of the scope the
+    /// workload uses: [`crate::sample::ContextOverhead`]).
+    pub overhead: u64,
     pub unknown: bool,
     pub over: bool,
     pub liable: bool,
@@ -59,6 +62,28 @@ pub(super) fn threshold(limit: &Limit) -> u64 {
     limit
         .bytes
         .saturating_add(limit.enforcement.tolerance.allowance(limit.bytes))
+}
+
+/// The driver's memory allowed beyond a limit over `scope`: one CUDA context on each GPU of the
+/// scope (`used_on`: the GPUs the workload's processes are on), however many processes it runs.
+pub(super) fn overhead_of<'a>(
+    sample: &crate::sample::GpuSample,
+    scope: GpuScope,
+    used_on: impl IntoIterator<Item = &'a u32>,
+) -> u64 {
+    let of = |i: u32| {
+        sample
+            .devices
+            .iter()
+            .find(|d| d.index == i)
+            .map_or(0, |d| d.context_overhead.bytes)
+    };
+    match scope {
+        GpuScope::Gpu(i) => of(i),
+        GpuScope::All => used_on
+            .into_iter()
+            .fold(0u64, |acc, i| acc.saturating_add(of(*i))),
+    }
 }
 
 /// Excluded, unresolved or liable with its liabilities, for every workload with processes.
@@ -191,14 +216,16 @@ fn plan_one(
                     )
                 }
             };
+            let overhead = overhead_of(sample, scope, dev_usage.keys());
             // A lower bound over the threshold is over; under it, nothing is known.
-            let over = !stale && used > threshold(limit);
+            let over = !stale && used > threshold(limit).saturating_add(overhead);
             let unknown = stale || (partial && !over);
             Liability {
                 scope,
                 limit: limit.bytes,
                 enforcement: limit.enforcement.clone(),
                 usage: used,
+                overhead,
                 unknown,
                 over,
                 liable: over && limit.enforcement.mode == Mode::Strict,

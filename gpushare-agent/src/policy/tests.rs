@@ -139,6 +139,8 @@ struct Sim {
     kernel: BTreeMap<String, ObservedGroup>,
     /// Whether the kernel carries out freezes and thaws (false: they never take).
     kernel_applies: bool,
+    /// The context overhead every GPU of the sample carries.
+    overhead: u64,
 }
 
 impl Sim {
@@ -180,12 +182,16 @@ impl Sim {
             last: None,
             kernel: BTreeMap::new(),
             kernel_applies: true,
+            overhead: 0,
         }
     }
 
     /// Evaluates at `ms` with these process samples; returns the actions.
     fn at(&mut self, ms: u64, usage: &[(u32, u32, Option<u64>)]) -> Vec<Action> {
-        let s = sample(&self.gpus, usage);
+        let mut s = sample(&self.gpus, usage);
+        for d in &mut s.devices {
+            d.context_overhead.bytes = self.overhead;
+        }
         let releases = std::mem::take(&mut self.releases);
         let out = evaluate(
             &self.state,
@@ -499,6 +505,52 @@ fn tolerance_in_bytes_and_percent() {
         );
         let actions = sim.at(0, &[(10, 0, Some(used))]);
         assert_eq!(!actions.is_empty(), acts, "{extra} {used}");
+    }
+}
+
+/// The driver's context is allowed once per GPU a workload uses, however many processes it runs:
+/// within its quota plus one context it is never acted on, past it it is, and the reason says so.
+#[test]
+fn the_drivers_context_is_allowed_once_per_gpu_not_per_process() {
+    let a = docker('a');
+    let toml = format!(
+        "[defaults]\ngrace = \"0s\"\n[[quota]]\ncontainer = \"{0}\"\ngpu_memory = \"2GiB\"\n\n[[quota]]\ncontainer = \"{0}\"\ngpu = 0\ngpu_memory = \"2GiB\"\n",
+        id('a')
+    );
+    let procs = vec![attributed(10, &a), attributed(11, &a), attributed(12, &a)];
+    let ctx = 300 * MIB;
+    type Usage<'a> = &'a [(u32, u32, Option<u64>)];
+    let cases: [(Usage, Option<GpuScope>); 5] = [
+        // One process: its 2 GiB and its context.
+        (&[(10, 0, Some(2 * GIB + ctx))], None),
+        (&[(10, 0, Some(2 * GIB + ctx + 1))], Some(GpuScope::All)),
+        // Three processes on GPU 0, a context each: one context is allowed, not three.
+        (
+            &[
+                (10, 0, Some(GIB)),
+                (11, 0, Some(GIB / 2 + ctx)),
+                (12, 0, Some(GIB / 2 + ctx)),
+            ],
+            Some(GpuScope::All),
+        ),
+        // On two GPUs: a context on each (the total's allowance), GPU 0 within its own.
+        (&[(10, 0, Some(GIB + ctx)), (11, 1, Some(GIB + ctx))], None),
+        (
+            &[(10, 0, Some(GIB + ctx)), (11, 1, Some(GIB + ctx + 1))],
+            Some(GpuScope::All),
+        ),
+    ];
+    for (usage, acts) in cases {
+        let mut sim = Sim::new(&toml, procs.clone());
+        sim.overhead = ctx;
+        let actions = sim.at(0, usage);
+        assert_eq!(actions.first().map(|a| a.gpu), acts, "{usage:?}");
+        if let Some(a) = actions.first() {
+            assert_reason(a, "(the driver's context ");
+        }
+        // Without the allowance each of these is over.
+        let mut sim = Sim::new(&toml, procs.clone());
+        assert!(!sim.at(0, usage).is_empty(), "{usage:?}");
     }
 }
 

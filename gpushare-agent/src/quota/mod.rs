@@ -330,8 +330,39 @@ pub struct Defaults {
     pub gpushare_unit: GpuShareUnit,
     /// Whether workloads' env quotas are honoured.
     pub env_quotas: bool,
+    /// The driver's memory allowed beyond each quota, per GPU.
+    pub context_overhead: OverheadSetting,
     /// `[kubernetes]`: the sources in the cluster (read at start; a change needs a restart).
     pub kubernetes: KubernetesSettings,
+}
+
+/// `context_overhead` of `[defaults]`: what a CUDA context takes on a GPU, allowed beyond every
+/// quota once per workload and GPU (see [`crate::observe::overhead`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct OverheadSetting {
+    /// Learn it on this node for GPU models without a size set (`"auto"`, the default).
+    pub learn: bool,
+    /// A size for every model (`context_overhead = "450MiB"`; `"none"`: 0).
+    pub every: Option<u64>,
+    /// Sizes per GPU model, by the product name NVML reports (`{ "Tesla T4" = "450MiB" }`).
+    pub models: std::collections::BTreeMap<String, u64>,
+}
+
+impl Default for OverheadSetting {
+    fn default() -> Self {
+        Self {
+            learn: true,
+            every: None,
+            models: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+impl OverheadSetting {
+    /// The size set for GPUs of `model`, if any.
+    pub fn set_for(&self, model: &str) -> Option<u64> {
+        self.models.get(model).copied().or(self.every)
+    }
 }
 
 /// Where the service account's token and CA are mounted in a pod.
@@ -394,6 +425,7 @@ impl Default for Defaults {
             elastic_reserve: 1 << 30,
             gpushare_unit: GpuShareUnit::GiB,
             env_quotas: true,
+            context_overhead: OverheadSetting::default(),
             kubernetes: KubernetesSettings::default(),
         }
     }

@@ -137,6 +137,14 @@ pub struct GpuView {
     /// SM clock, MHz (read with `--compat dcgm`).
     #[serde(default)]
     pub sm_clock_mhz: Option<u32>,
+    /// The driver's memory allowed beyond every quota on it, once per workload (a CUDA context),
+    /// bytes.
+    #[serde(default)]
+    pub context_overhead_bytes: u64,
+    /// Where that figure comes from: `learned` (the smallest process seen on this model), `set`
+    /// (the quota file), `learning` (not enough small processes seen yet) or `none`.
+    #[serde(default)]
+    pub context_overhead_source: String,
 }
 
 /// One workload on one GPU (or on all GPUs, for an all-GPU quota): everything but how long it

@@ -281,6 +281,8 @@ impl GpuDraft<'_> {
             temperature_celsius,
             power_watts,
             sm_clock_mhz,
+            context_overhead_bytes,
+            context_overhead_source,
         } = v;
         let d = self.d;
         *index == d.index
@@ -297,6 +299,8 @@ impl GpuDraft<'_> {
             && *temperature_celsius == d.temperature_c
             && *power_watts == self.power_watts()
             && *sm_clock_mhz == d.sm_clock_mhz
+            && *context_overhead_bytes == d.context_overhead.bytes
+            && *context_overhead_source == d.context_overhead.source.as_str()
     }
 
     fn process_utilization(&self) -> bool {
@@ -324,6 +328,8 @@ impl GpuDraft<'_> {
             temperature_celsius: d.temperature_c,
             power_watts: self.power_watts(),
             sm_clock_mhz: d.sm_clock_mhz,
+            context_overhead_bytes: d.context_overhead.bytes,
+            context_overhead_source: d.context_overhead.source.as_str().to_string(),
         }
     }
 }

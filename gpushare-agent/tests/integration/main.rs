@@ -20,6 +20,7 @@ mod kubelet;
 mod launch;
 mod ledger;
 mod nvml;
+mod overhead;
 mod prometheus;
 mod restored_kill;
 mod suspend;

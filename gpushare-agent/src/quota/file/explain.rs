@@ -82,7 +82,13 @@ pub(super) fn explain_toml_message(message: &str) -> String {
                 "`{field}` belongs in a [[quota]] entry, not in [defaults]"
             ))
         } else if in_entry
-            && ["elastic_reserve", "gpushare_memory_unit", "env_quotas"].contains(field)
+            && [
+                "elastic_reserve",
+                "gpushare_memory_unit",
+                "env_quotas",
+                "context_overhead",
+            ]
+            .contains(field)
         {
             Some(format!(
                 "`{field}` can only be set in [defaults] (in the main file)"

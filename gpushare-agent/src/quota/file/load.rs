@@ -20,6 +20,9 @@ impl QuotaSet {
             defaults.elastic_reserve = patch.elastic_reserve.unwrap_or(defaults.elastic_reserve);
             defaults.gpushare_unit = patch.gpushare_unit.unwrap_or(defaults.gpushare_unit);
             defaults.env_quotas = patch.env_quotas.unwrap_or(defaults.env_quotas);
+            if let Some(o) = &patch.context_overhead {
+                defaults.context_overhead.clone_from(o);
+            }
         }
         let kubelet = main.kubelet.clone().map(|(_, k)| k).unwrap_or_default();
         if let Some((_, k)) = &main.kubernetes {

@@ -121,6 +121,8 @@ pub struct DefaultsPatch {
     pub gpushare_unit: Option<GpuShareUnit>,
     /// `env_quotas`.
     pub env_quotas: Option<bool>,
+    /// `context_overhead`.
+    pub context_overhead: Option<crate::quota::OverheadSetting>,
 }
 
 /// A validated `[kubernetes]` table: only the keys written.
@@ -236,6 +238,10 @@ pub fn parse_str(text: &str, origin: &str) -> Result<QuotaFile, Vec<LocatedError
                 .as_ref()
                 .and_then(|v| unit_value(&mut cx, v)),
             env_quotas: s.env_quotas.as_ref().map(|b| *b.get_ref()),
+            context_overhead: s
+                .context_overhead
+                .as_ref()
+                .and_then(|v| validate::overhead_value(&mut cx, v)),
         };
         (at, patch)
     });
@@ -478,6 +484,47 @@ ladder = []
         assert!(e.message.contains("only be set in [defaults]"), "{e}");
         let e = first_error("[defaults]\nladder = [{ action = \"signal\", sig = \"USR1\" }]\n");
         assert!(e.message.contains("did you mean `signal`?"), "{e}");
+    }
+
+    #[test]
+    fn context_overhead_is_learned_set_for_every_gpu_or_per_model() {
+        use crate::quota::OverheadSetting;
+        let of = |text: &str| {
+            QuotaSet::parse(&format!("[defaults]\n{text}"), "q.toml")
+                .unwrap()
+                .defaults()
+                .context_overhead
+                .clone()
+        };
+        assert_eq!(of(""), OverheadSetting::default());
+        assert!(OverheadSetting::default().learn, "learned unless set");
+        assert_eq!(
+            of("context_overhead = \"auto\"\n"),
+            OverheadSetting::default()
+        );
+        let every = of("context_overhead = \"450MiB\"\n");
+        assert_eq!(
+            (every.learn, every.set_for("any")),
+            (false, Some(450 << 20))
+        );
+        assert_eq!(of("context_overhead = \"none\"\n").set_for("any"), Some(0));
+        let models =
+            of("context_overhead = { \"Tesla T4\" = \"300MiB\", \"NVIDIA H100\" = \"auto\" }\n");
+        assert!(models.learn);
+        assert_eq!(models.set_for("Tesla T4"), Some(300 << 20));
+        assert_eq!(models.set_for("NVIDIA H100"), None, "auto: learned");
+        let e = first_error("[defaults]\ncontext_overhead = \"450\"\n");
+        assert_eq!((e.location.line, e.location.col), (2, 20), "{e}");
+        assert!(e.message.contains("needs a unit"), "{e}");
+        let e = first_error("[defaults]\ncontext_overhead = 3\n");
+        assert!(e.message.contains("\"auto\""), "{e}");
+        let e = first_error("[defaults]\ncontext_overhead = { \"Tesla T4\" = 3 }\n");
+        assert!(e.message.contains("\"Tesla T4\""), "{e}");
+        let e = first_error(&format!(
+            "[[quota]]\ncontainer = \"{}\"\ngpu_memory = \"1GiB\"\ncontext_overhead = \"1GiB\"\n",
+            "a".repeat(64)
+        ));
+        assert!(e.message.contains("only be set in [defaults]"), "{e}");
     }
 
     #[test]

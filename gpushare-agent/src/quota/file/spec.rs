@@ -40,6 +40,7 @@ pub(super) struct DefaultsSpec {
     pub(super) elastic_reserve: Option<Spanned<Value>>,
     pub(super) gpushare_memory_unit: Option<Spanned<Value>>,
     pub(super) env_quotas: Option<Spanned<bool>>,
+    pub(super) context_overhead: Option<Spanned<Value>>,
 }
 
 #[derive(Deserialize)]

@@ -2,7 +2,7 @@
 //! turned into its resolved type. Problems are collected in a [`Cx`] with their position, so one
 //! pass reports every error of a file.
 
-use std::{ops::Range, time::Duration};
+use std::{collections::BTreeMap, ops::Range, time::Duration};
 
 use toml::{Spanned, Value};
 
@@ -12,8 +12,8 @@ use super::{
     spec::StepSpec,
 };
 use crate::quota::{
-    DeviceRef, GpuSel, GpuShareUnit, LadderStep, LocatedError, Location, Mode, Signal, StepAction,
-    Tolerance,
+    DeviceRef, GpuSel, GpuShareUnit, LadderStep, LocatedError, Location, Mode, OverheadSetting,
+    Signal, StepAction, Tolerance,
     size::{SizeError, parse_size},
 };
 
@@ -170,6 +170,69 @@ pub(super) fn tolerance_value(cx: &mut Cx, v: &Spanned<Value>) -> Option<Toleran
         };
     }
     size_value(cx, "tolerance", v).map(Tolerance::Bytes)
+}
+
+/// `context_overhead`: `"auto"` (learned), a size for every GPU (`"none"`: 0), or a table of
+/// sizes by GPU model (`"auto"` allowed as a value), the models it does not name learned.
+pub(super) fn overhead_value(cx: &mut Cx, v: &Spanned<Value>) -> Option<OverheadSetting> {
+    const LIKE: &str = "\"auto\", a size like \"450MiB\", \"none\", or a table of sizes by GPU \
+                        model like { \"Tesla T4\" = \"450MiB\" }";
+    let size = |cx: &mut Cx, s: &str| match s.trim() {
+        "none" => Some(0),
+        _ => size_value(
+            cx,
+            "context_overhead",
+            &Spanned::new(v.span(), Value::String(s.to_string())),
+        ),
+    };
+    match v.get_ref() {
+        Value::String(s) if s.trim() == "auto" => Some(OverheadSetting::default()),
+        Value::String(s) => size(cx, s).map(|b| OverheadSetting {
+            learn: false,
+            every: Some(b),
+            models: BTreeMap::new(),
+        }),
+        Value::Table(t) => {
+            let mut models = BTreeMap::new();
+            let mut ok = true;
+            for (model, value) in t {
+                match value {
+                    Value::String(s) if s.trim() == "auto" => {}
+                    Value::String(s) => match size(cx, s) {
+                        Some(b) => {
+                            models.insert(model.clone(), b);
+                        }
+                        None => ok = false,
+                    },
+                    other => {
+                        cx.err(
+                            &v.span(),
+                            format!(
+                                "`context_overhead` of \"{model}\" must be a size like \"450MiB\", \"none\" or \"auto\", not {}",
+                                value_words(other)
+                            ),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            ok.then_some(OverheadSetting {
+                learn: true,
+                every: None,
+                models,
+            })
+        }
+        other => {
+            cx.err(
+                &v.span(),
+                format!(
+                    "`context_overhead` must be {LIKE}, not {}",
+                    value_words(other)
+                ),
+            );
+            None
+        }
+    }
 }
 
 pub(super) fn mode_value(cx: &mut Cx, v: &Spanned<Value>) -> Option<Mode> {
