@@ -32,6 +32,20 @@ fn each_gpu_its_processes_use_gets_the_lowest_limit_with_its_tolerance() {
 }
 
 #[test]
+fn a_limit_includes_the_drivers_context_on_its_gpu() {
+    let mut sim = Sim::a(&two_limits('a', "3GiB"));
+    sim.overhead = 300 * MIB;
+    sim.at(0, &[(10, 0, Some(GIB)), (10, 1, Some(GIB))]);
+    let path = sim.state.workloads[&key('a')].cgroup_path.clone();
+    let want: WantedLimits = [
+        ((0, path.clone()), (0, 2 * GIB + 64 * MIB + 300 * MIB)),
+        ((1, path), (0, 3 * GIB + 64 * MIB + 300 * MIB)),
+    ]
+    .into();
+    assert_eq!(wanted(&sim), Some(want));
+}
+
+#[test]
 fn a_limit_is_capped_at_the_gpus_memory_and_only_on_gpus_in_use() {
     let mut sim = Sim::a(&two_limits('a', "100GiB"));
     sim.at(0, &[(10, 1, Some(GIB))]);
