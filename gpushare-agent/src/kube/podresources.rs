@@ -392,7 +392,8 @@ pub struct PodResourcesSource {
     rx: watch::Receiver<Arc<PodResourcesView>>,
     wake: Arc<Notify>,
     wanted: Arc<Mutex<Vec<String>>>,
-    asked: BTreeSet<String>,
+    /// Pods (container id empty) and containers of covered pods looked at already.
+    asked: BTreeSet<(String, String)>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -440,12 +441,25 @@ impl PodResourcesSource {
         self.rx.borrow().clone()
     }
 
-    /// Asks for pod `uid` soon when the last answer does not cover it (once per pod).
-    pub fn want(&mut self, uid: &str) {
-        if self.task.is_none() || self.rx.borrow().by_uid.contains_key(uid) {
+    /// Asks for pod `uid` soon when the last answer does not cover it (once per pod), or when
+    /// it covers the pod but not its container `container_id` (one started or recreated since:
+    /// once per container, its name read from the kubelet's log links).
+    pub fn want(&mut self, uid: &str, container_id: Option<&str>) {
+        if self.task.is_none() {
             return;
         }
-        if self.asked.insert(uid.to_string()) {
+        let view = self.rx.borrow().clone();
+        let ask = match (view.by_uid.get(uid), container_id) {
+            (None, _) => self.asked.insert((uid.to_string(), String::new())),
+            (Some(_), None) => false,
+            (Some(pod), Some(cid)) => {
+                self.asked.insert((uid.to_string(), cid.to_string()))
+                    && view
+                        .container_name_from_links(pod, cid)
+                        .is_some_and(|name| !pod.containers.contains_key(&name))
+            }
+        };
+        if ask {
             if let Ok(mut w) = self.wanted.lock() {
                 w.push(uid.to_string());
             }
@@ -455,7 +469,7 @@ impl PodResourcesSource {
 
     /// Forgets pods no longer running (so a pod seen again is asked for again).
     pub fn retain(&mut self, live: impl Fn(&str) -> bool) {
-        self.asked.retain(|u| live(u));
+        self.asked.retain(|(u, _)| live(u));
     }
 }
 
@@ -858,24 +872,75 @@ mod tests {
             (v.answers, v.failures, fake.lists(), fake.gets()),
             (1, 0, 1, 0)
         );
-        src.want(U1);
+        src.want(U1, None);
         // A new pod: asked for by `Get`.
         fake.pods.lock().unwrap().push(listed("ns", "new-0", 3));
         running(d.path(), "ns", "new-0", U2);
-        src.want(U2);
+        src.want(U2, None);
         until(&src, "the new pod", |v| v.pod(U2).is_some()).await;
         assert_eq!(src.view().pod(U2).unwrap().name, "new-0");
         assert_eq!(src.view().answers, 2);
         assert_eq!((fake.lists(), fake.gets()), (1, 1));
         assert!(src.view().pod(U1).is_some(), "the others are kept");
         // A pod the view covers is not asked for.
-        src.want(U2);
+        src.want(U2, None);
         fake.pods.lock().unwrap().push(listed("ns", "third-0", 1));
         running(d.path(), "ns", "third-0", U3);
-        src.want(U3);
+        src.want(U3, None);
         until(&src, "the third pod", |v| v.pod(U3).is_some()).await;
         assert_eq!((fake.lists(), fake.gets()), (1, 2));
         assert_eq!(src.settings().pod_logs_dir, d.path().join("pods"));
+    }
+
+    /// A container new in a pod the view covers (a sidecar started later, a container
+    /// recreated): its grant is asked for with one `Get`, not left to the next full `List`; a
+    /// container the answer covers, or one asked for already, is not asked for again.
+    #[tokio::test]
+    async fn a_new_container_in_a_known_pod_is_asked_for_once() {
+        let d = tempfile::tempdir().unwrap();
+        let fake = Fake::default();
+        fake.pods.lock().unwrap().push(listed("ns", "web-0", 2));
+        running(d.path(), "ns", "web-0", U1);
+        let link = |name: &str, id: &str| {
+            std::fs::create_dir_all(d.path().join("containers")).unwrap();
+            std::fs::write(
+                d.path()
+                    .join(format!("containers/web-0_ns_{name}-{id}.log")),
+                "",
+            )
+            .unwrap();
+        };
+        let main_id = "a".repeat(64);
+        let side_id = "b".repeat(64);
+        link("main", &main_id);
+        let socket = serve(d.path(), &fake);
+        let mut src = PodResourcesSource::start(&settings(d.path(), socket), d.path().join("cg"));
+        until(&src, "the first answer", |v| {
+            v.status == KubeletStatus::Answering
+        })
+        .await;
+        // `main` is covered: nothing asked.
+        src.want(U1, Some(&main_id));
+        tokio::time::sleep(MIN_GAP * 3).await;
+        assert_eq!((fake.lists(), fake.gets()), (1, 0));
+        // A sidecar starts in the same pod.
+        {
+            let mut pods = fake.pods.lock().unwrap();
+            let mut side = listed("ns", "web-0", 1).containers.remove(0);
+            side.name = "side".into();
+            pods[0].containers.push(side);
+        }
+        link("side", &side_id);
+        src.want(U1, Some(&side_id));
+        until(&src, "the sidecar's grant", |v| {
+            v.pod(U1).is_some_and(|p| p.containers.contains_key("side"))
+        })
+        .await;
+        assert_eq!((fake.lists(), fake.gets()), (1, 1));
+        src.want(U1, Some(&side_id));
+        src.want(U1, Some(&main_id));
+        tokio::time::sleep(MIN_GAP * 3).await;
+        assert_eq!((fake.lists(), fake.gets()), (1, 1), "asked once");
     }
 
     /// A kubelet that answers `Unimplemented` to `Get`: a new pod is read with `List`, and `Get`
@@ -895,13 +960,13 @@ mod tests {
         .await;
         fake.pods.lock().unwrap().push(listed("ns", "new-0", 3));
         running(d.path(), "ns", "new-0", U2);
-        src.want(U2);
+        src.want(U2, None);
         until(&src, "the new pod", |v| v.pod(U2).is_some()).await;
         assert!(src.view().get_unimplemented);
         assert_eq!((fake.lists(), fake.gets()), (2, 1));
         fake.pods.lock().unwrap().push(listed("ns", "third-0", 1));
         running(d.path(), "ns", "third-0", U3);
-        src.want(U3);
+        src.want(U3, None);
         until(&src, "the third pod", |v| v.pod(U3).is_some()).await;
         assert_eq!((fake.lists(), fake.gets()), (3, 1));
     }
@@ -1007,24 +1072,24 @@ mod tests {
         // Recreated: the old pod's cgroup is gone, its logs kept.
         std::fs::remove_dir(d.path().join(format!("cg/kubepods/pod{U1}"))).unwrap();
         running(d.path(), "ns", "web-0", U2);
-        src.want(U2);
+        src.want(U2, None);
         until(&src, "the new UID", |v| v.pod(U2).is_some()).await;
         assert!(src.view().pod(U1).is_none(), "{:?}", src.view());
         assert_eq!((fake.lists(), fake.gets()), (1, 1));
         // A pod `Get` does not find: asked once, and again once forgotten.
         running(d.path(), "ns", "gone-0", U3);
-        src.want(U3);
+        src.want(U3, None);
         until(&src, "the Get", |_| fake.gets() == 2).await;
-        src.want(U3);
+        src.want(U3, None);
         src.retain(|u| u != U3);
-        src.want(U3);
+        src.want(U3, None);
         until(&src, "the Get again", |_| fake.gets() == 3).await;
         // A failing `Get`: counted, then the full `List`.
         *fake.get_fails.lock().unwrap() = true;
         let u4 = "44444444-4444-4444-8444-444444444444";
         fake.pods.lock().unwrap().push(listed("ns", "four-0", 1));
         running(d.path(), "ns", "four-0", u4);
-        src.want(u4);
+        src.want(u4, None);
         until(&src, "the List after the failure", |v| v.pod(u4).is_some()).await;
         let v = src.view();
         assert_eq!(

@@ -427,7 +427,7 @@ impl Observer {
                         if claimed
                             && let (Some(k), Some(uid)) = (self.kubelet.as_mut(), id.pod_uid())
                         {
-                            k.want(uid);
+                            k.want(uid, id.container_id());
                         }
                         let env = (env_enabled && claimed)
                             .then(|| {
