@@ -577,6 +577,30 @@ impl Attribution {
     }
 }
 
+impl Attribution {
+    /// Reads each task's group from `/proc` again and takes a move (`--no-ebpf`: no kernel
+    /// program reports one): a process moved to another group is charged to it from here on.
+    /// A path read for a process that exited since (its pidfd says, else its start time) is not
+    /// taken. Returns the pids moved.
+    pub fn follow_moves(&mut self) -> Vec<u32> {
+        let mut moved = Vec::new();
+        for t in self.tasks.values_mut() {
+            let pid = t.identity.pid;
+            let Ok(path) = cgroupfs::cgroup_path_of_pid(pid) else {
+                continue;
+            };
+            if t.cgroup_path.as_deref() == Some(path.as_str()) || !Self::alive(t) {
+                continue;
+            }
+            t.cgroup_id = self.resolver.id_of(&path).unwrap_or(0);
+            t.workload = Some(parse_cgroup_path(&path));
+            t.cgroup_path = Some(path);
+            moved.push(pid);
+        }
+        moved
+    }
+}
+
 /// What a reconciliation changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReconcileReport {
@@ -586,6 +610,9 @@ pub struct ReconcileReport {
     pub added: Vec<u32>,
     /// Kernel entries whose process is gone: the caller removes them from the kernel table.
     pub stale_kernel_entries: Vec<u32>,
+    /// Tasks found in another group than the table's (without eBPF: see
+    /// [`Attribution::follow_moves`]).
+    pub moved: Vec<u32>,
 }
 
 #[cfg(test)]

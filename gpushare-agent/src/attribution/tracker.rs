@@ -328,6 +328,9 @@ impl Tracker {
         });
         let mut report = self.table.reconcile(&kernel_tasks);
         report.stale_kernel_entries.extend(not_gpu);
+        if self.kernel.is_none() {
+            report.moved = self.table.follow_moves();
+        }
         if let Some(kernel) = self.kernel.as_mut() {
             for pid in report.removed.iter().chain(&report.stale_kernel_entries) {
                 kernel.forget_gpu_task(*pid);
@@ -345,11 +348,12 @@ impl Tracker {
                 }
             }
         }
-        if !report.removed.is_empty() || !report.added.is_empty() {
+        if !report.removed.is_empty() || !report.added.is_empty() || !report.moved.is_empty() {
             info!(
-                "reconciled GPU task table: {} gone without an exit event, {} found without an open event",
+                "reconciled GPU task table: {} gone without an exit event, {} found without an open event, {} moved to another group",
                 report.removed.len(),
-                report.added.len()
+                report.added.len(),
+                report.moved.len()
             );
         }
         report

@@ -586,6 +586,20 @@ fn a_workload_dipping_under_its_quota_for_one_sample_in_every_few_is_frozen() {
 #[test]
 fn a_gpu_process_moved_to_another_group_is_charged_to_the_new_one() {
     needs_root!("a_gpu_process_moved_to_another_group_is_charged_to_the_new_one");
+    moved_and_charged(&[]);
+}
+
+/// The same without eBPF (`--no-ebpf`, the procfs fallback): no kernel program sees the move;
+/// the reconcile (here every second) reads each GPU task's group again.
+#[test]
+fn without_ebpf_a_moved_gpu_process_is_charged_to_the_new_group_at_the_next_reconcile() {
+    needs_root!("without_ebpf_a_moved_gpu_process_is_charged_to_the_new_group");
+    moved_and_charged(&["--no-ebpf", "--reconcile-interval", "1s"]);
+}
+
+/// A 3 GiB process moved from a group with room for it into one with a 2 GiB quota, under an
+/// agent started with `args`: the new group is frozen, the old one is not.
+fn moved_and_charged(args: &[&str]) {
     let from = group("moved-from");
     let to = group("moved-to");
     let (from_key, to_key) = (
@@ -598,7 +612,7 @@ fn a_gpu_process_moved_to_another_group_is_charged_to_the_new_one() {
         cgroup_quota(&to, "2GiB")
     );
     let sc = Scenario::create(&one_gpu(&[])).unwrap();
-    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    let agent = AgentProcess::start(&sc, &quotas, args);
     let (p, _dir, _node) = gpu_process_named(&from, b"mover");
     sc.write(&one_gpu(&[(p.pid(), 3 * GIB)])).unwrap();
     let charged_to = |s: &gpushare_agent::snapshot::Snapshot| {
