@@ -320,17 +320,14 @@ pub fn annotation_quota(
     q
 }
 
-/// The containers of a pod that run beside each other and so are bounded: its containers and its
-/// native sidecars (init containers with `restartPolicy: Always`, which run for the pod's life and
-/// hold claims like any container). Other init containers run to completion before the others
-/// start: their claims bound nothing here.
+/// The containers of a pod whose claims bound them: its containers, its native sidecars (init
+/// containers with `restartPolicy: Always`, which run for the pod's life) and its other init
+/// containers, which run to completion before the others start (a GPU warm-up, say): each is
+/// bounded while the pod's status says it runs, like any container.
 pub fn bounded_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
-    spec.containers.iter().chain(
-        spec.init_containers
-            .iter()
-            .flatten()
-            .filter(|c| c.restart_policy.as_deref() == Some("Always")),
-    )
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
 }
 
 /// The grants of `pods` (this node's) from their `claims` (any namespace) and annotations.

@@ -58,7 +58,7 @@ const QUIET: Duration = Duration::from_secs(40);
 
 /// Only what the grants are made of: names, uid, the annotations read (KAI's `nvidia.com/container.`
 /// and `nvidia.cdi.k8s.io/`, TensorFusion's and GPUShare's), each container's claim entries (and
-/// native sidecars', init containers with `restartPolicy: Always`), the pod's claim references,
+/// each init container's, with its restart policy), the pod's claim references,
 /// and each container's status (id, running). A tenant's other fields (up to 1.5 MiB a pod) are dropped
 /// on arrival, so what the agent keeps is bounded by what it reads, not by what a pod carries.
 pub fn slim(p: Pod) -> Pod {
@@ -78,7 +78,7 @@ pub fn slim(p: Pod) -> Pod {
         });
     }
     // A container as far as its grant goes: its name, its claim entries, and (an init
-    // container's) restart policy, which makes it a native sidecar bounded by its claims.
+    // container's) restart policy (a native sidecar's is `Always`).
     let bounded = |c: Container| Container {
         name: c.name,
         resources: c.resources.map(|r| ResourceRequirements {
@@ -91,12 +91,9 @@ pub fn slim(p: Pod) -> Pod {
     let spec = p.spec.map(|s| PodSpec {
         node_name: s.node_name,
         containers: s.containers.into_iter().map(bounded).collect(),
-        init_containers: s.init_containers.map(|v| {
-            v.into_iter()
-                .filter(|c| c.restart_policy.as_deref() == Some("Always"))
-                .map(bounded)
-                .collect()
-        }),
+        init_containers: s
+            .init_containers
+            .map(|v| v.into_iter().map(bounded).collect()),
         resource_claims: s.resource_claims.map(|v| {
             v.into_iter()
                 .map(|c| PodResourceClaim {

@@ -215,7 +215,8 @@ fn an_annotation_lowers_never_raises_and_an_edit_after_the_start_is_ignored() {
 }
 
 /// Issue 41: a native sidecar (an init container with `restartPolicy: Always`) holding a 1 GiB DRA
-/// claim and using 2 GiB is frozen by it (on main its claim was never read: no quota at all); a
+/// claim and using 2 GiB is frozen by it (on main its claim was never read: no quota at all), and
+/// so is an ordinary init container running with one (a GPU warm-up before the containers); a
 /// container of a TensorFusion pod (`tensor-fusion.ai/vram-limit: 1Gi`) and one with KAI's
 /// CDI-era annotation (`nvidia.cdi.k8s.io/<name>.gpu-memory.limit`), each using 2 GiB, are frozen by
 /// them (on main neither spelling was read).
@@ -226,6 +227,9 @@ fn a_sidecars_claim_and_the_schedulers_own_annotations_bound_their_containers() 
     let (uid, main, side) = (pod_uid(), container_id(), container_id());
     let (uid2, tf) = (pod_uid(), container_id());
     let (uid3, kai) = (pod_uid(), container_id());
+    let (uid4, warm) = (pod_uid(), container_id());
+    let g_warm = PlacedGroup::create(&format!("kubepods/pod{uid4}/{warm}"));
+    let p_warm = sleeping(g_warm.cg());
     let g_main = PlacedGroup::create(&format!("kubepods/pod{uid}/{main}"));
     let g_side = PlacedGroup::create(&format!("kubepods/pod{uid}/{side}"));
     let g_tf = PlacedGroup::create(&format!("kubepods/pod{uid2}/{tf}"));
@@ -252,9 +256,23 @@ fn a_sidecars_claim_and_the_schedulers_own_annotations_bound_their_containers() 
         .unwrap()
         .split_off(1);
     sidecar_pod["status"]["initContainerStatuses"] = json!(statuses);
+    // An ordinary init container (a GPU warm-up) running with its claim, before any container.
+    let mut warm_pod = pod(
+        "ml",
+        "warm-0",
+        &uid4,
+        json!({}),
+        &[("warmup", &warm, &["gpu"])],
+        &[("gpu", "warm-0-gpu")],
+    );
+    warm_pod["spec"]["initContainers"] = warm_pod["spec"]["containers"].take();
+    warm_pod["spec"]["containers"] = json!([{ "name": "app" }]);
+    warm_pod["status"]["initContainerStatuses"] = warm_pod["status"]["containerStatuses"].take();
+    warm_pod["status"]["containerStatuses"] = json!([]);
     api.set(
         vec![
             sidecar_pod,
+            warm_pod,
             pod(
                 "ml",
                 "tf-0",
@@ -274,9 +292,13 @@ fn a_sidecars_claim_and_the_schedulers_own_annotations_bound_their_containers() 
                 &[],
             ),
         ],
-        vec![claim("ml", "serve-0-gpu", "gpu-0", "1Gi")],
+        vec![
+            claim("ml", "serve-0-gpu", "gpu-0", "1Gi"),
+            claim("ml", "warm-0-gpu", "gpu-0", "1Gi"),
+        ],
     );
     let sc = Scenario::create(&one_gpu(&[
+        (p_warm.pid(), 2 * GIB),
         (p_main.pid(), 2 * GIB),
         (p_side.pid(), 2 * GIB),
         (p_tf.pid(), 2 * GIB),
@@ -294,6 +316,11 @@ fn a_sidecars_claim_and_the_schedulers_own_annotations_bound_their_containers() 
     };
     for (id, source, what) in [
         (&side, "dra", "the sidecar's claim freezes it"),
+        (
+            &warm,
+            "dra",
+            "the running init container's claim freezes it",
+        ),
         (&tf, "annotation", "TensorFusion's vram-limit freezes it"),
         (&kai, "annotation", "KAI's CDI-era limit freezes it"),
     ] {
@@ -305,7 +332,7 @@ fn a_sidecars_claim_and_the_schedulers_own_annotations_bound_their_containers() 
         );
     }
     assert!(g_side.cg().wait_frozen(true) && g_tf.cg().wait_frozen(true));
-    assert!(g_kai.cg().wait_frozen(true));
+    assert!(g_kai.cg().wait_frozen(true) && g_warm.cg().wait_frozen(true));
     // The main container holds no claim and no annotation names it: no quota, left alone.
     let s = agent.wait_next_step();
     let m = s
@@ -317,7 +344,7 @@ fn a_sidecars_claim_and_the_schedulers_own_annotations_bound_their_containers() 
         "{m:?}"
     );
     assert!(!g_main.cg().is_frozen());
-    drop((p_main, p_side, p_tf, p_kai));
+    drop((p_main, p_side, p_tf, p_kai, p_warm));
 }
 
 /// 100 freeze and release cycles of one pod's container give the Events client-go's spam filter

@@ -528,10 +528,11 @@ fn with_init_containers(p: Pod, from: usize, sidecars: usize) -> Pod {
 }
 
 /// Issue 41: a native sidecar (an init container with `restartPolicy: Always`, GA in 1.33) that
-/// holds a claim is bounded by it like a container (on main its claim was never read); an
-/// ordinary init container, which has finished before the containers run, is not.
+/// holds a claim is bounded by it like a container (on main its claim was never read); so is an
+/// ordinary init container while it runs (a GPU warm-up before the containers start), and once it
+/// has finished nothing of it is read.
 #[test]
-fn a_native_sidecars_claim_bounds_the_sidecar() {
+fn a_native_sidecars_and_a_running_init_containers_claims_bound_them() {
     let p = pod(
         json!({ "nvidia.com/container.side.gpu-memory.limit": "1Gi" }),
         &[("main", &[]), ("side", &["gpu"]), ("init", &["warm"])],
@@ -543,15 +544,32 @@ fn a_native_sidecars_claim_bounds_the_sidecar() {
     assert_eq!(spec.init_containers.as_ref().unwrap().len(), 2);
     let x = claim("x", &[(NVIDIA_DRA_DRIVER, "gpu-1", Some("2Gi"))]);
     let y = claim("y", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("4Gi"))]);
-    let v = view(&[p], &[x, y], GpuShareUnit::GiB);
+    let v = view(std::slice::from_ref(&p), &[x, y], GpuShareUnit::GiB);
     let side = v.containers.get(&cid(1)).expect("the sidecar is read");
     assert_eq!(side.name, "side");
     assert_eq!(side.dra, Some(dra(&[(1, 2 * GI)], None)));
     assert_eq!(side.annotation, Some(ann(Some(GI), &[])));
     assert!(v.quota_for_container(&cid(1)).is_some());
-    assert!(!v.containers.contains_key(&cid(2)), "{v:?}");
+    let init = v
+        .containers
+        .get(&cid(2))
+        .expect("the running init container is read");
+    assert_eq!(init.name, "init");
+    assert_eq!(init.dra, Some(dra(&[(0, 4 * GI)], None)));
     assert_eq!(v.quota_for_container(&cid(0)), None);
     assert_eq!(v.problems, Vec::<String>::new());
+    // Finished: not read.
+    let mut done = serde_json::to_value(&p).unwrap();
+    done["status"]["initContainerStatuses"][1]["state"] =
+        json!({ "terminated": { "exitCode": 0 } });
+    let done: Pod = serde_json::from_value(done).unwrap();
+    let (x, y) = (
+        claim("x", &[(NVIDIA_DRA_DRIVER, "gpu-1", Some("2Gi"))]),
+        claim("y", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("4Gi"))]),
+    );
+    let v = view(&[done], &[x, y], GpuShareUnit::GiB);
+    assert!(!v.containers.contains_key(&cid(2)), "{v:?}");
+    assert!(v.containers.contains_key(&cid(1)));
 }
 
 /// Issue 41: the schedulers' own spellings. KAI's CDI-era annotations under `nvidia.cdi.k8s.io/`
