@@ -118,14 +118,15 @@ async fn bench() {
         })
         .collect();
     let lat = all_see(&fleet, &pods[9].2, t0).await;
-    let (l, g, w) = api.with(|s| counts(s));
+    let ((l, g, w), bytes) = api.with(|s| (counts(s), s.bytes));
     println!("fleet of {n} nodes, 10 pods and 10 claims each, one fake API server");
     said("1. start: every node's first view", &lat);
     println!(
-        "   per node: {:.1} lists, {:.1} claim GETs, {:.1} watches",
+        "   per node: {:.1} lists, {:.1} claim GETs, {:.1} watches, {:.1} KiB served",
         l as f64 / n as f64,
         g as f64 / n as f64,
-        w as f64 / n as f64
+        w as f64 / n as f64,
+        bytes as f64 / n as f64 / 1024.0
     );
     // Every node's watch open: what follows is the steady state.
     let end = Instant::now() + Duration::from_secs(60);
@@ -133,17 +134,19 @@ async fn bench() {
         assert!(Instant::now() < end, "every node watching");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (before, b) = api.with(|s| (s.requests.len(), counts(s)));
+    let (before, b, bytes0) = api.with(|s| (s.requests.len(), counts(s), s.bytes));
     tokio::time::sleep(Duration::from_secs(rest)).await;
-    let (after, a) = api.with(|s| (s.requests.len(), counts(s)));
+    let (after, a, bytes1) = api.with(|s| (s.requests.len(), counts(s), s.bytes));
     let during = after - before;
     println!(
         "2. at rest for {rest} s: {during} requests from {n} nodes ({} lists, {} gets, {} watches) \
-         = {:.1} per node per hour (+ ~12.4 watch renewals an hour by design)",
+         = {:.1} per node per hour (+ ~12.4 watch renewals an hour by design); {:.1} KiB per \
+         node per hour served (the fake's bookmarks: one a second, the API server's ~one a minute)",
         a.0 - b.0,
         a.1 - b.1,
         a.2 - b.2,
-        during as f64 / n as f64 * 3600.0 / rest as f64
+        during as f64 / n as f64 * 3600.0 / rest as f64,
+        (bytes1 - bytes0) as f64 / n as f64 * 3600.0 / rest as f64 / 1024.0
     );
     pods.push(one(10));
     let t1 = Instant::now();

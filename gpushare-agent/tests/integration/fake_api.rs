@@ -65,6 +65,8 @@ pub struct State {
     pub lists: usize,
     pub gets: usize,
     pub watches: usize,
+    /// Bytes of every response body served, watch events included.
+    pub bytes: u64,
 }
 
 /// A pod's identity across changes.
@@ -188,7 +190,13 @@ impl FakeApi {
                         };
                         let svc = service_fn(move |req| {
                             let st = st.clone();
-                            async move { Ok::<_, std::convert::Infallible>(handle(req, &st).await) }
+                            async move {
+                                let resp = handle(req, &st).await;
+                                // A watch's stream says nothing here: its events count as sent.
+                                let body = hyper::body::Body::size_hint(resp.body()).exact();
+                                st.lock().unwrap().bytes += body.unwrap_or(0);
+                                Ok::<_, std::convert::Infallible>(resp)
+                            }
                         });
                         let _ = hyper::server::conn::http1::Builder::new()
                             .serve_connection(TokioIo::new(tls), svc)
@@ -313,7 +321,9 @@ fn watch(st: &Arc<Mutex<State>>, s: &mut State, query: &str) -> Response<Body> {
                 lines
             };
             for l in lines {
-                let frame = Frame::data(Bytes::from(format!("{l}\n")));
+                let data = Bytes::from(format!("{l}\n"));
+                st.lock().unwrap().bytes += data.len() as u64;
+                let frame = Frame::data(data);
                 if tx.send(Ok(frame)).await.is_err() {
                     return;
                 }
