@@ -32,8 +32,7 @@ use crate::{
     },
     policy::AttributedProcess,
     quota::{
-        EnvQuota, EnvSource, GpuInfo, KubeletSettings, QuotaSet, ResolvedFrom, Selector,
-        WorkloadMeta, trusted,
+        EnvQuota, GpuInfo, KubeletSettings, QuotaSet, ResolvedFrom, Selector, WorkloadMeta, trusted,
     },
     snapshot::IdentityNote,
     workload::{Placement, nested_container, parse_cgroup_path_in, parse_without_runtime},
@@ -441,7 +440,7 @@ impl Observer {
                             .as_ref()
                             .filter(|_| env_enabled && claimed)
                             .and_then(|v| kube_quota(id, v, gpus));
-                        trusted::smallest_of(env, granted, EnvSource::Several)
+                        trusted::smallest_of(env, granted)
                     })
                     .clone();
                 const UNNAMED: WorkloadNames = WorkloadNames {
@@ -523,9 +522,7 @@ impl Observer {
         for (workload, key, env) in metas.iter().flatten() {
             let trust = match quotas.resolved_from(workload, env.as_ref()) {
                 Some(ResolvedFrom::File) => "file",
-                Some(ResolvedFrom::Env(
-                    EnvSource::Dra | EnvSource::Annotation | EnvSource::DraAndAnnotation,
-                )) => "api_server",
+                Some(ResolvedFrom::Env(s)) if s.only_api_server() => "api_server",
                 Some(ResolvedFrom::Env(_)) => {
                     self.env_quotas.trust_of(key).map_or("", |t| t.as_str())
                 }

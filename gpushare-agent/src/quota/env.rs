@@ -61,7 +61,7 @@
 
 use std::collections::BTreeMap;
 
-use super::DeviceRef;
+use super::{DeviceRef, GrantSource, Sources};
 
 /// The unit of GPUShare's `ALIYUN_COM_GPU_MEM_*` values (the device plugin's `--memory-unit`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
@@ -98,54 +98,6 @@ impl GpuShareUnit {
     }
 }
 
-/// Which convention an env quota came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EnvSource {
-    /// Alibaba GPUShare's device plugin.
-    GpuShare,
-    /// HAMi (also Volcano vGPU, KAI's `hamicore` binder, HAMi's DRA driver).
-    Hami,
-    /// NVIDIA's `NVIDIA_GPU_MEMORY_LIMIT(S)` (kai-gpu-fractioning, read by nvidia-container-toolkit).
-    Nvidia,
-    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (MPS; Amazon ECS's MPS allocation).
-    Mps,
-    /// Several conventions' variables set limits; the smallest applies per device.
-    Both,
-    /// The kubelet's pod-resources grant (GPUShare units counted from its device ids).
-    Kubelet,
-    /// The kubelet's grant and the environment each bind on some GPU (the smallest applies).
-    KubeletAndEnv,
-    /// A DRA ResourceClaim's consumed capacity (`memory`), from the API server.
-    Dra,
-    /// Pod annotations (kai-gpu-fractioning's, GPUShare's), from the API server: they only lower.
-    Annotation,
-    /// A DRA claim and the pod's annotations each bind on some GPU (the smallest applies).
-    DraAndAnnotation,
-    /// The node's sources (environment, kubelet) and the API server's each bind on some GPU (the
-    /// smallest applies).
-    Several,
-}
-
-impl EnvSource {
-    /// A short name for reports.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::GpuShare => "gpushare env",
-            Self::Hami => "hami env",
-            Self::Nvidia => "nvidia env",
-            Self::Mps => "mps env",
-            Self::Both => "several plugins' env (the smallest applies)",
-            Self::Kubelet => "kubelet",
-            Self::KubeletAndEnv => "kubelet and env (the smallest applies)",
-            Self::Dra => "dra",
-            Self::Annotation => "annotation",
-            Self::DraAndAnnotation => "dra and annotation (the smallest applies)",
-            Self::Several => "several sources (the smallest applies)",
-        }
-    }
-}
-
 /// How far the environment an env quota was read from can be trusted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -175,8 +127,8 @@ impl Trust {
 /// Per-GPU limits read from a container's environment.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct EnvQuota {
-    /// Where they came from.
-    pub source: EnvSource,
+    /// Where they came from: the sources that bind on some GPU.
+    pub sources: Sources,
     /// Limits for named host devices, bytes, in device order, each device once.
     pub per_gpu: Vec<(DeviceRef, u64)>,
     /// The limit for each other GPU the workload uses, bytes.
@@ -516,7 +468,7 @@ where
     let largest = gpus.iter().map(|g| g.memory_total).max().filter(|&b| b > 0);
 
     // Per-device limits of every convention, placed on devices below.
-    let mut ordinals: Vec<(EnvSource, Ordinal)> = Vec::new();
+    let mut ordinals: Vec<(GrantSource, Ordinal)> = Vec::new();
 
     // HAMi (and KAI's hamicore binder, and HAMi's DRA driver).
     let mut hami = Limits::default();
@@ -540,7 +492,7 @@ where
     for (ordinal, var, value) in hami_indexed {
         match parse_hami_limit(var, value) {
             Ok(Some(bytes)) => ordinals.push((
-                EnvSource::Hami,
+                GrantSource::Hami,
                 Ordinal {
                     ordinal,
                     var,
@@ -567,7 +519,7 @@ where
                 for (ordinal, bytes) in list.into_iter().enumerate() {
                     if let Some(bytes) = bytes {
                         ordinals.push((
-                            EnvSource::Nvidia,
+                            GrantSource::Nvidia,
                             Ordinal {
                                 ordinal: ordinal as u32,
                                 var,
@@ -604,7 +556,7 @@ where
         &mut problems,
         &mut disagreements,
     );
-    ordinals.extend(mps_ordinals.into_iter().map(|o| (EnvSource::Mps, o)));
+    ordinals.extend(mps_ordinals.into_iter().map(|o| (GrantSource::Mps, o)));
 
     // Place every per-device limit on the device the runtime gave at that ordinal.
     let env_list = env_device_list(cuda_visible, nvidia_visible);
@@ -613,8 +565,8 @@ where
         let named = env_list
             .then(|| map_cuda_index(o.ordinal, cuda_visible, nvidia_visible).map(normalize));
         let limits = match source {
-            EnvSource::Nvidia => &mut nvidia,
-            EnvSource::Mps => &mut mps_limits,
+            GrantSource::Nvidia => &mut nvidia,
+            GrantSource::Mps => &mut mps_limits,
             _ => &mut hami,
         };
         place(
@@ -716,28 +668,25 @@ where
     }
 
     let families = [
-        (EnvSource::GpuShare, gpushare),
-        (EnvSource::Hami, hami),
-        (EnvSource::Nvidia, nvidia),
-        (EnvSource::Mps, mps_limits),
+        (GrantSource::GpuShare, gpushare),
+        (GrantSource::Hami, hami),
+        (GrantSource::Nvidia, nvidia),
+        (GrantSource::Mps, mps_limits),
     ];
-    let mut sources = families
+    let sources: Sources = families
         .iter()
         .filter(|(_, l)| !l.is_empty())
-        .map(|(s, _)| *s);
-    let source = match (sources.next(), sources.next()) {
-        (None, _) => {
-            return EnvQuotaReport {
-                quota: None,
-                problems,
-                unit_check,
-                disagreements,
-                request,
-            };
-        }
-        (Some(s), None) => s,
-        (Some(_), Some(_)) => EnvSource::Both,
-    };
+        .map(|(s, _)| *s)
+        .collect();
+    if sources.is_empty() {
+        return EnvQuotaReport {
+            quota: None,
+            problems,
+            unit_check,
+            disagreements,
+            request,
+        };
+    }
     let mut all = Limits::default();
     for (_, l) in families {
         for (d, b) in l.per_gpu {
@@ -755,7 +704,7 @@ where
         .collect();
     EnvQuotaReport {
         quota: Some(EnvQuota {
-            source,
+            sources,
             per_gpu,
             each_gpu,
         }),
@@ -1284,7 +1233,7 @@ mod tests {
             GpuShareUnit::GiB,
         )
         .unwrap();
-        assert_eq!(q.source, EnvSource::GpuShare);
+        assert_eq!(q.sources, GrantSource::GpuShare.into());
         assert_eq!(q.per_gpu, vec![(DeviceRef::Index(1), 3 * GIB)]);
         assert_eq!(q.each_gpu, None);
 
@@ -1499,7 +1448,7 @@ mod tests {
             DeviceRef::Minor(2)
         );
         let q = EnvQuota {
-            source: EnvSource::Dra,
+            sources: GrantSource::Dra.into(),
             per_gpu: vec![
                 (G1, 3 * GIB),
                 (DeviceRef::Uuid("GPU-000".into()), 4 * GIB),
@@ -1514,7 +1463,10 @@ mod tests {
             r.per_gpu,
             vec![(G0, 4 * GIB), (G1, 2 * GIB), (DeviceRef::Minor(9), GIB)]
         );
-        assert_eq!((r.source, r.each_gpu), (EnvSource::Dra, Some(8 * GIB)));
+        assert_eq!(
+            (r.sources, r.each_gpu),
+            (Sources::from(GrantSource::Dra), Some(8 * GIB))
+        );
     }
 
     /// NVIDIA's recommended spelling, by GPU UUID, alone and mixed with ordinals; a UUID naming a GPU
@@ -1528,7 +1480,7 @@ mod tests {
         let r = report_on(&[(MPS, "0=1G, GPU-000=3G")], &[G1, G0]);
         assert_eq!(r.disagreements, vec![]);
         let q = r.quota.unwrap();
-        assert_eq!(q.source, EnvSource::Mps);
+        assert_eq!(q.sources, GrantSource::Mps.into());
         assert_eq!(q.per_gpu, vec![(G0, 3 * GIB), (G1, GIB)]);
         // A GPU the runtime did not give: MPS drops every limit, the ordinal's too.
         let r = report_on(&[(MPS, "0=1G,GPU-000=3G")], &[G1]);
@@ -1553,7 +1505,10 @@ mod tests {
             &[G1],
         );
         let q = r.quota.unwrap();
-        assert_eq!((q.source, q.each_gpu), (EnvSource::Hami, Some(2 * GIB)));
+        assert_eq!(
+            (q.sources, q.each_gpu),
+            (Sources::from(GrantSource::Hami), Some(2 * GIB))
+        );
         // The visible-devices variables never drop a limit (an image sets them too).
         let (per, _) = limits_on(
             &[("CUDA_VISIBLE_DEVICES", "GPU-111"), (MPS, "GPU-000=3G")],
@@ -1635,8 +1590,8 @@ mod tests {
             );
             let q = r.quota.unwrap();
             assert_eq!(
-                (q.source, q.each_gpu),
-                (EnvSource::Nvidia, Some(GIB)),
+                (q.sources, q.each_gpu),
+                (Sources::from(GrantSource::Nvidia), Some(GIB)),
                 "{name}"
             );
             assert_eq!(r.request, Some(512 * MIB));
@@ -1663,7 +1618,10 @@ mod tests {
             GpuShareUnit::GiB,
         )
         .unwrap();
-        assert_eq!((q.source, q.each_gpu), (EnvSource::Mps, Some(2 * GIB)));
+        assert_eq!(
+            (q.sources, q.each_gpu),
+            (Sources::from(GrantSource::Mps), Some(2 * GIB))
+        );
         assert_eq!(parse_mps_size("3k"), Some(3 << 10));
         assert_eq!(parse_mps_size("3KB"), Some(3 << 10));
         assert_eq!(parse_mps_size("5"), Some(5));
@@ -1672,7 +1630,10 @@ mod tests {
         assert_eq!(parse_mps_size("2b"), Some(2));
         // KAI's hamicore binder: `<MiB>m` for every device.
         let q = quota(&[("CUDA_DEVICE_MEMORY_LIMIT", "2048m")], GpuShareUnit::GiB).unwrap();
-        assert_eq!((q.source, q.each_gpu), (EnvSource::Hami, Some(2 * GIB)));
+        assert_eq!(
+            (q.sources, q.each_gpu),
+            (Sources::from(GrantSource::Hami), Some(2 * GIB))
+        );
         // Malformed: reported, ignored.
         for env in [
             ("NVIDIA_GPU_MEMORY_LIMIT", "1GiB"),
@@ -1727,8 +1688,8 @@ mod tests {
             for env in [env.clone(), env.iter().rev().copied().collect()] {
                 let q = quota(&env, GpuShareUnit::GiB).unwrap();
                 assert_eq!(
-                    (q.source, q.each_gpu),
-                    (EnvSource::Both, Some(want)),
+                    (q.sources.as_str(), q.each_gpu),
+                    ("several plugins' env (the smallest applies)", Some(want)),
                     "{env:?}"
                 );
             }
@@ -1804,7 +1765,15 @@ mod tests {
         }
         // Both families: the smaller applies, per device, whichever it comes from.
         let q = quota(&[gs, ("CUDA_DEVICE_MEMORY_LIMIT", "4g")], GpuShareUnit::GiB).unwrap();
-        assert_eq!((q.source, q.each_gpu), (EnvSource::Both, Some(GIB)));
+        assert_eq!(
+            (q.sources, q.each_gpu),
+            (
+                [GrantSource::GpuShare, GrantSource::Hami]
+                    .into_iter()
+                    .collect(),
+                Some(GIB)
+            )
+        );
         assert_eq!(
             limits_on(
                 &[
@@ -1927,15 +1896,18 @@ mod tests {
         assert_eq!((q.per_gpu, q.each_gpu), (vec![], Some(GIB)));
         // Per-ordinal values keep their convention's name.
         for (env, source) in [
-            (("NVIDIA_GPU_MEMORY_LIMITS", "1024,2048"), EnvSource::Nvidia),
+            (
+                ("NVIDIA_GPU_MEMORY_LIMITS", "1024,2048"),
+                GrantSource::Nvidia,
+            ),
             (
                 ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1G,1=2G"),
-                EnvSource::Mps,
+                GrantSource::Mps,
             ),
-            (("CUDA_DEVICE_MEMORY_LIMIT_1", "1g"), EnvSource::Hami),
+            (("CUDA_DEVICE_MEMORY_LIMIT_1", "1g"), GrantSource::Hami),
         ] {
             let q = report_on(&[env], &[G0, G1]).quota.unwrap();
-            assert_eq!(q.source, source, "{env:?}");
+            assert_eq!(q.sources, source.into(), "{env:?}");
             assert!(q.each_gpu.is_none(), "{env:?}");
         }
         // GPUs whose size is not known say nothing about a limit being more than one holds.
@@ -1999,25 +1971,7 @@ mod tests {
     }
 
     #[test]
-    fn each_source_and_trust_has_its_own_name() {
-        let sources = [
-            (EnvSource::GpuShare, "gpushare"),
-            (EnvSource::Hami, "hami"),
-            (EnvSource::Nvidia, "nvidia"),
-            (EnvSource::Mps, "mps"),
-            (EnvSource::Both, "several"),
-            (EnvSource::Kubelet, "kubelet"),
-            (EnvSource::KubeletAndEnv, "kubelet and env"),
-            (EnvSource::Dra, "dra"),
-            (EnvSource::Annotation, "annotation"),
-            (EnvSource::DraAndAnnotation, "dra and annotation"),
-            (EnvSource::Several, "several sources"),
-        ];
-        let mut seen = std::collections::HashSet::new();
-        for (s, word) in sources {
-            assert!(s.as_str().contains(word), "{s:?}: {}", s.as_str());
-            assert!(seen.insert(s.as_str()), "{s:?} shares its name");
-        }
+    fn each_trust_has_its_own_name() {
         // A trust's label value is the name the state API serializes it as.
         for t in [Trust::RuntimeSpec, Trust::InitEnviron, Trust::Kubelet] {
             assert_eq!(serde_json::to_value(t).unwrap(), t.as_str(), "{t:?}");

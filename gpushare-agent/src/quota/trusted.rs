@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{DeviceRef, EnvQuota, EnvSource};
+use super::{DeviceRef, EnvQuota, Sources};
 
 /// The limit `q` puts on device `d`.
 fn limit_on(q: &EnvQuota, d: &DeviceRef) -> Option<u64> {
@@ -36,9 +36,9 @@ fn tighter(a: Option<u64>, b: Option<u64>) -> bool {
 }
 
 /// The smallest of `first` (the more trusted source, e.g. the kubelet's grant) and `second` on
-/// every device, with the source that binds: `first`'s where it binds everywhere it differs or
-/// ties, `second`'s where only it binds, `both` where each binds somewhere.
-pub fn smallest(first: &EnvQuota, second: &EnvQuota, both: EnvSource) -> EnvQuota {
+/// every device, with the sources that bind: `first`'s where it binds everywhere it differs or
+/// ties, `second`'s where only it binds, both sets where each binds somewhere.
+pub fn smallest(first: &EnvQuota, second: &EnvQuota) -> EnvQuota {
     let mut per: BTreeMap<DeviceRef, u64> = BTreeMap::new();
     let mut first_binds = tighter(first.each_gpu, second.each_gpu);
     let mut second_binds = tighter(second.each_gpu, first.each_gpu);
@@ -50,26 +50,22 @@ pub fn smallest(first: &EnvQuota, second: &EnvQuota, both: EnvSource) -> EnvQuot
             per.insert(d.clone(), l);
         }
     }
-    let source = match (first_binds, second_binds) {
-        (true, true) => both,
-        (false, true) => second.source,
-        _ => first.source,
+    let sources: Sources = match (first_binds, second_binds) {
+        (true, true) => first.sources | second.sources,
+        (false, true) => second.sources,
+        _ => first.sources,
     };
     EnvQuota {
-        source,
+        sources,
         per_gpu: per.into_iter().collect(),
         each_gpu: smaller(first.each_gpu, second.each_gpu),
     }
 }
 
 /// [`smallest`] of what is there: either alone when the other is absent.
-pub fn smallest_of(
-    first: Option<EnvQuota>,
-    second: Option<EnvQuota>,
-    both: EnvSource,
-) -> Option<EnvQuota> {
+pub fn smallest_of(first: Option<EnvQuota>, second: Option<EnvQuota>) -> Option<EnvQuota> {
     match (first, second) {
-        (Some(a), Some(b)) => Some(smallest(&a, &b, both)),
+        (Some(a), Some(b)) => Some(smallest(&a, &b)),
         (a, b) => a.or(b),
     }
 }
@@ -77,12 +73,13 @@ pub fn smallest_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quota::GrantSource;
 
     const GIB: u64 = 1 << 30;
 
-    fn q(source: EnvSource, per: &[(u32, u64)], each: Option<u64>) -> EnvQuota {
+    fn q(sources: Sources, per: &[(u32, u64)], each: Option<u64>) -> EnvQuota {
         EnvQuota {
-            source,
+            sources,
             per_gpu: per
                 .iter()
                 .map(|(i, b)| (DeviceRef::Index(*i), b * GIB))
@@ -92,15 +89,20 @@ mod tests {
     }
 
     fn kubelet(per: &[(u32, u64)], each: Option<u64>) -> EnvQuota {
-        q(EnvSource::Kubelet, per, each)
+        q(GrantSource::Kubelet.into(), per, each)
     }
 
     fn env(per: &[(u32, u64)], each: Option<u64>) -> EnvQuota {
-        q(EnvSource::Hami, per, each)
+        q(GrantSource::Hami.into(), per, each)
+    }
+
+    /// The kubelet's and the environment's sources together.
+    fn both() -> Sources {
+        Sources::from(GrantSource::Kubelet) | GrantSource::Hami.into()
     }
 
     fn merged(a: &EnvQuota, b: &EnvQuota) -> EnvQuota {
-        smallest(a, b, EnvSource::KubeletAndEnv)
+        smallest(a, b)
     }
 
     #[test]
@@ -113,7 +115,7 @@ mod tests {
         assert_eq!(m, env(&[(0, 1)], None));
         // Equal: the trusted source is named.
         let m = merged(&kubelet(&[(0, 2)], None), &env(&[(0, 2)], None));
-        assert_eq!(m.source, EnvSource::Kubelet);
+        assert_eq!(m.sources, GrantSource::Kubelet.into());
     }
 
     #[test]
@@ -126,10 +128,10 @@ mod tests {
         assert_eq!(m, env(&[(0, 1)], Some(1)));
         // Each binds somewhere: both named.
         let m = merged(&kubelet(&[(0, 2)], Some(9)), &env(&[(1, 3)], Some(5)));
-        assert_eq!(m, q(EnvSource::KubeletAndEnv, &[(0, 2), (1, 3)], Some(5)));
+        assert_eq!(m, q(both(), &[(0, 2), (1, 3)], Some(5)));
         // A device only one names keeps its limit there; the other's absence lifts nothing.
         let m = merged(&kubelet(&[(0, 2)], None), &env(&[(1, 3)], None));
-        assert_eq!(m, q(EnvSource::KubeletAndEnv, &[(0, 2), (1, 3)], None));
+        assert_eq!(m, q(both(), &[(0, 2), (1, 3)], None));
         // The every-GPU limits: the smaller, either way round.
         assert_eq!(
             merged(&kubelet(&[], Some(3)), &env(&[], Some(4))).each_gpu,
@@ -140,16 +142,30 @@ mod tests {
             Some(3 * GIB)
         );
         assert_eq!(
-            merged(&kubelet(&[], Some(4)), &env(&[], Some(3))).source,
-            EnvSource::Hami
+            merged(&kubelet(&[], Some(4)), &env(&[], Some(3))).sources,
+            GrantSource::Hami.into()
         );
         assert_eq!(
-            merged(&kubelet(&[], None), &env(&[], Some(3))).source,
-            EnvSource::Hami
+            merged(&kubelet(&[], None), &env(&[], Some(3))).sources,
+            GrantSource::Hami.into()
         );
         assert_eq!(
-            merged(&kubelet(&[], Some(3)), &env(&[], None)).source,
-            EnvSource::Kubelet
+            merged(&kubelet(&[], Some(3)), &env(&[], None)).sources,
+            GrantSource::Kubelet.into()
+        );
+    }
+
+    /// The sources are a set: two grants of one source (one environment placed on two device
+    /// lists, two annotations) that each bind somewhere name that source once, not "several".
+    #[test]
+    fn one_source_twice_is_named_once() {
+        let m = smallest(&env(&[(0, 2)], Some(9)), &env(&[(1, 3)], Some(5)));
+        assert_eq!(m.sources, GrantSource::Hami.into());
+        assert_eq!(m.sources.as_str(), "hami env");
+        let both = smallest(&kubelet(&[(0, 2)], Some(9)), &env(&[(1, 3)], Some(5)));
+        assert_eq!(
+            both.sources.as_str(),
+            "kubelet and env (the smallest applies)"
         );
     }
 
@@ -157,19 +173,10 @@ mod tests {
     fn an_absent_source_changes_nothing() {
         let k = kubelet(&[(0, 2)], None);
         let e = env(&[(0, 1)], None);
-        assert_eq!(
-            smallest_of(Some(k.clone()), None, EnvSource::KubeletAndEnv),
-            Some(k.clone())
-        );
-        assert_eq!(
-            smallest_of(None, Some(e.clone()), EnvSource::KubeletAndEnv),
-            Some(e.clone())
-        );
-        assert_eq!(smallest_of(None, None, EnvSource::KubeletAndEnv), None);
-        assert_eq!(
-            smallest_of(Some(k), Some(e.clone()), EnvSource::KubeletAndEnv),
-            Some(e)
-        );
+        assert_eq!(smallest_of(Some(k.clone()), None), Some(k.clone()));
+        assert_eq!(smallest_of(None, Some(e.clone())), Some(e.clone()));
+        assert_eq!(smallest_of(None, None), None);
+        assert_eq!(smallest_of(Some(k), Some(e.clone())), Some(e));
     }
 
     proptest::proptest! {
@@ -194,10 +201,13 @@ mod tests {
                         limit_on(&m, &d) == limit_on(src, &d)
                     })
             };
-            match m.source {
-                EnvSource::Kubelet => proptest::prop_assert!(gives_all(&a), "{m:?}"),
-                EnvSource::Hami => proptest::prop_assert!(gives_all(&b), "{m:?}"),
-                _ => proptest::prop_assert!(!gives_all(&a) && !gives_all(&b), "{m:?}"),
+            if m.sources == a.sources {
+                proptest::prop_assert!(gives_all(&a), "{m:?}");
+            } else if m.sources == b.sources {
+                proptest::prop_assert!(gives_all(&b), "{m:?}");
+            } else {
+                proptest::prop_assert_eq!(m.sources, both());
+                proptest::prop_assert!(!gives_all(&a) && !gives_all(&b), "{m:?}");
             }
         }
 

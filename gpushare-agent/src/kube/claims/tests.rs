@@ -72,7 +72,7 @@ fn claim(name: &str, results: &[(&str, &str, Option<&str>)]) -> ResourceClaim {
 /// A DRA quota on GPUs named by their device minors (`gpu-<minor>`).
 fn dra(per_gpu: &[(u32, u64)], each: Option<u64>) -> EnvQuota {
     EnvQuota {
-        source: EnvSource::Dra,
+        sources: GrantSource::Dra.into(),
         per_gpu: per_gpu
             .iter()
             .map(|(m, b)| (DeviceRef::Minor(*m), *b))
@@ -234,7 +234,7 @@ fn container_ids_and_device_names() {
 
 fn ann(each: Option<u64>, per: &[(u32, u64)]) -> EnvQuota {
     EnvQuota {
-        source: EnvSource::Annotation,
+        sources: GrantSource::Annotation.into(),
         per_gpu: per
             .iter()
             .map(|(i, b)| (DeviceRef::Index(*i), *b))
@@ -336,13 +336,20 @@ fn the_smallest_applies_on_each_gpu_and_names_its_source() {
     let m = min(&a, &b);
     assert_eq!(m.per_gpu, vec![(DeviceRef::Minor(0), 2 * GI)]);
     assert_eq!(m.each_gpu, Some(2 * GI));
-    assert_eq!(m.source, EnvSource::Annotation, "b's limits are kept");
+    assert_eq!(
+        m.sources,
+        GrantSource::Annotation.into(),
+        "b's limits are kept"
+    );
     // An annotation never lifts: 8 GiB over a 4 GiB claim keeps 4 GiB on its GPU; the
     // annotation's 8 GiB bounds every other GPU, so both are named.
     let m = min(&a, &ann(Some(8 * GI), &[]));
     assert_eq!(m.per_gpu, vec![(DeviceRef::Minor(0), 4 * GI)]);
     assert_eq!(m.each_gpu, Some(8 * GI));
-    assert_eq!(m.source, EnvSource::DraAndAnnotation);
+    assert_eq!(
+        m.sources,
+        Sources::from(GrantSource::Dra) | GrantSource::Annotation.into()
+    );
     // The claim's `gpu-0` is a device minor, the annotation's GPU 0 an NVML index: which GPU each
     // is, NVML tells (here minor 0 is GPU 0, minor 1 GPU 1), and there the claim's limit is kept.
     let gpus: Vec<crate::quota::GpuInfo> = (0..2)
@@ -360,14 +367,17 @@ fn the_smallest_applies_on_each_gpu_and_names_its_source() {
         m.per_gpu,
         vec![(DeviceRef::Index(0), 4 * GI), (DeviceRef::Index(1), GI)]
     );
-    assert_eq!(m.source, EnvSource::DraAndAnnotation);
+    assert_eq!(
+        m.sources,
+        Sources::from(GrantSource::Dra) | GrantSource::Annotation.into()
+    );
     let q = |d, a| one(d, a).quota_for_container(&cid(0));
     assert_eq!(q(None, Some(b.clone())), Some(b.clone()));
     assert_eq!(q(Some(a.clone()), None), Some(a.clone()));
     assert_eq!(q(None, None), None);
     assert_eq!(one(None, None).quota_for_container(&cid(1)), None);
     let m = min(&dra(&[], Some(GI)), &ann(Some(3 * GI), &[]));
-    assert_eq!((m.each_gpu, m.source), (Some(GI), EnvSource::Dra));
+    assert_eq!((m.each_gpu, m.sources), (Some(GI), GrantSource::Dra.into()));
 }
 
 #[test]
@@ -443,7 +453,7 @@ fn a_claim_and_an_annotation_combine_by_the_trusted_rule() {
     ];
     for (i, (d, a)) in cases.into_iter().enumerate() {
         let v = one(Some(d.clone()), Some(a.clone()));
-        let want = trusted::smallest(&d, &a, EnvSource::DraAndAnnotation);
+        let want = trusted::smallest(&d, &a);
         assert_eq!(
             v.quota_for_container(&cid(0)),
             Some(want.clone()),
@@ -451,7 +461,11 @@ fn a_claim_and_an_annotation_combine_by_the_trusted_rule() {
         );
         assert_eq!(v.quota_for_pod(UID), Some(want.clone()), "{d:?} {a:?}");
         if i < 2 {
-            assert_eq!(want.source, EnvSource::DraAndAnnotation, "{d:?} {a:?}");
+            assert_eq!(
+                want.sources,
+                Sources::from(GrantSource::Dra) | GrantSource::Annotation.into(),
+                "{d:?} {a:?}"
+            );
         }
     }
 }
