@@ -3,7 +3,8 @@
 //! Design note: pure functions over `(name, value)` pairs. Where the pairs come from (the
 //! container's runtime spec, else its init process) is [`crate::grants::env_quotas::runtime_spec`]'s job
 //! and how far they are trusted is reported beside the quota ([`Trust`]); this module only turns
-//! the variables into limits.
+//! the variables into limits. The variables, their vendors, forms and what each grants are one
+//! declared list, [`CONVENTIONS`] (`env/conventions.rs`); [`env_quota_on`] walks it.
 //!
 //! - GPUShare: `ALIYUN_COM_GPU_MEM_CONTAINER` (an integer in the plugin's `--memory-unit`, GiB unless
 //!   configured as MiB) on the host GPU `ALIYUN_COM_GPU_MEM_IDX`; an index of `-1`, no index, or an
@@ -61,6 +62,10 @@
 
 use std::collections::BTreeMap;
 
+mod conventions;
+
+pub use self::conventions::{CONVENTIONS, Convention, Form, Grants};
+use self::conventions::{CUDA_VISIBLE, GS_DEV, GS_IDX, GS_MEM, Judge, NVIDIA_VISIBLE, Vars};
 use super::{DeviceRef, GrantSource, Sources};
 
 /// The unit of GPUShare's `ALIYUN_COM_GPU_MEM_*` values (the device plugin's `--memory-unit`).
@@ -382,6 +387,16 @@ impl Limits {
     fn is_empty(&self) -> bool {
         self.per_gpu.is_empty() && self.each_gpu.is_none()
     }
+
+    /// `other`'s limits too, the smallest per device.
+    fn add(&mut self, other: Limits) {
+        for (d, b) in other.per_gpu {
+            self.device(d, b);
+        }
+        if let Some(b) = other.each_gpu {
+            self.each(b);
+        }
+    }
 }
 
 /// Reads the env quota, if any, from a container's environment, with no device list from its
@@ -405,7 +420,7 @@ struct Ordinal<'a> {
 /// Reads the env quota, if any, from a container's environment. `gpus` are the node's GPUs (for
 /// UUID-to-index mapping and the unit cross-check; may be empty); `granted` the GPUs the runtime
 /// gave the container, in its order (its spec's device nodes or CDI devices; `None` when unknown).
-/// See the module note for the rules.
+/// See the module note for the rules; the variables read are [`conventions::CONVENTIONS`].
 pub fn env_quota_on<'a, I>(
     environ: I,
     gpushare_unit: GpuShareUnit,
@@ -416,188 +431,151 @@ where
     I: IntoIterator<Item = (&'a str, &'a str)>,
 {
     let mut problems = Vec::new();
-    let mut disagreements = Vec::new();
-    let mut gs_mem: Vec<(&str, &str)> = Vec::new();
-    let mut gs_idx: Vec<&str> = Vec::new();
-    let mut gs_dev: Vec<&str> = Vec::new();
-    let mut hami_all: Vec<&str> = Vec::new();
-    let mut hami_indexed: Vec<(u32, &str, &str)> = Vec::new();
-    let mut nv_limits: Vec<(&str, &str)> = Vec::new();
-    let mut nv_requests: Vec<(&str, &str)> = Vec::new();
-    let mut mps: Vec<&str> = Vec::new();
-    let mut cuda_visible = None;
-    let mut nvidia_visible = None;
-    for (name, value) in environ {
-        match name {
-            "ALIYUN_COM_GPU_MEM_CONTAINER" => gs_mem.push((name, value)),
-            "ALIYUN_COM_GPU_MEM_IDX" => gs_idx.push(value),
-            "ALIYUN_COM_GPU_MEM_DEV" => gs_dev.push(value),
-            "CUDA_DEVICE_MEMORY_LIMIT" => hami_all.push(value),
-            NV_LIMIT | NV_LIMITS => nv_limits.push((name, value)),
-            NV_REQUEST | NV_REQUESTS => nv_requests.push((name, value)),
-            MPS_LIMIT => mps.push(value),
-            // Device lists are read as getenv(3) does: the first occurrence.
-            "CUDA_VISIBLE_DEVICES" => {
-                cuda_visible.get_or_insert(value);
-            }
-            "NVIDIA_VISIBLE_DEVICES" => {
-                nvidia_visible.get_or_insert(value);
-            }
-            _ => {
-                if let Some(index) = name.strip_prefix("CUDA_DEVICE_MEMORY_LIMIT_") {
-                    match index
-                        .parse::<u32>()
-                        .ok()
-                        .filter(|_| index.bytes().all(|b| b.is_ascii_digit()))
-                    {
-                        Some(i) => hami_indexed.push((i, name, value)),
-                        None => {
-                            problems.push(error(name, value, "the suffix must be a CUDA index"))
-                        }
-                    }
-                }
-            }
-        }
-    }
-    let normalize = |d: DeviceRef| resolve_device(d, gpus);
+    let vars = Vars::read(environ, &mut problems);
     let granted: Option<Vec<DeviceRef>> = granted
         .filter(|d| !d.is_empty())
-        .map(|d| d.iter().cloned().map(normalize).collect());
+        .map(|d| d.iter().map(|d| resolve_device(d.clone(), gpus)).collect());
+    let mut disagreements = Vec::new();
     unknown_minors(granted.as_deref(), gpus, &mut disagreements);
-    // The largest GPU: no plugin grants more than one GPU holds.
-    let largest = gpus.iter().map(|g| g.memory_total).max().filter(|&b| b > 0);
-
-    // Per-device limits of every convention, placed on devices below.
-    let mut ordinals: Vec<(GrantSource, Ordinal)> = Vec::new();
-
-    // HAMi (and KAI's hamicore binder, and HAMi's DRA driver).
-    let mut hami = Limits::default();
-    for v in hami_all {
-        match parse_hami_limit("CUDA_DEVICE_MEMORY_LIMIT", v) {
-            Ok(Some(b)) => {
-                implausible(
-                    &mut disagreements,
-                    largest,
-                    "CUDA_DEVICE_MEMORY_LIMIT",
-                    v,
-                    b,
-                );
-                hami.each(b)
-            }
-            Ok(None) => zero_from_no_plugin(&mut disagreements, "CUDA_DEVICE_MEMORY_LIMIT", v),
-            Err(e) => problems.push(e),
-        }
-    }
-    hami_indexed.sort();
-    for (ordinal, var, value) in hami_indexed {
-        match parse_hami_limit(var, value) {
-            Ok(Some(bytes)) => ordinals.push((
-                GrantSource::Hami,
-                Ordinal {
-                    ordinal,
-                    var,
-                    value,
-                    bytes,
-                },
-            )),
-            Ok(None) => zero_from_no_plugin(&mut disagreements, var, value),
-            Err(e) => problems.push(e),
-        }
-    }
-
-    // NVIDIA's pair: integer MiB; one value for every GPU, or one per device ordinal.
-    let mut nvidia = Limits::default();
-    for (var, value) in nv_limits {
-        match parse_mib_list(var, value) {
-            Ok(list) if list.len() == 1 => {
-                if let Some(b) = list[0] {
-                    implausible(&mut disagreements, largest, var, value, b);
-                    nvidia.each(b);
-                }
-            }
-            Ok(list) => {
-                for (ordinal, bytes) in list.into_iter().enumerate() {
-                    if let Some(bytes) = bytes {
-                        ordinals.push((
-                            GrantSource::Nvidia,
-                            Ordinal {
-                                ordinal: ordinal as u32,
-                                var,
-                                value,
-                                bytes,
-                            },
-                        ));
-                    }
-                }
-            }
-            Err(e) => problems.push(e),
-        }
-    }
-    let mut request = None;
-    for (var, value) in nv_requests {
-        match parse_mib_list(var, value) {
-            Ok(list) => {
-                let r = list.into_iter().flatten().min();
-                request = match (request, r) {
-                    (Some(a), Some(b)) => Some(b.min(a)),
-                    (a, b) => a.or(b),
-                };
-            }
-            Err(e) => problems.push(e),
-        }
-    }
-
-    // MPS: `<ordinal>=<size>`, `GPU-<uuid>=<size>`, mixed, or a size for every device.
-    let (mps_ordinals, mut mps_limits) = mps_limits(
-        &mps,
+    let mut judge = Judge {
         gpus,
-        granted.as_deref(),
-        largest,
-        &mut problems,
-        &mut disagreements,
-    );
-    ordinals.extend(mps_ordinals.into_iter().map(|o| (GrantSource::Mps, o)));
-
+        granted,
+        largest: gpus.iter().map(|g| g.memory_total).max().filter(|&b| b > 0),
+        problems,
+        disagreements,
+    };
+    let mut got = vars.limits(&mut judge);
     // Place every per-device limit on the device the runtime gave at that ordinal.
+    let (cuda_visible, nvidia_visible) = (vars.first(CUDA_VISIBLE), vars.first(NVIDIA_VISIBLE));
     let env_list = env_device_list(cuda_visible, nvidia_visible);
-    for (source, o) in ordinals {
-        implausible(&mut disagreements, largest, o.var, o.value, o.bytes);
-        let named = env_list
-            .then(|| map_cuda_index(o.ordinal, cuda_visible, nvidia_visible).map(normalize));
-        let limits = match source {
-            GrantSource::Nvidia => &mut nvidia,
-            GrantSource::Mps => &mut mps_limits,
-            _ => &mut hami,
-        };
+    for (vendor, o) in std::mem::take(&mut got.ordinals) {
+        implausible(
+            &mut judge.disagreements,
+            judge.largest,
+            o.var,
+            o.value,
+            o.bytes,
+        );
+        let named = env_list.then(|| {
+            map_cuda_index(o.ordinal, cuda_visible, nvidia_visible).map(|d| resolve_device(d, gpus))
+        });
         place(
             &o,
             named,
-            granted.as_deref(),
-            limits,
-            &mut problems,
-            &mut disagreements,
+            judge.granted.as_deref(),
+            got.family(vendor),
+            &mut judge.problems,
+            &mut judge.disagreements,
         );
     }
+    let (gpushare, unit_check) = gpushare_limits(&vars, gpushare_unit, &mut judge);
+    got.family(GrantSource::GpuShare).add(gpushare);
+    EnvQuotaReport {
+        quota: smallest_of_families(got.families),
+        problems: judge.problems,
+        unit_check,
+        disagreements: judge.disagreements,
+        request: got.request,
+    }
+}
 
-    // GPUShare.
-    const MEM: &str = "ALIYUN_COM_GPU_MEM_CONTAINER";
-    const IDX: &str = "ALIYUN_COM_GPU_MEM_IDX";
-    const DEV: &str = "ALIYUN_COM_GPU_MEM_DEV";
+/// Every vendor's limits together, the smallest per device, with the vendors that set any.
+fn smallest_of_families(families: Vec<(GrantSource, Limits)>) -> Option<EnvQuota> {
+    let sources: Sources = families
+        .iter()
+        .filter(|(_, l)| !l.is_empty())
+        .map(|(s, _)| *s)
+        .collect();
+    if sources.is_empty() {
+        return None;
+    }
+    let mut all = Limits::default();
+    for (_, l) in families {
+        all.add(l);
+    }
+    let each_gpu = all.each_gpu;
+    let per_gpu = all
+        .per_gpu
+        .into_iter()
+        .map(|(d, b)| (d, each_gpu.map_or(b, |e| b.min(e))))
+        .collect();
+    Some(EnvQuota {
+        sources,
+        per_gpu,
+        each_gpu,
+    })
+}
+
+/// GPUShare's limit: its amount in the plugin's unit (checked against its device size) on its
+/// index's GPU, else on every GPU.
+fn gpushare_limits(
+    vars: &Vars,
+    configured: GpuShareUnit,
+    judge: &mut Judge,
+) -> (Limits, UnitCheck) {
+    let problems = &mut judge.problems;
     let mut amounts: Vec<u64> = Vec::new();
-    for (name, v) in gs_mem {
+    for v in vars.named(GS_MEM) {
         match v.trim().parse::<u64>() {
             Ok(0) => {}
             Ok(n) => amounts.push(n),
             Err(_) => problems.push(error(
-                name,
+                GS_MEM,
                 v,
                 "expected a whole number of the plugin's memory unit",
             )),
         }
     }
+    let device = gpushare_index(vars, problems);
+    let mut devs: Vec<u64> = Vec::new();
+    for v in vars.named(GS_DEV) {
+        match v.trim().parse::<u64>() {
+            Ok(n) if n > 0 => devs.push(n),
+            Ok(_) => {}
+            Err(_) => problems.push(error(
+                GS_DEV,
+                v,
+                "expected the device's size, a whole number",
+            )),
+        }
+    }
+    devs.sort();
+    devs.dedup();
+    let (unit, unit_check) = if amounts.is_empty() {
+        (configured, UnitCheck::NotApplicable)
+    } else {
+        check_unit(&devs, device, configured, judge.gpus)
+    };
+    let mut gpushare = Limits::default();
+    if let Some(amount) = amounts.iter().min() {
+        match amount.checked_mul(unit.bytes()) {
+            Some(bytes) => {
+                implausible(
+                    &mut judge.disagreements,
+                    judge.largest,
+                    GS_MEM,
+                    &amount.to_string(),
+                    bytes,
+                );
+                match gpushare_given(device, judge) {
+                    Some(i) => gpushare.device(DeviceRef::Index(i), bytes),
+                    None => gpushare.each(bytes),
+                }
+            }
+            None => judge
+                .problems
+                .push(error(GS_MEM, &amount.to_string(), "too large")),
+        }
+    }
+    (gpushare, unit_check)
+}
+
+/// GPUShare's one known device, else `None` (each GPU: a limit on every GPU covers whichever was
+/// meant).
+fn gpushare_index(vars: &Vars, problems: &mut Vec<EnvQuotaError>) -> Option<u32> {
     let mut indices: Vec<u32> = Vec::new();
-    let mut index_unknown = gs_idx.is_empty();
-    for v in gs_idx {
+    let mut index_unknown = vars.first(GS_IDX).is_none();
+    for v in vars.named(GS_IDX) {
         match v.trim() {
             "" | "-1" => index_unknown = true,
             t => match t.parse::<u32>() {
@@ -605,7 +583,7 @@ where
                 Err(_) => {
                     index_unknown = true;
                     problems.push(error(
-                        IDX,
+                        GS_IDX,
                         v,
                         "expected a GPU index (or -1 when the device is unknown); the limit applies to every GPU",
                     ));
@@ -615,104 +593,30 @@ where
     }
     indices.sort();
     indices.dedup();
-    // One known device, or else each GPU: a limit on every GPU covers whichever was meant.
-    let device = match indices.as_slice() {
+    match indices.as_slice() {
         [i] if !index_unknown => Some(*i),
         _ => None,
-    };
-    let mut devs: Vec<u64> = Vec::new();
-    for v in gs_dev {
-        match v.trim().parse::<u64>() {
-            Ok(n) if n > 0 => devs.push(n),
-            Ok(_) => {}
-            Err(_) => problems.push(error(DEV, v, "expected the device's size, a whole number")),
-        }
     }
-    devs.sort();
-    devs.dedup();
-    let (unit, unit_check) = if amounts.is_empty() {
-        (gpushare_unit, UnitCheck::NotApplicable)
-    } else {
-        check_unit(&devs, device, gpushare_unit, gpus)
-    };
-    let mut gpushare = Limits::default();
-    if let Some(amount) = amounts.iter().min() {
-        match amount.checked_mul(unit.bytes()) {
-            Some(bytes) => {
-                implausible(&mut disagreements, largest, MEM, &amount.to_string(), bytes);
-                // The index is a variable too: a GPU the runtime did not give gets no limit moved
-                // onto it; the limit bounds every GPU instead.
-                let device = device.filter(|&i| {
-                    let given = granted
-                        .as_ref()
-                        .is_none_or(|g| g.contains(&DeviceRef::Index(i)));
-                    if !given {
-                        disagreements.push(Disagreement {
-                            kind: DisagreementKind::NotGranted,
-                            var: IDX.to_string(),
-                            said: format!(
-                                "`{IDX}={i}` names a GPU the runtime did not give the container ({}): the limit applies to every GPU",
-                                describe_devices(granted.as_deref().unwrap_or_default())
-                            ),
-                        });
-                    }
-                    given
-                });
-                match device {
-                    Some(i) => gpushare.device(DeviceRef::Index(i), bytes),
-                    None => gpushare.each(bytes),
-                }
-            }
-            None => problems.push(error(MEM, &amount.to_string(), "too large")),
-        }
-    }
+}
 
-    let families = [
-        (GrantSource::GpuShare, gpushare),
-        (GrantSource::Hami, hami),
-        (GrantSource::Nvidia, nvidia),
-        (GrantSource::Mps, mps_limits),
-    ];
-    let sources: Sources = families
-        .iter()
-        .filter(|(_, l)| !l.is_empty())
-        .map(|(s, _)| *s)
-        .collect();
-    if sources.is_empty() {
-        return EnvQuotaReport {
-            quota: None,
-            problems,
-            unit_check,
-            disagreements,
-            request,
-        };
-    }
-    let mut all = Limits::default();
-    for (_, l) in families {
-        for (d, b) in l.per_gpu {
-            all.device(d, b);
+/// The index is a variable too: a GPU the runtime did not give gets no limit moved onto it; the
+/// limit bounds every GPU instead.
+fn gpushare_given(device: Option<u32>, judge: &mut Judge) -> Option<u32> {
+    device.filter(|&i| {
+        let granted = judge.granted.as_deref();
+        let given = granted.is_none_or(|g| g.contains(&DeviceRef::Index(i)));
+        if !given {
+            judge.disagreements.push(Disagreement {
+                kind: DisagreementKind::NotGranted,
+                var: GS_IDX.to_string(),
+                said: format!(
+                    "`{GS_IDX}={i}` names a GPU the runtime did not give the container ({}): the limit applies to every GPU",
+                    describe_devices(granted.unwrap_or_default())
+                ),
+            });
         }
-        if let Some(b) = l.each_gpu {
-            all.each(b);
-        }
-    }
-    let each_gpu = all.each_gpu;
-    let per_gpu = all
-        .per_gpu
-        .into_iter()
-        .map(|(d, b)| (d, each_gpu.map_or(b, |e| b.min(e))))
-        .collect();
-    EnvQuotaReport {
-        quota: Some(EnvQuota {
-            sources,
-            per_gpu,
-            each_gpu,
-        }),
-        problems,
-        unit_check,
-        disagreements,
-        request,
-    }
+        given
+    })
 }
 
 const NV_LIMIT: &str = "NVIDIA_GPU_MEMORY_LIMIT";

@@ -19,7 +19,6 @@ pub const EXCEPTIONS: &[(&str, &str, usize)] = &[
     ("gpushare-agent/src/observe/workloads.rs", "attribute", 181),
     ("gpushare-agent/src/main.rs", "run", 159),
     ("gpushare-agent/src/metrics.rs", "families", 302),
-    ("gpushare-agent/src/quota/env.rs", "env_quota_on", 308),
     ("gpushare-agent/src/run.rs", "run", 216),
     ("gpushare-agent/src/snapshot/publish.rs", "build_at", 326),
     ("gpushare-agent/src/status.rs", "render_status", 157),
