@@ -30,13 +30,14 @@ use std::{
 use log::{info, warn};
 
 use self::runtime_spec::{EnvOrigin, SpecRoots};
+use super::merge;
 use crate::sys::file_stamp::FileStamp;
 use crate::{
     attribution::{WorkloadId, WorkloadKind, procinfo},
     kube::{devices::devices_disagree, podresources::PodResourcesView},
     quota::{
         DeviceRef, Disagreement, DisagreementKind, EnvQuota, GpuInfo, GpuShareUnit, GrantSource,
-        Trust, UnitCheck, env_quota_on, resolve_device, trusted::smallest_of,
+        Trust, UnitCheck, env_quota_on, resolve_device,
     },
 };
 
@@ -114,7 +115,7 @@ impl EnvQuotaReader {
 
     /// [`Self::quota_for`] with the kubelet's pod-resources view: its grant is a trusted source,
     /// and the smallest of it and the environment applies on every GPU
-    /// ([`crate::quota::trusted`]); the devices it names resolve per-device variables like the
+    /// ([`crate::grants::merge`]); the devices it names resolve per-device variables like the
     /// runtime spec's (where both name devices and disagree, the limits are placed both ways and
     /// the smaller applies).
     pub fn quota_with(
@@ -191,9 +192,9 @@ impl EnvQuotaReader {
         });
         if let Some(other) = placements.get(1) {
             let second = env_on(other.as_deref());
-            report.quota = smallest_of(report.quota.take(), second.quota);
+            report.quota = merge::placements(report.quota.take(), second.quota);
             if let Some(a) = assignment {
-                kube_quota = smallest_of(
+                kube_quota = merge::placements(
                     kube_quota,
                     kubelet::part_of(a, &entry.vars, unit, gpus, other.as_deref()).quota,
                 );
@@ -258,14 +259,11 @@ impl EnvQuotaReader {
         let result = match (kube_quota, env_quota) {
             (None, e) => e,
             (Some(k), None) => Some((k, Trust::Kubelet)),
-            (Some(k), Some((e, t))) => smallest_of(Some(k), Some(e)).map(|q| {
-                let t = if q.sources == GrantSource::Kubelet.into() {
-                    Trust::Kubelet
-                } else {
-                    t
-                };
-                (q, t)
-            }),
+            (Some(k), Some((e, t))) => {
+                let q = merge::kubelet_and_env(k, e);
+                let kubelet_binds = q.sources == GrantSource::Kubelet.into();
+                Some((q, if kubelet_binds { Trust::Kubelet } else { t }))
+            }
         };
         entry.trust = result.as_ref().map(|(_, t)| *t);
         result

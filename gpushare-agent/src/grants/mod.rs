@@ -3,6 +3,8 @@
 //!
 //! - [`env_quotas`]: the grants a container carries (its environment, read from its runtime spec
 //!   or its init process, and the kubelet's device assignments), cached per container;
+//! - [`merge`]: the one place two grants of a workload are combined (the smallest per GPU, with
+//!   the set of sources that bind);
 //! - [`quota_store`]: the operator's quota file, loaded, watched and reloaded, with the last good
 //!   configuration kept when an edit is broken.
 //!
@@ -11,4 +13,5 @@
 //! `metrics`).
 
 pub mod env_quotas;
+pub mod merge;
 pub mod quota_store;

@@ -367,20 +367,24 @@ fn size_agrees(dev: u64, unit: GpuShareUnit, gpu_bytes: u64) -> bool {
     real > 0 && claimed * 4 >= real * 3 && claimed * 4 <= real * 5
 }
 
-/// Collected limits: per device (the smallest wins) and for every GPU (the smallest wins).
+/// The limits one reading of one source collects (one container's variables, one pod's
+/// annotations): per device (the smallest wins) and for every GPU (the smallest wins). Grants of
+/// different reads are combined by `grants::merge`, never here.
 #[derive(Default)]
-struct Limits {
+pub struct Limits {
     per_gpu: BTreeMap<DeviceRef, u64>,
     each_gpu: Option<u64>,
 }
 
 impl Limits {
-    fn device(&mut self, d: DeviceRef, bytes: u64) {
+    /// A limit on device `d`.
+    pub fn device(&mut self, d: DeviceRef, bytes: u64) {
         let e = self.per_gpu.entry(d).or_insert(bytes);
         *e = (*e).min(bytes);
     }
 
-    fn each(&mut self, bytes: u64) {
+    /// A limit on every GPU.
+    pub fn each(&mut self, bytes: u64) {
         self.each_gpu = Some(self.each_gpu.map_or(bytes, |b| b.min(bytes)));
     }
 
@@ -396,6 +400,25 @@ impl Limits {
         if let Some(b) = other.each_gpu {
             self.each(b);
         }
+    }
+
+    /// The limits as a grant of `sources`, each device's capped by the every-GPU one; `None`
+    /// without a limit.
+    pub fn into_quota(self, sources: Sources) -> Option<EnvQuota> {
+        if self.is_empty() {
+            return None;
+        }
+        let each_gpu = self.each_gpu;
+        let per_gpu = self
+            .per_gpu
+            .into_iter()
+            .map(|(d, b)| (d, each_gpu.map_or(b, |e| b.min(e))))
+            .collect();
+        Some(EnvQuota {
+            sources,
+            per_gpu,
+            each_gpu,
+        })
     }
 }
 
@@ -486,24 +509,11 @@ fn smallest_of_families(families: Vec<(GrantSource, Limits)>) -> Option<EnvQuota
         .filter(|(_, l)| !l.is_empty())
         .map(|(s, _)| *s)
         .collect();
-    if sources.is_empty() {
-        return None;
-    }
     let mut all = Limits::default();
     for (_, l) in families {
         all.add(l);
     }
-    let each_gpu = all.each_gpu;
-    let per_gpu = all
-        .per_gpu
-        .into_iter()
-        .map(|(d, b)| (d, each_gpu.map_or(b, |e| b.min(e))))
-        .collect();
-    Some(EnvQuota {
-        sources,
-        per_gpu,
-        each_gpu,
-    })
+    all.into_quota(sources)
 }
 
 /// GPUShare's limit: its amount in the plugin's unit (checked against its device size) on its

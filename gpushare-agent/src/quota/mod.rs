@@ -25,7 +25,6 @@ pub mod lint;
 pub mod select;
 pub mod size;
 pub mod sources;
-pub mod trusted;
 
 use std::{fmt, time::Duration};
 
@@ -35,8 +34,8 @@ pub use self::{
     duration::{fmt_duration, parse_duration, parse_nonzero_duration},
     env::{
         Disagreement, DisagreementKind, EnvQuota, EnvQuotaError, EnvQuotaReport, GpuInfo,
-        GpuShareUnit, Trust, UnitCheck, env_quota, env_quota_on, parse_environ, resolve_device,
-        resolve_quota,
+        GpuShareUnit, Limits, Trust, UnitCheck, env_quota, env_quota_on, parse_environ,
+        resolve_device, resolve_quota,
     },
     file::{KubernetesPatch, LocatedError, QuotaFile, load_dir_set, parse_str},
     select::{PathGlob, PodRef, ProtectPattern, Selector, WorkloadMeta},
