@@ -5,8 +5,9 @@
 //! `/proc/<pid>/environ`), read with `parse_environ` and then `env_quota` under both GPUShare units.
 #![no_main]
 
-use gpushare_agent::quota::{
-    EnvQuota, EnvQuotaReport, GpuInfo, GrantSource, GpuShareUnit, env_quota, parse_environ,
+use gpushare_agent::{
+    grants::env::{EnvQuotaReport, env_quota, parse_environ},
+    quota::{EnvQuota, GpuInfo, GpuShareUnit, GrantSource},
 };
 use libfuzzer_sys::fuzz_target;
 

@@ -30,15 +30,15 @@ use std::{
 use log::{info, warn};
 
 use self::runtime_spec::{EnvOrigin, SpecRoots};
-use super::merge;
+use super::{
+    env::{Disagreement, DisagreementKind, UnitCheck, env_quota_on},
+    merge,
+};
 use crate::sys::file_stamp::FileStamp;
 use crate::{
     attribution::{WorkloadId, WorkloadKind, procinfo},
     kube::{devices::devices_disagree, podresources::PodResourcesView},
-    quota::{
-        DeviceRef, Disagreement, DisagreementKind, EnvQuota, GpuInfo, GpuShareUnit, GrantSource,
-        Trust, UnitCheck, env_quota_on, resolve_device,
-    },
+    quota::{DeviceRef, EnvQuota, GpuInfo, GpuShareUnit, GrantSource, Trust, resolve_device},
 };
 
 /// How often a workload without a spec is looked up again (a spec that appears later, e.g. the

@@ -19,8 +19,8 @@
 //! defaults, so the policy never looks anything up.
 
 pub mod duration;
-pub mod env;
 pub mod file;
+pub mod grant;
 pub mod lint;
 pub mod select;
 pub mod size;
@@ -32,12 +32,8 @@ use crate::workload::WorkloadKind;
 
 pub use self::{
     duration::{fmt_duration, parse_duration, parse_nonzero_duration},
-    env::{
-        Disagreement, DisagreementKind, EnvQuota, EnvQuotaError, EnvQuotaReport, GpuInfo,
-        GpuShareUnit, Limits, Trust, UnitCheck, env_quota, env_quota_on, parse_environ,
-        resolve_device, resolve_quota,
-    },
     file::{KubernetesPatch, LocatedError, QuotaFile, load_dir_set, parse_str},
+    grant::{EnvQuota, GpuInfo, GpuShareUnit, Limits, Trust, resolve_device, resolve_quota},
     select::{PathGlob, PodRef, ProtectPattern, Selector, WorkloadMeta},
     size::{ByteSize, SizeError, parse_size},
     sources::{GrantSource, Sources},

@@ -4,8 +4,9 @@
 
 use crate::{
     attribution::WorkloadId,
+    grants::env::env_quota_on,
     kube::podresources::{ContainerAssignment, PodResourcesView},
-    quota::{DeviceRef, EnvQuota, GpuInfo, GpuShareUnit, GrantSource, env_quota_on},
+    quota::{DeviceRef, EnvQuota, GpuInfo, GpuShareUnit, GrantSource},
 };
 
 /// What the kubelet says about one container.

@@ -346,7 +346,7 @@ fn mib_limit<'a>(v: &Var<'a>, vendor: GrantSource, judge: &mut Judge, out: &mut 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quota::env::is_quota_var;
+    use crate::grants::env::is_quota_var;
 
     /// Every variable a convention reads is one the agent caches (`is_quota_var`): a name the list
     /// declares and the cache drops would never be read.
