@@ -246,6 +246,11 @@ mod tests {
         assert_eq!(s | Hami.into(), s, "a union adds nothing twice");
         assert!(Sources::NONE.is_empty() && !s.is_empty());
         assert_eq!(set(&GrantSource::ALL).iter().count(), 7);
+        assert_eq!(
+            set(&[Hami, Hami]),
+            Hami.into(),
+            "a source read twice is in once"
+        );
     }
 
     #[test]
