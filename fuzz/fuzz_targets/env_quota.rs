@@ -5,8 +5,9 @@
 //! `/proc/<pid>/environ`), read with `parse_environ` and then `env_quota` under both GPUShare units.
 #![no_main]
 
-use gpushare_agent::quota::{
-    EnvQuota, EnvQuotaReport, EnvSource, GpuInfo, GpuShareUnit, env_quota, parse_environ,
+use gpushare_agent::{
+    grants::env::{EnvQuotaReport, env_quota, parse_environ},
+    quota::{EnvQuota, GpuInfo, GpuShareUnit, GrantSource},
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -46,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(doubled.quota, gib.quota);
 
     // HAMi's values carry their own units: the GPUShare unit does not matter to them.
-    let hami = |r: &EnvQuotaReport| matches!(&r.quota, Some(q) if q.source == EnvSource::Hami);
+    let hami = |r: &EnvQuotaReport| matches!(&r.quota, Some(q) if q.sources == GrantSource::Hami.into());
     if hami(&gib) && hami(&mib) {
         assert_eq!(gib.quota, mib.quota);
     }
@@ -94,7 +95,7 @@ fn check_quota(q: &EnvQuota) {
         assert!(q.per_gpu[..i].iter().all(|(e, _)| e != d), "{q:?}");
         assert!(q.each_gpu.is_none_or(|e| *b <= e), "{q:?}");
     }
-    let _ = q.source.as_str();
+    let _ = q.sources.as_str();
     for (d, _) in &q.per_gpu {
         let _ = d.to_string();
     }

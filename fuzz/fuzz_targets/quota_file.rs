@@ -8,7 +8,7 @@
 use gpushare_agent::{
     attribution::parse_cgroup_path,
     quota::{
-        ByteSize, DeviceRef, EnvQuota, EnvSource, LocatedError, QuotaSet, QuotaSource, Tolerance,
+        ByteSize, DeviceRef, EnvQuota, GrantSource, LocatedError, QuotaSet, QuotaSource, Tolerance,
         WorkloadMeta, fmt_duration, parse_size, parse_str,
     },
 };
@@ -149,7 +149,7 @@ fn check_set(set: &QuotaSet) {
     }
 
     let env = EnvQuota {
-        source: EnvSource::Hami,
+        sources: GrantSource::Hami.into(),
         per_gpu: vec![(DeviceRef::Index(0), 1 << 30)],
         each_gpu: Some(2 << 30),
     };

@@ -30,14 +30,15 @@ use std::{
 use log::{info, warn};
 
 use self::runtime_spec::{EnvOrigin, SpecRoots};
+use super::{
+    env::{Disagreement, DisagreementKind, UnitCheck, env_quota_on},
+    merge,
+};
 use crate::sys::file_stamp::FileStamp;
 use crate::{
     attribution::{WorkloadId, WorkloadKind, procinfo},
     kube::{devices::devices_disagree, podresources::PodResourcesView},
-    quota::{
-        DeviceRef, Disagreement, DisagreementKind, EnvQuota, EnvSource, GpuInfo, GpuShareUnit,
-        Trust, UnitCheck, env_quota_on, resolve_device, trusted::smallest_of,
-    },
+    quota::{DeviceRef, EnvQuota, GpuInfo, GpuShareUnit, GrantSource, Trust, resolve_device},
 };
 
 /// How often a workload without a spec is looked up again (a spec that appears later, e.g. the
@@ -114,7 +115,7 @@ impl EnvQuotaReader {
 
     /// [`Self::quota_for`] with the kubelet's pod-resources view: its grant is a trusted source,
     /// and the smallest of it and the environment applies on every GPU
-    /// ([`crate::quota::trusted`]); the devices it names resolve per-device variables like the
+    /// ([`crate::grants::merge`]); the devices it names resolve per-device variables like the
     /// runtime spec's (where both name devices and disagree, the limits are placed both ways and
     /// the smaller applies).
     pub fn quota_with(
@@ -191,12 +192,11 @@ impl EnvQuotaReader {
         });
         if let Some(other) = placements.get(1) {
             let second = env_on(other.as_deref());
-            report.quota = smallest_of(report.quota.take(), second.quota, EnvSource::Both);
+            report.quota = merge::placements(report.quota.take(), second.quota);
             if let Some(a) = assignment {
-                kube_quota = smallest_of(
+                kube_quota = merge::placements(
                     kube_quota,
                     kubelet::part_of(a, &entry.vars, unit, gpus, other.as_deref()).quota,
-                    EnvSource::Kubelet,
                 );
             }
             report.disagreements.push(Disagreement {
@@ -260,14 +260,9 @@ impl EnvQuotaReader {
             (None, e) => e,
             (Some(k), None) => Some((k, Trust::Kubelet)),
             (Some(k), Some((e, t))) => {
-                smallest_of(Some(k), Some(e), EnvSource::KubeletAndEnv).map(|q| {
-                    let t = if q.source == EnvSource::Kubelet {
-                        Trust::Kubelet
-                    } else {
-                        t
-                    };
-                    (q, t)
-                })
+                let q = merge::kubelet_and_env(k, e);
+                let kubelet_binds = q.sources == GrantSource::Kubelet.into();
+                Some((q, if kubelet_binds { Trust::Kubelet } else { t }))
             }
         };
         entry.trust = result.as_ref().map(|(_, t)| *t);
@@ -404,7 +399,7 @@ mod tests {
     use super::*;
     use crate::{
         attribution::parse_cgroup_path,
-        quota::{DeviceRef, EnvSource},
+        quota::{DeviceRef, GrantSource, Sources},
     };
 
     const ID: &str = "3f2a9c8e7d6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f";
@@ -470,8 +465,8 @@ mod tests {
             .quota_for(&docker(), GpuShareUnit::GiB, &gpus())
             .unwrap();
         assert_eq!(
-            (q.source, q.each_gpu, trust),
-            (EnvSource::GpuShare, Some(GIB), Trust::RuntimeSpec)
+            (q.sources, q.each_gpu, trust),
+            (GrantSource::GpuShare.into(), Some(GIB), Trust::RuntimeSpec)
         );
         assert_eq!(f.reader.trust_of(&docker().key()), Some(Trust::RuntimeSpec));
         // The unit is applied at each call: a reload to MiB reaches the running container at once.
@@ -633,9 +628,9 @@ mod tests {
             .quota_with(&w, GpuShareUnit::GiB, &two_gpus(), Some(&two))
             .unwrap();
         assert_eq!(
-            (q.source, q.per_gpu, t),
+            (q.sources, q.per_gpu, t),
             (
-                EnvSource::Kubelet,
+                Sources::from(GrantSource::Kubelet),
                 vec![(DeviceRef::Index(0), 2 * GIB)],
                 Trust::Kubelet
             ),
@@ -650,9 +645,9 @@ mod tests {
             .quota_with(&w, GpuShareUnit::GiB, &two_gpus(), Some(&big))
             .unwrap();
         assert_eq!(
-            (q.source, q.per_gpu, t),
+            (q.sources, q.per_gpu, t),
             (
-                EnvSource::GpuShare,
+                Sources::from(GrantSource::GpuShare),
                 vec![(DeviceRef::Index(0), 8 * GIB)],
                 Trust::RuntimeSpec
             ),
@@ -670,7 +665,7 @@ mod tests {
             .reader
             .quota_with(&w, GpuShareUnit::GiB, &two_gpus(), Some(&other))
             .unwrap();
-        assert_eq!(q.source, EnvSource::GpuShare);
+        assert_eq!(q.sources, GrantSource::GpuShare.into());
     }
 
     #[test]

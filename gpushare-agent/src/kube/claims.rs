@@ -37,7 +37,7 @@ use k8s_openapi::api::{
 };
 
 use super::quantity::parse_quantity;
-use crate::quota::{DeviceRef, EnvQuota, EnvSource, GpuShareUnit, trusted};
+use crate::quota::{DeviceRef, EnvQuota, GpuShareUnit, GrantSource, Limits, Sources};
 
 /// NVIDIA's DRA driver for GPUs.
 pub const NVIDIA_DRA_DRIVER: &str = "gpu.nvidia.com";
@@ -66,9 +66,9 @@ pub struct KubeContainer {
     pub pod: String,
     /// The container's name in the pod.
     pub name: String,
-    /// What its claims grant it alone (`source` [`EnvSource::Dra`]).
+    /// What its claims grant it alone (`sources` [`GrantSource::Dra`]).
     pub dra: Option<EnvQuota>,
-    /// What the pod's annotations say now (`source` [`EnvSource::Annotation`]); pinned by the
+    /// What the pod's annotations say now (`sources` [`GrantSource::Annotation`]); pinned by the
     /// watcher to the value first seen while the container ran.
     pub annotation: Option<EnvQuota>,
 }
@@ -95,29 +95,6 @@ impl KubeView {
             .iter()
             .find(|(_, (_, ids))| ids.iter().any(|i| i == container_id))
             .map(|(uid, _)| uid.as_str())
-    }
-
-    /// The API server's quota for a container (its own claims, its pod's annotations), the
-    /// smallest per GPU ([`trusted::smallest`]); `None` when it grants nothing.
-    pub fn quota_for_container(&self, container_id: &str) -> Option<EnvQuota> {
-        let c = self.containers.get(container_id)?;
-        trusted::smallest_of(
-            c.dra.clone(),
-            c.annotation.clone(),
-            EnvSource::DraAndAnnotation,
-        )
-    }
-
-    /// The quota of a pod whose containers share a claim: the claims' memory, lowered by any
-    /// sharer's annotation.
-    pub fn quota_for_pod(&self, pod_uid: &str) -> Option<EnvQuota> {
-        let (q, ids) = self.shared.get(pod_uid)?;
-        ids.iter()
-            .filter_map(|id| self.containers.get(id)?.annotation.as_ref())
-            .fold(q.clone(), |q, a| {
-                trusted::smallest(&q, a, EnvSource::DraAndAnnotation)
-            })
-            .into()
     }
 }
 
@@ -202,9 +179,9 @@ impl Grant {
         }
     }
 
-    fn quota(self, source: EnvSource) -> Option<EnvQuota> {
+    fn quota(self, sources: Sources) -> Option<EnvQuota> {
         (!self.per_gpu.is_empty() || self.each_gpu.is_some()).then(|| EnvQuota {
-            source,
+            sources,
             per_gpu: self.per_gpu.into_iter().collect(),
             each_gpu: self.each_gpu,
         })
@@ -268,18 +245,11 @@ pub fn annotation_quota(
             pod.metadata.name.as_deref().unwrap_or("")
         )
     };
-    let mut q: Option<EnvQuota> = None;
+    let mut limits = Limits::default();
     for key in each_gpu_keys(a, name) {
         let Some(v) = a.get(&key) else { continue };
         match parse_quantity(v) {
-            Ok(b) if b > 0 => {
-                let each = EnvQuota {
-                    source: EnvSource::Annotation,
-                    per_gpu: Vec::new(),
-                    each_gpu: Some(b),
-                };
-                q = trusted::smallest_of(q, Some(each), EnvSource::Annotation);
-            }
+            Ok(b) if b > 0 => limits.each(b),
             Ok(_) => problems.push(format!("{}: `{key}: {v}` is zero; ignored", who())),
             Err(e) => problems.push(format!("{}: `{key}`: {e}; ignored", who())),
         }
@@ -288,13 +258,8 @@ pub fn annotation_quota(
         match v.trim().parse::<u64>() {
             Ok(n) if n > 0 => {
                 let bytes = n.saturating_mul(unit.bytes());
-                let idx = a.get(GPUSHARE_IDX).map(|i| i.trim().parse::<u32>());
-                let g = match idx {
-                    Some(Ok(i)) => EnvQuota {
-                        source: EnvSource::Annotation,
-                        per_gpu: vec![(DeviceRef::Index(i), bytes)],
-                        each_gpu: None,
-                    },
+                match a.get(GPUSHARE_IDX).map(|i| i.trim().parse::<u32>()) {
+                    Some(Ok(i)) => limits.device(DeviceRef::Index(i), bytes),
                     other => {
                         if let Some(Err(_)) = other {
                             problems.push(format!(
@@ -302,14 +267,9 @@ pub fn annotation_quota(
                                 who()
                             ));
                         }
-                        EnvQuota {
-                            source: EnvSource::Annotation,
-                            per_gpu: Vec::new(),
-                            each_gpu: Some(bytes),
-                        }
+                        limits.each(bytes)
                     }
-                };
-                q = trusted::smallest_of(q, Some(g), EnvSource::Annotation);
+                }
             }
             _ => problems.push(format!(
                 "{}: `{GPUSHARE_POD}: {v}` is not a positive count; ignored",
@@ -317,7 +277,7 @@ pub fn annotation_quota(
             )),
         }
     }
-    q
+    limits.into_quota(GrantSource::Annotation.into())
 }
 
 /// The containers of a pod whose claims bound them: its containers, its native sidecars (init
@@ -428,12 +388,12 @@ pub fn view(pods: &[Pod], claims: &[ResourceClaim], unit: GpuShareUnit) -> KubeV
                     name: c.name.clone(),
                     dra: own
                         .remove(c.name.as_str())
-                        .and_then(|g| g.quota(EnvSource::Dra)),
+                        .and_then(|g| g.quota(GrantSource::Dra.into())),
                     annotation: annotation_quota(pod, &c.name, unit, &mut v.problems),
                 },
             );
         }
-        if let Some(q) = union.quota(EnvSource::Dra) {
+        if let Some(q) = union.quota(GrantSource::Dra.into()) {
             let ids: Vec<String> = sharers
                 .iter()
                 .filter_map(|n| ids.get(n).map(|i| (*i).to_string()))
@@ -515,4 +475,4 @@ pub fn describe(q: Option<&EnvQuota>) -> String {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -472,7 +472,10 @@ mod tests {
             claims::view(&[slimmed], &[claim], unit),
         );
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
-        assert!(a.quota_for_container(cid).is_some(), "{a:?}");
+        assert!(
+            a.containers.get(cid).is_some_and(|c| c.dra.is_some()),
+            "{a:?}"
+        );
         assert_eq!(references(&slim(Pod::default())), vec![]);
     }
 }

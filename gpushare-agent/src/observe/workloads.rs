@@ -24,17 +24,17 @@ use super::identity::{self, Identity, RuntimeRecords, Verdict};
 pub use crate::attribution::names::{NameCache, WorkloadNames};
 use crate::{
     attribution::{GpuTaskEntry, WorkloadId, WorkloadKind, docker::DAEMON_JSON},
-    grants::env_quotas::{EnvQuotaReader, runtime_spec::SpecRoots},
+    grants::{
+        env_quotas::{EnvQuotaReader, runtime_spec::SpecRoots},
+        merge,
+    },
     kube::{
         api::KubeWatch,
         claims::KubeView,
         podresources::{PodResourcesSource, PodResourcesView},
     },
     policy::AttributedProcess,
-    quota::{
-        EnvQuota, EnvSource, GpuInfo, KubeletSettings, QuotaSet, ResolvedFrom, Selector,
-        WorkloadMeta, trusted,
-    },
+    quota::{EnvQuota, GpuInfo, KubeletSettings, QuotaSet, ResolvedFrom, Selector, WorkloadMeta},
     snapshot::IdentityNote,
     workload::{Placement, nested_container, parse_cgroup_path_in, parse_without_runtime},
 };
@@ -202,8 +202,8 @@ fn sharing_pod(found: Found, view: &KubeView) -> Found {
 /// minors resolved to the GPUs NVML gives them ([`crate::quota::resolve_quota`]).
 fn kube_quota(id: &WorkloadId, view: &KubeView, gpus: &[GpuInfo]) -> Option<EnvQuota> {
     let q = match &id.kind {
-        WorkloadKind::Container { container_id, .. } => view.quota_for_container(container_id),
-        WorkloadKind::Pod { pod_uid, .. } => view.quota_for_pod(pod_uid),
+        WorkloadKind::Container { container_id, .. } => merge::kube_container(view, container_id),
+        WorkloadKind::Pod { pod_uid, .. } => merge::kube_pod(view, pod_uid),
         _ => None,
     };
     q.map(|q| crate::quota::resolve_quota(q, gpus))
@@ -441,7 +441,7 @@ impl Observer {
                             .as_ref()
                             .filter(|_| env_enabled && claimed)
                             .and_then(|v| kube_quota(id, v, gpus));
-                        trusted::smallest_of(env, granted, EnvSource::Several)
+                        merge::node_and_api_server(env, granted)
                     })
                     .clone();
                 const UNNAMED: WorkloadNames = WorkloadNames {
@@ -523,9 +523,7 @@ impl Observer {
         for (workload, key, env) in metas.iter().flatten() {
             let trust = match quotas.resolved_from(workload, env.as_ref()) {
                 Some(ResolvedFrom::File) => "file",
-                Some(ResolvedFrom::Env(
-                    EnvSource::Dra | EnvSource::Annotation | EnvSource::DraAndAnnotation,
-                )) => "api_server",
+                Some(ResolvedFrom::Env(s)) if s.only_api_server() => "api_server",
                 Some(ResolvedFrom::Env(_)) => {
                     self.env_quotas.trust_of(key).map_or("", |t| t.as_str())
                 }

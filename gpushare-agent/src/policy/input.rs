@@ -20,7 +20,7 @@ pub struct AttributedProcess {
     pub identity: ProcessIdentity,
     /// Its workload.
     pub workload: Arc<WorkloadMeta>,
-    /// The quota in its environment, if any (see [`crate::quota::env`]).
+    /// The quota in its environment, if any (see [`crate::grants::env`]).
     pub env_quota: Option<EnvQuota>,
     /// `workload.key()`, built once (by [`Self::new`] or shared by [`Self::sharing`]).
     key: Arc<str>,

@@ -8,7 +8,7 @@ use super::*;
 use crate::{
     attribution::{WorkloadKind, parse_cgroup_path},
     quota::{
-        DeviceRef, EnvQuota, EnvSource, LimitScope, QuotaSet, ResolvedQuota, Signal, WorkloadMeta,
+        DeviceRef, EnvQuota, GrantSource, LimitScope, QuotaSet, ResolvedQuota, Signal, WorkloadMeta,
     },
     sample::{DeviceHealth, DeviceSample, GpuSample, ProcessSample},
 };
@@ -638,7 +638,7 @@ fn workloads_without_a_quota_or_protected_are_never_touched() {
         attributed(23, &docker('b')),
     ];
     let hami = EnvQuota {
-        source: EnvSource::Hami,
+        sources: GrantSource::Hami.into(),
         per_gpu: Vec::new(),
         each_gpu: Some(GIB),
     };
@@ -949,7 +949,7 @@ fn env_quotas_apply_per_gpu() {
     let a = docker('a');
     let mut p = attributed(10, &a);
     p.env_quota = Some(EnvQuota {
-        source: EnvSource::Hami,
+        sources: GrantSource::Hami.into(),
         per_gpu: vec![(DeviceRef::Index(1), 4 * GIB)],
         each_gpu: Some(GIB),
     });
@@ -973,7 +973,7 @@ fn a_device_minor_binds_the_gpu_nvml_gives_that_minor() {
     let with = |minor: u32| {
         let mut p = attributed(10, &a);
         p.env_quota = Some(EnvQuota {
-            source: EnvSource::Hami,
+            sources: GrantSource::Hami.into(),
             per_gpu: vec![(DeviceRef::Minor(minor), GIB)],
             each_gpu: None,
         });
@@ -1771,7 +1771,7 @@ fn world_processes(w: &World, pool: &[WorkloadMeta]) -> Vec<AttributedProcess> {
                 ident(pid),
                 pool[wi].clone(),
                 env.map(|g| EnvQuota {
-                    source: EnvSource::GpuShare,
+                    sources: GrantSource::GpuShare.into(),
                     per_gpu: Vec::new(),
                     each_gpu: Some(g * GIB),
                 }),

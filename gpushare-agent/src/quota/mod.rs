@@ -19,12 +19,12 @@
 //! defaults, so the policy never looks anything up.
 
 pub mod duration;
-pub mod env;
 pub mod file;
+pub mod grant;
 pub mod lint;
 pub mod select;
 pub mod size;
-pub mod trusted;
+pub mod sources;
 
 use std::{fmt, time::Duration};
 
@@ -32,14 +32,11 @@ use crate::workload::WorkloadKind;
 
 pub use self::{
     duration::{fmt_duration, parse_duration, parse_nonzero_duration},
-    env::{
-        Disagreement, DisagreementKind, EnvQuota, EnvQuotaError, EnvQuotaReport, EnvSource,
-        GpuInfo, GpuShareUnit, Trust, UnitCheck, env_quota, env_quota_on, parse_environ,
-        resolve_device, resolve_quota,
-    },
     file::{KubernetesPatch, LocatedError, QuotaFile, load_dir_set, parse_str},
+    grant::{EnvQuota, GpuInfo, GpuShareUnit, Limits, Trust, resolve_device, resolve_quota},
     select::{PathGlob, PodRef, ProtectPattern, Selector, WorkloadMeta},
     size::{ByteSize, SizeError, parse_size},
+    sources::{GrantSource, Sources},
 };
 
 /// Where something was written: `file:line:col` (1-based; the column counts characters).
@@ -551,7 +548,7 @@ pub enum QuotaSource {
         name: Option<String>,
     },
     /// The workload's environment.
-    Env(EnvSource),
+    Env(Sources),
 }
 
 /// Which kind of source a workload's quota comes from ([`QuotaSet::resolved_from`]).
@@ -560,7 +557,7 @@ pub enum ResolvedFrom {
     /// The quota files.
     File,
     /// The workload's environment, from this source.
-    Env(EnvSource),
+    Env(Sources),
 }
 
 impl fmt::Display for QuotaSource {
@@ -732,7 +729,7 @@ impl QuotaSet {
             });
         }
         (!limits.is_empty()).then_some(ResolvedQuota {
-            source: QuotaSource::Env(env.source),
+            source: QuotaSource::Env(env.sources),
             limits,
         })
     }
@@ -748,7 +745,8 @@ impl QuotaSet {
         }
         let env = env?;
         // `resolve` gives a quota where it finds a limit: one per listed GPU, or one for each.
-        (!env.per_gpu.is_empty() || env.each_gpu.is_some()).then_some(ResolvedFrom::Env(env.source))
+        (!env.per_gpu.is_empty() || env.each_gpu.is_some())
+            .then_some(ResolvedFrom::Env(env.sources))
     }
 
     /// The file entry that sets `w`'s quota: the most specific selector matching it (the first
@@ -917,13 +915,13 @@ mode = "elastic"
     #[test]
     fn env_quota_applies_only_without_a_file_entry_and_only_to_containers_and_pods() {
         let env = EnvQuota {
-            source: EnvSource::Hami,
+            sources: GrantSource::Hami.into(),
             per_gpu: vec![(DeviceRef::Index(1), GIB)],
             each_gpu: Some(2 * GIB),
         };
         let empty = QuotaSet::empty();
         let q = empty.resolve(&container(), Some(&env)).unwrap();
-        assert_eq!(q.source, QuotaSource::Env(EnvSource::Hami));
+        assert_eq!(q.source, QuotaSource::Env(GrantSource::Hami.into()));
         assert_eq!(q.limits.len(), 2);
         assert_eq!(q.limits[1].scope, LimitScope::EachGpu);
         assert_eq!(q.limits[0].enforcement, Enforcement::default());
@@ -958,18 +956,18 @@ mode = "elastic"
         let envs = [
             None,
             Some(EnvQuota {
-                source: EnvSource::Hami,
+                sources: GrantSource::Hami.into(),
                 per_gpu: vec![(DeviceRef::Index(1), GIB)],
                 each_gpu: None,
             }),
             Some(EnvQuota {
-                source: EnvSource::Dra,
+                sources: GrantSource::Dra.into(),
                 per_gpu: vec![],
                 each_gpu: Some(2 * GIB),
             }),
             // No limit at all: `resolve` finds none.
             Some(EnvQuota {
-                source: EnvSource::Annotation,
+                sources: GrantSource::Annotation.into(),
                 per_gpu: vec![],
                 each_gpu: None,
             }),

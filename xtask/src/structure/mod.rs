@@ -11,6 +11,9 @@
 //!   left out, tests included.
 //! - No module of `quota/` names `attribution`, and no module of `attribution/` names `quota`.
 //! - `quota/` and `grants/` never name `enforce`, `snapshot` or `metrics`.
+//! - Grants are combined in one place: no file of the agent but `grants/merge.rs` names the
+//!   smallest-wins combinator (`smallest`, `smallest_of`) outside tests; the others call the
+//!   combination `merge.rs` names (issue 40: it was called from three rooms).
 //! - No two files of the agent import each other (a parent module and its child aside): see
 //!   [`files`].
 //! - No function over [`functions::FN_MAX`] lines outside tests, but a list of exceptions that
@@ -56,6 +59,12 @@ const NEVER: [(&str, &[&str]); 2] = [
     ("quota", &["enforce", "snapshot", "metrics"]),
     ("grants", &["enforce", "snapshot", "metrics"]),
 ];
+
+/// The one file that combines grants, below `gpushare-agent/src`.
+const MERGE_FILE: &str = "grants/merge.rs";
+
+/// The smallest-wins combinator's names.
+const COMBINATOR: [&str; 2] = ["smallest", "smallest_of"];
 
 /// Runs every check on the workspace at `root`; the error lists every violation.
 pub fn check(root: &Path) -> Result<()> {
@@ -111,6 +120,7 @@ pub fn check(root: &Path) -> Result<()> {
             }
         }
     }
+    problems.extend(merges_elsewhere(root, &src)?);
     problems.extend(files::mutual_imports(&src)?.into_iter().map(|(a, b)| {
         format!(
             "{} and {} import each other: move what both need below both",
@@ -137,7 +147,7 @@ pub fn check(root: &Path) -> Result<()> {
         eprintln!(
             "xtask: structure: policy files <= {POLICY_FILE_MAX} lines, evaluate <= {EVALUATE_MAX}, \
              enforce/mod.rs <= {ENFORCE_MOD_MAX}, agent/ files <= {AGENT_FILE_MAX}, {} modules without an import cycle, no two \
-             files importing each other, quota/ and grants/ pure, one name a type, tests in their places, one build, functions <= {} lines ({} \
+             files importing each other, quota/ and grants/ pure, grants combined in {MERGE_FILE} alone, one name a type, tests in their places, one build, functions <= {} lines ({} \
              listed exceptions), {copies} pairs of files sharing a copy (budget {})",
             graph.len(),
             functions::FN_MAX,
@@ -239,6 +249,38 @@ fn same_names(src: &Path) -> Result<Vec<(String, Vec<PathBuf>)>> {
         .filter(|(_, files)| files.len() > 1)
         .map(|(n, files)| (n, files.into_iter().collect()))
         .collect())
+}
+
+/// Where a file of the agent other than [`MERGE_FILE`] names the combinator outside its tests.
+fn merges_elsewhere(root: &Path, src: &Path) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    for f in rust_files(src)? {
+        let inside = f.strip_prefix(src).unwrap_or(&f);
+        if inside == Path::new(MERGE_FILE) || is_test_file(inside) {
+            continue;
+        }
+        let code = strip_comments(&std::fs::read_to_string(&f)?);
+        for n in combinator_lines(&code) {
+            problems.push(format!(
+                "{}:{n}: the smallest-wins combinator is called outside {MERGE_FILE}: combine \
+                 grants there (name the combination in `grants::merge`) and call that",
+                rel(root, &f)
+            ));
+        }
+    }
+    Ok(problems)
+}
+
+/// The lines (1-based) of `code` (comments and strings stripped) before its tests that name the
+/// combinator.
+pub fn combinator_lines(code: &str) -> Vec<usize> {
+    let lines: Vec<&str> = code.lines().collect();
+    lines[..tests_start(&lines)]
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| tokenize(l).iter().any(|t| COMBINATOR.contains(t)))
+        .map(|(i, _)| i + 1)
+        .collect()
 }
 
 /// Unit tests out of their places in the workspace's crates: files named `*_tests.rs`, and
@@ -620,6 +662,18 @@ mod tests {
         assert_eq!(c, vec![vec!["a", "b", "c", "a"]]);
         let two = cycles(&graph(&[("a", "b"), ("b", "a"), ("x", "y"), ("y", "x")]));
         assert_eq!(two.len(), 2);
+    }
+
+    #[test]
+    fn the_combinator_is_found_where_called_used_or_imported_but_not_in_words_or_tests() {
+        let code = strip_comments(
+            "use crate::grants::merge::smallest_of;\n\
+             let q = merge::smallest(&a, &b); // smallest\n\
+             let s = \"the smallest applies\"; let smallest_gpu = 1;\n\
+             xs.fold(q, merge::smallest_of)\n\
+             #[cfg(test)]\nmod tests {\n    smallest_of(a, b);\n}\n",
+        );
+        assert_eq!(combinator_lines(&code), vec![1, 2, 4]);
     }
 
     #[test]

@@ -4,14 +4,15 @@
 
 use crate::{
     attribution::WorkloadId,
+    grants::env::env_quota_on,
     kube::podresources::{ContainerAssignment, PodResourcesView},
-    quota::{DeviceRef, EnvQuota, EnvSource, GpuInfo, GpuShareUnit, env_quota_on},
+    quota::{DeviceRef, EnvQuota, GpuInfo, GpuShareUnit, GrantSource},
 };
 
 /// What the kubelet says about one container.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KubeletPart {
-    /// Its GPU-memory grant as a quota (source [`EnvSource::Kubelet`]).
+    /// Its GPU-memory grant as a quota (source [`GrantSource::Kubelet`]).
     pub quota: Option<EnvQuota>,
     /// The devices it was given, when the kubelet names them.
     pub devices: Option<Vec<DeviceRef>>,
@@ -65,7 +66,7 @@ pub fn part_of(
         env_quota_on(env, unit, gpus, granted)
             .quota
             .map(|q| EnvQuota {
-                source: EnvSource::Kubelet,
+                sources: GrantSource::Kubelet.into(),
                 ..q
             })
     });

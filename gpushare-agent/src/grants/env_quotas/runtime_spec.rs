@@ -44,7 +44,8 @@ use crate::{
         docker::{self, MAX_CONFIG_BYTES},
         procinfo,
     },
-    quota::{DeviceRef, Trust, env::is_quota_var},
+    grants::env::is_quota_var,
+    quota::{DeviceRef, Trust},
     workload::Runtime,
 };
 
@@ -577,7 +578,7 @@ pub fn read_init_environ(identity: ProcessIdentity) -> Option<Vec<(String, Strin
         return None;
     }
     Some(
-        crate::quota::parse_environ(&bytes)
+        crate::grants::env::parse_environ(&bytes)
             .into_iter()
             .filter(|(k, _)| is_quota_var(k))
             .collect(),
@@ -753,7 +754,7 @@ mod tests {
         let g = read_spec_grant(SpecKind::OciBundle, &p, ID).unwrap();
         assert_eq!(g.devices, Some(vec![DeviceRef::Minor(1)]));
         assert_eq!(g.vars[0], ("CUDA_DEVICE_MEMORY_LIMIT_0".into(), "0".into()));
-        let r = crate::quota::env_quota_on(
+        let r = crate::grants::env::env_quota_on(
             g.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
             crate::quota::GpuShareUnit::GiB,
             &[],
@@ -765,7 +766,7 @@ mod tests {
         );
         assert_eq!(
             r.disagreements.iter().map(|d| d.kind).collect::<Vec<_>>(),
-            vec![crate::quota::DisagreementKind::NoPluginValue]
+            vec![crate::grants::env::DisagreementKind::NoPluginValue]
         );
         // A node of other numbers named /dev/nvidiaN (tests, a renamed node) is minor N.
         assert_eq!(gpu_of_node("/dev/nvidia3", Some(1), Some(3)), Some(3));

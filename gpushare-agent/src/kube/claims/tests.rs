@@ -3,16 +3,39 @@ use serde_json::{Value, json};
 
 use super::*;
 
-const GI: u64 = 1 << 30;
+pub(crate) const GI: u64 = 1 << 30;
 const MI: u64 = 1 << 20;
-const UID: &str = "8f2c1d3e-0000-4000-8000-00000000a1b2";
+pub(crate) const UID: &str = "8f2c1d3e-0000-4000-8000-00000000a1b2";
 
-fn cid(n: u8) -> String {
+/// The one grant the API server gives container `id` (its claims' or its pod's annotations);
+/// where it gives both, `grants::merge` combines them (tested there).
+fn grant(v: &KubeView, id: &str) -> Option<EnvQuota> {
+    let c = v.containers.get(id)?;
+    assert!(c.dra.is_none() || c.annotation.is_none(), "{c:?}");
+    c.dra.clone().or(c.annotation.clone())
+}
+
+/// The claims' union of a pod whose containers share a claim, where no sharer's annotation
+/// lowers it (`grants::merge` combines those, tested there).
+fn pod_grant(v: &KubeView, uid: &str) -> Option<EnvQuota> {
+    let (q, ids) = v.shared.get(uid)?;
+    assert!(
+        ids.iter()
+            .all(|i| v.containers.get(i).is_none_or(|c| c.annotation.is_none()))
+    );
+    Some(q.clone())
+}
+
+pub(crate) fn cid(n: u8) -> String {
     format!("{:064x}", u64::from(n) + 0xabc000)
 }
 
 /// A running pod on `node-1`: `containers` are (name, claim entries it uses).
-fn pod(annotations: Value, containers: &[(&str, &[&str])], claims: &[(&str, &str)]) -> Pod {
+pub(crate) fn pod(
+    annotations: Value,
+    containers: &[(&str, &[&str])],
+    claims: &[(&str, &str)],
+) -> Pod {
     let spec_containers: Vec<Value> = containers
         .iter()
         .map(|(name, uses)| {
@@ -49,7 +72,7 @@ fn pod(annotations: Value, containers: &[(&str, &[&str])], claims: &[(&str, &str
 }
 
 /// A claim in `ml` allocated `results`: (driver, device, memory).
-fn claim(name: &str, results: &[(&str, &str, Option<&str>)]) -> ResourceClaim {
+pub(crate) fn claim(name: &str, results: &[(&str, &str, Option<&str>)]) -> ResourceClaim {
     let results: Vec<Value> = results
         .iter()
         .map(|(driver, device, memory)| {
@@ -70,9 +93,9 @@ fn claim(name: &str, results: &[(&str, &str, Option<&str>)]) -> ResourceClaim {
 }
 
 /// A DRA quota on GPUs named by their device minors (`gpu-<minor>`).
-fn dra(per_gpu: &[(u32, u64)], each: Option<u64>) -> EnvQuota {
+pub(crate) fn dra(per_gpu: &[(u32, u64)], each: Option<u64>) -> EnvQuota {
     EnvQuota {
-        source: EnvSource::Dra,
+        sources: GrantSource::Dra.into(),
         per_gpu: per_gpu
             .iter()
             .map(|(m, b)| (DeviceRef::Minor(*m), *b))
@@ -94,11 +117,8 @@ fn a_claim_used_by_one_container_is_its_quota_on_the_gpu_it_names() {
     );
     let v = view(&[p], &[c], GpuShareUnit::GiB);
     assert!(v.fresh && v.problems.is_empty(), "{v:?}");
-    assert_eq!(
-        v.quota_for_container(&cid(0)),
-        Some(dra(&[(1, 6 * GI)], None))
-    );
-    assert_eq!(v.quota_for_container(&cid(1)), None, "b uses no claim");
+    assert_eq!(grant(&v, &cid(0)), Some(dra(&[(1, 6 * GI)], None)));
+    assert_eq!(grant(&v, &cid(1)), None, "b uses no claim");
     assert_eq!(v.containers[&cid(1)].pod, "ml/trainer-0");
     assert!(v.shared.is_empty() && v.pod_of(&cid(0)).is_none());
 }
@@ -120,15 +140,12 @@ fn a_claim_shared_by_two_containers_bounds_their_union_the_pod() {
     assert_eq!(v.pod_of(&cid(1)), Some(UID));
     assert_eq!(v.pod_of(&cid(2)), None, "c shares nothing");
     // The union holds the shared claim and b's own: 5 GiB on GPU 0, once, not per container.
-    assert_eq!(v.quota_for_pod(UID), Some(dra(&[(0, 5 * GI)], None)));
+    assert_eq!(pod_grant(&v, UID), Some(dra(&[(0, 5 * GI)], None)));
     assert_eq!(v.shared[UID].1, vec![cid(0), cid(1)]);
-    assert_eq!(v.quota_for_container(&cid(0)), None);
-    assert_eq!(v.quota_for_container(&cid(1)), None);
-    assert_eq!(
-        v.quota_for_container(&cid(2)),
-        Some(dra(&[(0, 2 * GI)], None))
-    );
-    assert_eq!(v.quota_for_pod("other"), None);
+    assert_eq!(grant(&v, &cid(0)), None);
+    assert_eq!(grant(&v, &cid(1)), None);
+    assert_eq!(grant(&v, &cid(2)), Some(dra(&[(0, 2 * GI)], None)));
+    assert_eq!(pod_grant(&v, "other"), None);
 }
 
 #[test]
@@ -146,7 +163,7 @@ fn results_add_up_and_an_unknown_device_bounds_every_gpu() {
     );
     let v = view(&[p], &[c], GpuShareUnit::GiB);
     assert_eq!(
-        v.quota_for_container(&cid(0)),
+        grant(&v, &cid(0)),
         Some(dra(&[(0, GI + 512 * MI)], Some(3 * GI)))
     );
 }
@@ -160,7 +177,7 @@ fn a_bad_quantity_or_a_missing_claim_is_said_and_grants_nothing() {
     );
     let c = claim("x", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("4GB"))]);
     let v = view(&[p], &[c], GpuShareUnit::GiB);
-    assert_eq!(v.quota_for_container(&cid(0)), None);
+    assert_eq!(grant(&v, &cid(0)), None);
     let said = v.problems.join("\n");
     assert!(said.contains("unknown suffix `GB`"), "{said}");
     assert!(said.contains("ResourceClaim ml/y not found"), "{said}");
@@ -232,9 +249,9 @@ fn container_ids_and_device_names() {
     assert_eq!(dra_device("gpu.example.com", "gpu-1"), None);
 }
 
-fn ann(each: Option<u64>, per: &[(u32, u64)]) -> EnvQuota {
+pub(crate) fn ann(each: Option<u64>, per: &[(u32, u64)]) -> EnvQuota {
     EnvQuota {
-        source: EnvSource::Annotation,
+        sources: GrantSource::Annotation.into(),
         per_gpu: per
             .iter()
             .map(|(i, b)| (DeviceRef::Index(*i), *b))
@@ -304,7 +321,7 @@ fn annotations_kai_and_gpushare() {
 }
 
 /// A view of one container holding `dra` and `annotation` (and, as the pod's union, `dra`).
-fn one(dra: Option<EnvQuota>, annotation: Option<EnvQuota>) -> KubeView {
+pub(crate) fn one(dra: Option<EnvQuota>, annotation: Option<EnvQuota>) -> KubeView {
     KubeView {
         containers: [(
             cid(0),
@@ -325,52 +342,6 @@ fn one(dra: Option<EnvQuota>, annotation: Option<EnvQuota>) -> KubeView {
 }
 
 #[test]
-fn the_smallest_applies_on_each_gpu_and_names_its_source() {
-    let min = |a: &EnvQuota, b: &EnvQuota| {
-        one(Some(a.clone()), Some(b.clone()))
-            .quota_for_container(&cid(0))
-            .unwrap()
-    };
-    let a = dra(&[(0, 4 * GI)], None);
-    let b = ann(Some(2 * GI), &[]);
-    let m = min(&a, &b);
-    assert_eq!(m.per_gpu, vec![(DeviceRef::Minor(0), 2 * GI)]);
-    assert_eq!(m.each_gpu, Some(2 * GI));
-    assert_eq!(m.source, EnvSource::Annotation, "b's limits are kept");
-    // An annotation never lifts: 8 GiB over a 4 GiB claim keeps 4 GiB on its GPU; the
-    // annotation's 8 GiB bounds every other GPU, so both are named.
-    let m = min(&a, &ann(Some(8 * GI), &[]));
-    assert_eq!(m.per_gpu, vec![(DeviceRef::Minor(0), 4 * GI)]);
-    assert_eq!(m.each_gpu, Some(8 * GI));
-    assert_eq!(m.source, EnvSource::DraAndAnnotation);
-    // The claim's `gpu-0` is a device minor, the annotation's GPU 0 an NVML index: which GPU each
-    // is, NVML tells (here minor 0 is GPU 0, minor 1 GPU 1), and there the claim's limit is kept.
-    let gpus: Vec<crate::quota::GpuInfo> = (0..2)
-        .map(|i| crate::quota::GpuInfo {
-            index: i,
-            uuid: format!("GPU-{i}"),
-            memory_total: 80 * GI,
-            minor: Some(i),
-        })
-        .collect();
-    let m = crate::quota::resolve_quota(min(&a, &ann(None, &[(0, 8 * GI)])), &gpus);
-    assert_eq!(m.per_gpu, vec![(DeviceRef::Index(0), 4 * GI)]);
-    let m = crate::quota::resolve_quota(min(&a, &ann(None, &[(1, GI)])), &gpus);
-    assert_eq!(
-        m.per_gpu,
-        vec![(DeviceRef::Index(0), 4 * GI), (DeviceRef::Index(1), GI)]
-    );
-    assert_eq!(m.source, EnvSource::DraAndAnnotation);
-    let q = |d, a| one(d, a).quota_for_container(&cid(0));
-    assert_eq!(q(None, Some(b.clone())), Some(b.clone()));
-    assert_eq!(q(Some(a.clone()), None), Some(a.clone()));
-    assert_eq!(q(None, None), None);
-    assert_eq!(one(None, None).quota_for_container(&cid(1)), None);
-    let m = min(&dra(&[], Some(GI)), &ann(Some(3 * GI), &[]));
-    assert_eq!((m.each_gpu, m.source), (Some(GI), EnvSource::Dra));
-}
-
-#[test]
 fn annotations_are_pinned_to_what_they_said_when_the_container_started() {
     let claims = [claim("x", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("4Gi"))])];
     let at = |limit: &str| {
@@ -381,23 +352,31 @@ fn annotations_are_pinned_to_what_they_said_when_the_container_started() {
         );
         view(&[p], &claims, GpuShareUnit::GiB)
     };
+    let annotated = |v: &KubeView| {
+        v.containers[&cid(0)]
+            .annotation
+            .as_ref()
+            .unwrap()
+            .each_gpu
+            .unwrap()
+    };
     let mut pinned = Pinned::default();
     let mut v = at("1Gi");
     assert!(pinned.apply(&mut v).is_empty());
-    assert_eq!(v.quota_for_container(&cid(0)).unwrap().per_gpu[0].1, GI);
+    assert_eq!(annotated(&v), GI);
     // Raised after the start: ignored, said once.
     let mut v = at("8Gi");
     let said = pinned.apply(&mut v);
     assert_eq!(said.len(), 1, "{said:?}");
     assert!(said[0].contains("changed after it started"), "{said:?}");
-    assert_eq!(v.quota_for_container(&cid(0)).unwrap().per_gpu[0].1, GI);
+    assert_eq!(annotated(&v), GI);
     let mut v = at("8Gi");
     assert!(pinned.apply(&mut v).is_empty(), "said once per value");
     assert_eq!(pinned.edits_total(), 1);
     // Lowered after the start: ignored too (as it stood at the start).
     let mut v = at("512Mi");
     assert_eq!(pinned.apply(&mut v).len(), 1);
-    assert_eq!(v.quota_for_container(&cid(0)).unwrap().per_gpu[0].1, GI);
+    assert_eq!(annotated(&v), GI);
     // Back to the first value: nothing to say.
     let mut v = at("1Gi");
     assert!(pinned.apply(&mut v).is_empty());
@@ -407,53 +386,7 @@ fn annotations_are_pinned_to_what_they_said_when_the_container_started() {
     pinned.apply(&mut empty);
     let mut v = at("2Gi");
     assert!(pinned.apply(&mut v).is_empty());
-    assert_eq!(v.quota_for_container(&cid(0)).unwrap().per_gpu[0].1, 2 * GI);
-}
-
-#[test]
-fn a_sharers_annotation_lowers_the_pods_union() {
-    let p = pod(
-        json!({ "nvidia.com/container.b.gpu-memory.limit": "1Gi" }),
-        &[("a", &["gpu"]), ("b", &["gpu"])],
-        &[("gpu", "x")],
-    );
-    let c = claim("x", &[(NVIDIA_DRA_DRIVER, "gpu-0", Some("4Gi"))]);
-    let v = view(&[p], &[c], GpuShareUnit::GiB);
-    let q = v.quota_for_pod(UID).unwrap();
-    assert_eq!(q.per_gpu, vec![(DeviceRef::Minor(0), GI)]);
-    assert_eq!(describe(Some(&q)), "/dev/nvidia0: 1 GiB, each GPU: 1 GiB");
-    assert_eq!(describe(None), "none");
-}
-
-/// One rule: the API server's minimum of a claim and an annotation is `quota::trusted`'s, the
-/// source it names included (a copy of the rule here once named the claim where an annotation's
-/// every-GPU limit bound the other GPUs, and the annotation where the claim's did).
-#[test]
-fn a_claim_and_an_annotation_combine_by_the_trusted_rule() {
-    let cases = [
-        // The claim names GPU 0 only; the annotation bounds every GPU: each binds somewhere.
-        (dra(&[(0, 4 * GI)], None), ann(Some(8 * GI), &[])),
-        // The claim bounds every GPU; the annotation names GPU 0 only.
-        (dra(&[], Some(8 * GI)), ann(None, &[(0, 4 * GI)])),
-        (dra(&[], Some(GI)), ann(None, &[(0, 8 * GI)])),
-        (dra(&[(0, 4 * GI)], None), ann(Some(2 * GI), &[])),
-        (dra(&[(0, 4 * GI)], None), ann(None, &[(1, GI)])),
-        (dra(&[(0, 4 * GI)], None), ann(None, &[(0, 8 * GI)])),
-        (dra(&[(0, 2 * GI)], Some(GI)), ann(Some(GI), &[(0, 2 * GI)])),
-    ];
-    for (i, (d, a)) in cases.into_iter().enumerate() {
-        let v = one(Some(d.clone()), Some(a.clone()));
-        let want = trusted::smallest(&d, &a, EnvSource::DraAndAnnotation);
-        assert_eq!(
-            v.quota_for_container(&cid(0)),
-            Some(want.clone()),
-            "{d:?} {a:?}"
-        );
-        assert_eq!(v.quota_for_pod(UID), Some(want.clone()), "{d:?} {a:?}");
-        if i < 2 {
-            assert_eq!(want.source, EnvSource::DraAndAnnotation, "{d:?} {a:?}");
-        }
-    }
+    assert_eq!(annotated(&v), 2 * GI);
 }
 
 /// A container that names one request of a claim (`resources.claims[].request`) is granted that
@@ -500,7 +433,7 @@ fn a_container_naming_a_request_gets_only_that_requests_results() {
     }
     let v = view(&[p], &[c], GpuShareUnit::GiB);
     assert_eq!(
-        v.quota_for_container(&cid(0)),
+        grant(&v, &cid(0)),
         Some(dra(&[(0, 4 * GI), (2, 2 * GI)], None))
     );
 }
@@ -549,14 +482,14 @@ fn a_native_sidecars_and_a_running_init_containers_claims_bound_them() {
     assert_eq!(side.name, "side");
     assert_eq!(side.dra, Some(dra(&[(1, 2 * GI)], None)));
     assert_eq!(side.annotation, Some(ann(Some(GI), &[])));
-    assert!(v.quota_for_container(&cid(1)).is_some());
+    assert!(side.dra.is_some() && side.annotation.is_some());
     let init = v
         .containers
         .get(&cid(2))
         .expect("the running init container is read");
     assert_eq!(init.name, "init");
     assert_eq!(init.dra, Some(dra(&[(0, 4 * GI)], None)));
-    assert_eq!(v.quota_for_container(&cid(0)), None);
+    assert_eq!(grant(&v, &cid(0)), None);
     assert_eq!(v.problems, Vec::<String>::new());
     // Finished: not read.
     let mut done = serde_json::to_value(&p).unwrap();

@@ -2,8 +2,9 @@
 //!
 //! Design note: pure functions over `(name, value)` pairs. Where the pairs come from (the
 //! container's runtime spec, else its init process) is [`crate::grants::env_quotas::runtime_spec`]'s job
-//! and how far they are trusted is reported beside the quota ([`Trust`]); this module only turns
-//! the variables into limits.
+//! and how far they are trusted is reported beside the quota ([`crate::quota::Trust`]); this module only turns
+//! the variables into limits. The variables, their vendors, forms and what each grants are one
+//! declared list, [`CONVENTIONS`] (`env/conventions.rs`); [`env_quota_on`] walks it.
 //!
 //! - GPUShare: `ALIYUN_COM_GPU_MEM_CONTAINER` (an integer in the plugin's `--memory-unit`, GiB unless
 //!   configured as MiB) on the host GPU `ALIYUN_COM_GPU_MEM_IDX`; an index of `-1`, no index, or an
@@ -59,129 +60,13 @@
 //!
 //! Every limit is per GPU: an env quota never sums usage across GPUs.
 
-use std::collections::BTreeMap;
+mod conventions;
 
-use super::DeviceRef;
-
-/// The unit of GPUShare's `ALIYUN_COM_GPU_MEM_*` values (the device plugin's `--memory-unit`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum GpuShareUnit {
-    /// GiB (the plugin's default).
-    #[default]
-    GiB,
-    /// MiB.
-    MiB,
-}
-
-impl GpuShareUnit {
-    /// Bytes in one unit.
-    pub fn bytes(self) -> u64 {
-        match self {
-            Self::GiB => 1 << 30,
-            Self::MiB => 1 << 20,
-        }
-    }
-
-    /// `GiB` or `MiB`, as written in a quota file.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::GiB => "GiB",
-            Self::MiB => "MiB",
-        }
-    }
-
-    fn other(self) -> Self {
-        match self {
-            Self::GiB => Self::MiB,
-            Self::MiB => Self::GiB,
-        }
-    }
-}
-
-/// Which convention an env quota came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EnvSource {
-    /// Alibaba GPUShare's device plugin.
-    GpuShare,
-    /// HAMi (also Volcano vGPU, KAI's `hamicore` binder, HAMi's DRA driver).
-    Hami,
-    /// NVIDIA's `NVIDIA_GPU_MEMORY_LIMIT(S)` (kai-gpu-fractioning, read by nvidia-container-toolkit).
-    Nvidia,
-    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (MPS; Amazon ECS's MPS allocation).
-    Mps,
-    /// Several conventions' variables set limits; the smallest applies per device.
-    Both,
-    /// The kubelet's pod-resources grant (GPUShare units counted from its device ids).
-    Kubelet,
-    /// The kubelet's grant and the environment each bind on some GPU (the smallest applies).
-    KubeletAndEnv,
-    /// A DRA ResourceClaim's consumed capacity (`memory`), from the API server.
-    Dra,
-    /// Pod annotations (kai-gpu-fractioning's, GPUShare's), from the API server: they only lower.
-    Annotation,
-    /// A DRA claim and the pod's annotations each bind on some GPU (the smallest applies).
-    DraAndAnnotation,
-    /// The node's sources (environment, kubelet) and the API server's each bind on some GPU (the
-    /// smallest applies).
-    Several,
-}
-
-impl EnvSource {
-    /// A short name for reports.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::GpuShare => "gpushare env",
-            Self::Hami => "hami env",
-            Self::Nvidia => "nvidia env",
-            Self::Mps => "mps env",
-            Self::Both => "several plugins' env (the smallest applies)",
-            Self::Kubelet => "kubelet",
-            Self::KubeletAndEnv => "kubelet and env (the smallest applies)",
-            Self::Dra => "dra",
-            Self::Annotation => "annotation",
-            Self::DraAndAnnotation => "dra and annotation (the smallest applies)",
-            Self::Several => "several sources (the smallest applies)",
-        }
-    }
-}
-
-/// How far the environment an env quota was read from can be trusted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Trust {
-    /// The container's runtime spec (Docker's `config.v2.json`, the OCI bundle's `config.json`):
-    /// what the runtime was told to give the container, which nothing inside it can change.
-    RuntimeSpec,
-    /// No spec was found: the environment of the container's first process (its init), as the
-    /// runtime started it. Lower trust: a process can rewrite its own environment block.
-    InitEnviron,
-    /// The kubelet's pod-resources API: what the node admitted the pod with, which no pod can
-    /// write.
-    Kubelet,
-}
-
-impl Trust {
-    /// Label value: `runtime_spec` or `init_environ`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::RuntimeSpec => "runtime_spec",
-            Self::InitEnviron => "init_environ",
-            Self::Kubelet => "kubelet",
-        }
-    }
-}
-
-/// Per-GPU limits read from a container's environment.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub struct EnvQuota {
-    /// Where they came from.
-    pub source: EnvSource,
-    /// Limits for named host devices, bytes, in device order, each device once.
-    pub per_gpu: Vec<(DeviceRef, u64)>,
-    /// The limit for each other GPU the workload uses, bytes.
-    pub each_gpu: Option<u64>,
-}
+pub use self::conventions::{CONVENTIONS, Convention, Form, Grants};
+use self::conventions::{CUDA_VISIBLE, GS_DEV, GS_IDX, GS_MEM, Judge, NVIDIA_VISIBLE, Vars};
+use crate::quota::{
+    DeviceRef, EnvQuota, GpuInfo, GpuShareUnit, GrantSource, Limits, Sources, resolve_device,
+};
 
 /// A malformed quota variable. Callers count and log these; the variable is ignored.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -200,44 +85,6 @@ fn error(var: &str, value: &str, reason: impl Into<String>) -> EnvQuotaError {
         var: var.to_string(),
         value: value.chars().take(64).collect(),
         reason: reason.into(),
-    }
-}
-
-/// One GPU as the env quota sees it: its NVML index, UUID and memory size.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GpuInfo {
-    /// NVML (host) index.
-    pub index: u32,
-    /// `GPU-...` UUID.
-    pub uuid: String,
-    /// Total memory, bytes.
-    pub memory_total: u64,
-    /// `nvmlDeviceGetMinorNumber`: the `N` of its `/dev/nvidia<N>` (`None` where NVML did not say).
-    pub minor: Option<u32>,
-}
-
-/// A device as an NVML index where `gpus` tell which GPU it is (a UUID or a device minor they
-/// list); else as it was named. A minor is never taken for an index: one that `gpus` do not list
-/// stays a minor, which binds no GPU.
-pub fn resolve_device(d: DeviceRef, gpus: &[GpuInfo]) -> DeviceRef {
-    let found = match &d {
-        DeviceRef::Index(_) => None,
-        DeviceRef::Uuid(u) => gpus.iter().find(|g| g.uuid == *u),
-        DeviceRef::Minor(m) => gpus.iter().find(|g| g.minor == Some(*m)),
-    };
-    found.map_or(d, |g| DeviceRef::Index(g.index))
-}
-
-/// `q` with its devices resolved ([`resolve_device`]); two names of one GPU keep the smaller limit.
-pub fn resolve_quota(q: EnvQuota, gpus: &[GpuInfo]) -> EnvQuota {
-    let mut per: BTreeMap<DeviceRef, u64> = BTreeMap::new();
-    for (d, b) in q.per_gpu {
-        let e = per.entry(resolve_device(d, gpus)).or_insert(b);
-        *e = (*e).min(b);
-    }
-    EnvQuota {
-        per_gpu: per.into_iter().collect(),
-        ..q
     }
 }
 
@@ -289,7 +136,7 @@ impl UnitCheck {
             } => Some(format!(
                 "ALIYUN_COM_GPU_MEM_DEV={dev} is the GPU's size ({}) in {}, not in the configured gpushare_memory_unit = \"{}\": \
                  the device plugin's --memory-unit is {}, so its values are read in {} (set gpushare_memory_unit = \"{}\")",
-                super::ByteSize(gpu_bytes).approx(),
+                crate::quota::ByteSize(gpu_bytes).approx(),
                 plugin.as_str(),
                 configured.as_str(),
                 plugin.as_str(),
@@ -298,7 +145,7 @@ impl UnitCheck {
             )),
             Self::Unexplained { dev, gpu_bytes } => Some(format!(
                 "ALIYUN_COM_GPU_MEM_DEV={dev} matches the GPU's size ({}) in neither GiB nor MiB: the configured gpushare_memory_unit is applied",
-                super::ByteSize(gpu_bytes).approx()
+                crate::quota::ByteSize(gpu_bytes).approx()
             )),
             _ => None,
         }
@@ -410,28 +257,6 @@ fn size_agrees(dev: u64, unit: GpuShareUnit, gpu_bytes: u64) -> bool {
     real > 0 && claimed * 4 >= real * 3 && claimed * 4 <= real * 5
 }
 
-/// Collected limits: per device (the smallest wins) and for every GPU (the smallest wins).
-#[derive(Default)]
-struct Limits {
-    per_gpu: BTreeMap<DeviceRef, u64>,
-    each_gpu: Option<u64>,
-}
-
-impl Limits {
-    fn device(&mut self, d: DeviceRef, bytes: u64) {
-        let e = self.per_gpu.entry(d).or_insert(bytes);
-        *e = (*e).min(bytes);
-    }
-
-    fn each(&mut self, bytes: u64) {
-        self.each_gpu = Some(self.each_gpu.map_or(bytes, |b| b.min(bytes)));
-    }
-
-    fn is_empty(&self) -> bool {
-        self.per_gpu.is_empty() && self.each_gpu.is_none()
-    }
-}
-
 /// Reads the env quota, if any, from a container's environment, with no device list from its
 /// runtime: every per-device limit then applies to every GPU ([`env_quota_on`]).
 pub fn env_quota<'a, I>(environ: I, gpushare_unit: GpuShareUnit, gpus: &[GpuInfo]) -> EnvQuotaReport
@@ -453,7 +278,7 @@ struct Ordinal<'a> {
 /// Reads the env quota, if any, from a container's environment. `gpus` are the node's GPUs (for
 /// UUID-to-index mapping and the unit cross-check; may be empty); `granted` the GPUs the runtime
 /// gave the container, in its order (its spec's device nodes or CDI devices; `None` when unknown).
-/// See the module note for the rules.
+/// See the module note for the rules; the variables read are [`conventions::CONVENTIONS`].
 pub fn env_quota_on<'a, I>(
     environ: I,
     gpushare_unit: GpuShareUnit,
@@ -464,188 +289,138 @@ where
     I: IntoIterator<Item = (&'a str, &'a str)>,
 {
     let mut problems = Vec::new();
-    let mut disagreements = Vec::new();
-    let mut gs_mem: Vec<(&str, &str)> = Vec::new();
-    let mut gs_idx: Vec<&str> = Vec::new();
-    let mut gs_dev: Vec<&str> = Vec::new();
-    let mut hami_all: Vec<&str> = Vec::new();
-    let mut hami_indexed: Vec<(u32, &str, &str)> = Vec::new();
-    let mut nv_limits: Vec<(&str, &str)> = Vec::new();
-    let mut nv_requests: Vec<(&str, &str)> = Vec::new();
-    let mut mps: Vec<&str> = Vec::new();
-    let mut cuda_visible = None;
-    let mut nvidia_visible = None;
-    for (name, value) in environ {
-        match name {
-            "ALIYUN_COM_GPU_MEM_CONTAINER" => gs_mem.push((name, value)),
-            "ALIYUN_COM_GPU_MEM_IDX" => gs_idx.push(value),
-            "ALIYUN_COM_GPU_MEM_DEV" => gs_dev.push(value),
-            "CUDA_DEVICE_MEMORY_LIMIT" => hami_all.push(value),
-            NV_LIMIT | NV_LIMITS => nv_limits.push((name, value)),
-            NV_REQUEST | NV_REQUESTS => nv_requests.push((name, value)),
-            MPS_LIMIT => mps.push(value),
-            // Device lists are read as getenv(3) does: the first occurrence.
-            "CUDA_VISIBLE_DEVICES" => {
-                cuda_visible.get_or_insert(value);
-            }
-            "NVIDIA_VISIBLE_DEVICES" => {
-                nvidia_visible.get_or_insert(value);
-            }
-            _ => {
-                if let Some(index) = name.strip_prefix("CUDA_DEVICE_MEMORY_LIMIT_") {
-                    match index
-                        .parse::<u32>()
-                        .ok()
-                        .filter(|_| index.bytes().all(|b| b.is_ascii_digit()))
-                    {
-                        Some(i) => hami_indexed.push((i, name, value)),
-                        None => {
-                            problems.push(error(name, value, "the suffix must be a CUDA index"))
-                        }
-                    }
-                }
-            }
-        }
-    }
-    let normalize = |d: DeviceRef| resolve_device(d, gpus);
+    let vars = Vars::read(environ, &mut problems);
     let granted: Option<Vec<DeviceRef>> = granted
         .filter(|d| !d.is_empty())
-        .map(|d| d.iter().cloned().map(normalize).collect());
+        .map(|d| d.iter().map(|d| resolve_device(d.clone(), gpus)).collect());
+    let mut disagreements = Vec::new();
     unknown_minors(granted.as_deref(), gpus, &mut disagreements);
-    // The largest GPU: no plugin grants more than one GPU holds.
-    let largest = gpus.iter().map(|g| g.memory_total).max().filter(|&b| b > 0);
-
-    // Per-device limits of every convention, placed on devices below.
-    let mut ordinals: Vec<(EnvSource, Ordinal)> = Vec::new();
-
-    // HAMi (and KAI's hamicore binder, and HAMi's DRA driver).
-    let mut hami = Limits::default();
-    for v in hami_all {
-        match parse_hami_limit("CUDA_DEVICE_MEMORY_LIMIT", v) {
-            Ok(Some(b)) => {
-                implausible(
-                    &mut disagreements,
-                    largest,
-                    "CUDA_DEVICE_MEMORY_LIMIT",
-                    v,
-                    b,
-                );
-                hami.each(b)
-            }
-            Ok(None) => zero_from_no_plugin(&mut disagreements, "CUDA_DEVICE_MEMORY_LIMIT", v),
-            Err(e) => problems.push(e),
-        }
-    }
-    hami_indexed.sort();
-    for (ordinal, var, value) in hami_indexed {
-        match parse_hami_limit(var, value) {
-            Ok(Some(bytes)) => ordinals.push((
-                EnvSource::Hami,
-                Ordinal {
-                    ordinal,
-                    var,
-                    value,
-                    bytes,
-                },
-            )),
-            Ok(None) => zero_from_no_plugin(&mut disagreements, var, value),
-            Err(e) => problems.push(e),
-        }
-    }
-
-    // NVIDIA's pair: integer MiB; one value for every GPU, or one per device ordinal.
-    let mut nvidia = Limits::default();
-    for (var, value) in nv_limits {
-        match parse_mib_list(var, value) {
-            Ok(list) if list.len() == 1 => {
-                if let Some(b) = list[0] {
-                    implausible(&mut disagreements, largest, var, value, b);
-                    nvidia.each(b);
-                }
-            }
-            Ok(list) => {
-                for (ordinal, bytes) in list.into_iter().enumerate() {
-                    if let Some(bytes) = bytes {
-                        ordinals.push((
-                            EnvSource::Nvidia,
-                            Ordinal {
-                                ordinal: ordinal as u32,
-                                var,
-                                value,
-                                bytes,
-                            },
-                        ));
-                    }
-                }
-            }
-            Err(e) => problems.push(e),
-        }
-    }
-    let mut request = None;
-    for (var, value) in nv_requests {
-        match parse_mib_list(var, value) {
-            Ok(list) => {
-                let r = list.into_iter().flatten().min();
-                request = match (request, r) {
-                    (Some(a), Some(b)) => Some(b.min(a)),
-                    (a, b) => a.or(b),
-                };
-            }
-            Err(e) => problems.push(e),
-        }
-    }
-
-    // MPS: `<ordinal>=<size>`, `GPU-<uuid>=<size>`, mixed, or a size for every device.
-    let (mps_ordinals, mut mps_limits) = mps_limits(
-        &mps,
+    let mut judge = Judge {
         gpus,
-        granted.as_deref(),
-        largest,
-        &mut problems,
-        &mut disagreements,
-    );
-    ordinals.extend(mps_ordinals.into_iter().map(|o| (EnvSource::Mps, o)));
-
+        granted,
+        largest: gpus.iter().map(|g| g.memory_total).max().filter(|&b| b > 0),
+        problems,
+        disagreements,
+    };
+    let mut got = vars.limits(&mut judge);
     // Place every per-device limit on the device the runtime gave at that ordinal.
+    let (cuda_visible, nvidia_visible) = (vars.first(CUDA_VISIBLE), vars.first(NVIDIA_VISIBLE));
     let env_list = env_device_list(cuda_visible, nvidia_visible);
-    for (source, o) in ordinals {
-        implausible(&mut disagreements, largest, o.var, o.value, o.bytes);
-        let named = env_list
-            .then(|| map_cuda_index(o.ordinal, cuda_visible, nvidia_visible).map(normalize));
-        let limits = match source {
-            EnvSource::Nvidia => &mut nvidia,
-            EnvSource::Mps => &mut mps_limits,
-            _ => &mut hami,
-        };
+    for (vendor, o) in std::mem::take(&mut got.ordinals) {
+        implausible(
+            &mut judge.disagreements,
+            judge.largest,
+            o.var,
+            o.value,
+            o.bytes,
+        );
+        let named = env_list.then(|| {
+            map_cuda_index(o.ordinal, cuda_visible, nvidia_visible).map(|d| resolve_device(d, gpus))
+        });
         place(
             &o,
             named,
-            granted.as_deref(),
-            limits,
-            &mut problems,
-            &mut disagreements,
+            judge.granted.as_deref(),
+            got.family(vendor),
+            &mut judge.problems,
+            &mut judge.disagreements,
         );
     }
+    let (gpushare, unit_check) = gpushare_limits(&vars, gpushare_unit, &mut judge);
+    got.family(GrantSource::GpuShare).add(gpushare);
+    EnvQuotaReport {
+        quota: smallest_of_families(got.families),
+        problems: judge.problems,
+        unit_check,
+        disagreements: judge.disagreements,
+        request: got.request,
+    }
+}
 
-    // GPUShare.
-    const MEM: &str = "ALIYUN_COM_GPU_MEM_CONTAINER";
-    const IDX: &str = "ALIYUN_COM_GPU_MEM_IDX";
-    const DEV: &str = "ALIYUN_COM_GPU_MEM_DEV";
+/// Every vendor's limits together, the smallest per device, with the vendors that set any.
+fn smallest_of_families(families: Vec<(GrantSource, Limits)>) -> Option<EnvQuota> {
+    let sources: Sources = families
+        .iter()
+        .filter(|(_, l)| !l.is_empty())
+        .map(|(s, _)| *s)
+        .collect();
+    let mut all = Limits::default();
+    for (_, l) in families {
+        all.add(l);
+    }
+    all.into_quota(sources)
+}
+
+/// GPUShare's limit: its amount in the plugin's unit (checked against its device size) on its
+/// index's GPU, else on every GPU.
+fn gpushare_limits(
+    vars: &Vars,
+    configured: GpuShareUnit,
+    judge: &mut Judge,
+) -> (Limits, UnitCheck) {
+    let problems = &mut judge.problems;
     let mut amounts: Vec<u64> = Vec::new();
-    for (name, v) in gs_mem {
+    for v in vars.named(GS_MEM) {
         match v.trim().parse::<u64>() {
             Ok(0) => {}
             Ok(n) => amounts.push(n),
             Err(_) => problems.push(error(
-                name,
+                GS_MEM,
                 v,
                 "expected a whole number of the plugin's memory unit",
             )),
         }
     }
+    let device = gpushare_index(vars, problems);
+    let mut devs: Vec<u64> = Vec::new();
+    for v in vars.named(GS_DEV) {
+        match v.trim().parse::<u64>() {
+            Ok(n) if n > 0 => devs.push(n),
+            Ok(_) => {}
+            Err(_) => problems.push(error(
+                GS_DEV,
+                v,
+                "expected the device's size, a whole number",
+            )),
+        }
+    }
+    devs.sort();
+    devs.dedup();
+    let (unit, unit_check) = if amounts.is_empty() {
+        (configured, UnitCheck::NotApplicable)
+    } else {
+        check_unit(&devs, device, configured, judge.gpus)
+    };
+    let mut gpushare = Limits::default();
+    if let Some(amount) = amounts.iter().min() {
+        match amount.checked_mul(unit.bytes()) {
+            Some(bytes) => {
+                implausible(
+                    &mut judge.disagreements,
+                    judge.largest,
+                    GS_MEM,
+                    &amount.to_string(),
+                    bytes,
+                );
+                match gpushare_given(device, judge) {
+                    Some(i) => gpushare.device(DeviceRef::Index(i), bytes),
+                    None => gpushare.each(bytes),
+                }
+            }
+            None => judge
+                .problems
+                .push(error(GS_MEM, &amount.to_string(), "too large")),
+        }
+    }
+    (gpushare, unit_check)
+}
+
+/// GPUShare's one known device, else `None` (each GPU: a limit on every GPU covers whichever was
+/// meant).
+fn gpushare_index(vars: &Vars, problems: &mut Vec<EnvQuotaError>) -> Option<u32> {
     let mut indices: Vec<u32> = Vec::new();
-    let mut index_unknown = gs_idx.is_empty();
-    for v in gs_idx {
+    let mut index_unknown = vars.first(GS_IDX).is_none();
+    for v in vars.named(GS_IDX) {
         match v.trim() {
             "" | "-1" => index_unknown = true,
             t => match t.parse::<u32>() {
@@ -653,7 +428,7 @@ where
                 Err(_) => {
                     index_unknown = true;
                     problems.push(error(
-                        IDX,
+                        GS_IDX,
                         v,
                         "expected a GPU index (or -1 when the device is unknown); the limit applies to every GPU",
                     ));
@@ -663,107 +438,30 @@ where
     }
     indices.sort();
     indices.dedup();
-    // One known device, or else each GPU: a limit on every GPU covers whichever was meant.
-    let device = match indices.as_slice() {
+    match indices.as_slice() {
         [i] if !index_unknown => Some(*i),
         _ => None,
-    };
-    let mut devs: Vec<u64> = Vec::new();
-    for v in gs_dev {
-        match v.trim().parse::<u64>() {
-            Ok(n) if n > 0 => devs.push(n),
-            Ok(_) => {}
-            Err(_) => problems.push(error(DEV, v, "expected the device's size, a whole number")),
-        }
     }
-    devs.sort();
-    devs.dedup();
-    let (unit, unit_check) = if amounts.is_empty() {
-        (gpushare_unit, UnitCheck::NotApplicable)
-    } else {
-        check_unit(&devs, device, gpushare_unit, gpus)
-    };
-    let mut gpushare = Limits::default();
-    if let Some(amount) = amounts.iter().min() {
-        match amount.checked_mul(unit.bytes()) {
-            Some(bytes) => {
-                implausible(&mut disagreements, largest, MEM, &amount.to_string(), bytes);
-                // The index is a variable too: a GPU the runtime did not give gets no limit moved
-                // onto it; the limit bounds every GPU instead.
-                let device = device.filter(|&i| {
-                    let given = granted
-                        .as_ref()
-                        .is_none_or(|g| g.contains(&DeviceRef::Index(i)));
-                    if !given {
-                        disagreements.push(Disagreement {
-                            kind: DisagreementKind::NotGranted,
-                            var: IDX.to_string(),
-                            said: format!(
-                                "`{IDX}={i}` names a GPU the runtime did not give the container ({}): the limit applies to every GPU",
-                                describe_devices(granted.as_deref().unwrap_or_default())
-                            ),
-                        });
-                    }
-                    given
-                });
-                match device {
-                    Some(i) => gpushare.device(DeviceRef::Index(i), bytes),
-                    None => gpushare.each(bytes),
-                }
-            }
-            None => problems.push(error(MEM, &amount.to_string(), "too large")),
-        }
-    }
+}
 
-    let families = [
-        (EnvSource::GpuShare, gpushare),
-        (EnvSource::Hami, hami),
-        (EnvSource::Nvidia, nvidia),
-        (EnvSource::Mps, mps_limits),
-    ];
-    let mut sources = families
-        .iter()
-        .filter(|(_, l)| !l.is_empty())
-        .map(|(s, _)| *s);
-    let source = match (sources.next(), sources.next()) {
-        (None, _) => {
-            return EnvQuotaReport {
-                quota: None,
-                problems,
-                unit_check,
-                disagreements,
-                request,
-            };
+/// The index is a variable too: a GPU the runtime did not give gets no limit moved onto it; the
+/// limit bounds every GPU instead.
+fn gpushare_given(device: Option<u32>, judge: &mut Judge) -> Option<u32> {
+    device.filter(|&i| {
+        let granted = judge.granted.as_deref();
+        let given = granted.is_none_or(|g| g.contains(&DeviceRef::Index(i)));
+        if !given {
+            judge.disagreements.push(Disagreement {
+                kind: DisagreementKind::NotGranted,
+                var: GS_IDX.to_string(),
+                said: format!(
+                    "`{GS_IDX}={i}` names a GPU the runtime did not give the container ({}): the limit applies to every GPU",
+                    describe_devices(granted.unwrap_or_default())
+                ),
+            });
         }
-        (Some(s), None) => s,
-        (Some(_), Some(_)) => EnvSource::Both,
-    };
-    let mut all = Limits::default();
-    for (_, l) in families {
-        for (d, b) in l.per_gpu {
-            all.device(d, b);
-        }
-        if let Some(b) = l.each_gpu {
-            all.each(b);
-        }
-    }
-    let each_gpu = all.each_gpu;
-    let per_gpu = all
-        .per_gpu
-        .into_iter()
-        .map(|(d, b)| (d, each_gpu.map_or(b, |e| b.min(e))))
-        .collect();
-    EnvQuotaReport {
-        quota: Some(EnvQuota {
-            source,
-            per_gpu,
-            each_gpu,
-        }),
-        problems,
-        unit_check,
-        disagreements,
-        request,
-    }
+        given
+    })
 }
 
 const NV_LIMIT: &str = "NVIDIA_GPU_MEMORY_LIMIT";
@@ -830,12 +528,7 @@ fn mps_limits<'a>(
         );
         if unseen.is_empty() {
             ordinals.extend(o);
-            for (d, b) in l.per_gpu {
-                limits.device(d, b);
-            }
-            if let Some(b) = l.each_gpu {
-                limits.each(b);
-            }
+            limits.add(l);
             continue;
         }
         disagreements.push(Disagreement {
@@ -1244,6 +937,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::quota::{Trust, resolve_quota};
 
     const GIB: u64 = 1 << 30;
     const MIB: u64 = 1 << 20;
@@ -1284,7 +978,7 @@ mod tests {
             GpuShareUnit::GiB,
         )
         .unwrap();
-        assert_eq!(q.source, EnvSource::GpuShare);
+        assert_eq!(q.sources, GrantSource::GpuShare.into());
         assert_eq!(q.per_gpu, vec![(DeviceRef::Index(1), 3 * GIB)]);
         assert_eq!(q.each_gpu, None);
 
@@ -1499,7 +1193,7 @@ mod tests {
             DeviceRef::Minor(2)
         );
         let q = EnvQuota {
-            source: EnvSource::Dra,
+            sources: GrantSource::Dra.into(),
             per_gpu: vec![
                 (G1, 3 * GIB),
                 (DeviceRef::Uuid("GPU-000".into()), 4 * GIB),
@@ -1514,7 +1208,10 @@ mod tests {
             r.per_gpu,
             vec![(G0, 4 * GIB), (G1, 2 * GIB), (DeviceRef::Minor(9), GIB)]
         );
-        assert_eq!((r.source, r.each_gpu), (EnvSource::Dra, Some(8 * GIB)));
+        assert_eq!(
+            (r.sources, r.each_gpu),
+            (Sources::from(GrantSource::Dra), Some(8 * GIB))
+        );
     }
 
     /// NVIDIA's recommended spelling, by GPU UUID, alone and mixed with ordinals; a UUID naming a GPU
@@ -1528,7 +1225,7 @@ mod tests {
         let r = report_on(&[(MPS, "0=1G, GPU-000=3G")], &[G1, G0]);
         assert_eq!(r.disagreements, vec![]);
         let q = r.quota.unwrap();
-        assert_eq!(q.source, EnvSource::Mps);
+        assert_eq!(q.sources, GrantSource::Mps.into());
         assert_eq!(q.per_gpu, vec![(G0, 3 * GIB), (G1, GIB)]);
         // A GPU the runtime did not give: MPS drops every limit, the ordinal's too.
         let r = report_on(&[(MPS, "0=1G,GPU-000=3G")], &[G1]);
@@ -1553,7 +1250,10 @@ mod tests {
             &[G1],
         );
         let q = r.quota.unwrap();
-        assert_eq!((q.source, q.each_gpu), (EnvSource::Hami, Some(2 * GIB)));
+        assert_eq!(
+            (q.sources, q.each_gpu),
+            (Sources::from(GrantSource::Hami), Some(2 * GIB))
+        );
         // The visible-devices variables never drop a limit (an image sets them too).
         let (per, _) = limits_on(
             &[("CUDA_VISIBLE_DEVICES", "GPU-111"), (MPS, "GPU-000=3G")],
@@ -1635,8 +1335,8 @@ mod tests {
             );
             let q = r.quota.unwrap();
             assert_eq!(
-                (q.source, q.each_gpu),
-                (EnvSource::Nvidia, Some(GIB)),
+                (q.sources, q.each_gpu),
+                (Sources::from(GrantSource::Nvidia), Some(GIB)),
                 "{name}"
             );
             assert_eq!(r.request, Some(512 * MIB));
@@ -1663,7 +1363,10 @@ mod tests {
             GpuShareUnit::GiB,
         )
         .unwrap();
-        assert_eq!((q.source, q.each_gpu), (EnvSource::Mps, Some(2 * GIB)));
+        assert_eq!(
+            (q.sources, q.each_gpu),
+            (Sources::from(GrantSource::Mps), Some(2 * GIB))
+        );
         assert_eq!(parse_mps_size("3k"), Some(3 << 10));
         assert_eq!(parse_mps_size("3KB"), Some(3 << 10));
         assert_eq!(parse_mps_size("5"), Some(5));
@@ -1672,7 +1375,10 @@ mod tests {
         assert_eq!(parse_mps_size("2b"), Some(2));
         // KAI's hamicore binder: `<MiB>m` for every device.
         let q = quota(&[("CUDA_DEVICE_MEMORY_LIMIT", "2048m")], GpuShareUnit::GiB).unwrap();
-        assert_eq!((q.source, q.each_gpu), (EnvSource::Hami, Some(2 * GIB)));
+        assert_eq!(
+            (q.sources, q.each_gpu),
+            (Sources::from(GrantSource::Hami), Some(2 * GIB))
+        );
         // Malformed: reported, ignored.
         for env in [
             ("NVIDIA_GPU_MEMORY_LIMIT", "1GiB"),
@@ -1727,8 +1433,8 @@ mod tests {
             for env in [env.clone(), env.iter().rev().copied().collect()] {
                 let q = quota(&env, GpuShareUnit::GiB).unwrap();
                 assert_eq!(
-                    (q.source, q.each_gpu),
-                    (EnvSource::Both, Some(want)),
+                    (q.sources.as_str(), q.each_gpu),
+                    ("several plugins' env (the smallest applies)", Some(want)),
                     "{env:?}"
                 );
             }
@@ -1804,7 +1510,15 @@ mod tests {
         }
         // Both families: the smaller applies, per device, whichever it comes from.
         let q = quota(&[gs, ("CUDA_DEVICE_MEMORY_LIMIT", "4g")], GpuShareUnit::GiB).unwrap();
-        assert_eq!((q.source, q.each_gpu), (EnvSource::Both, Some(GIB)));
+        assert_eq!(
+            (q.sources, q.each_gpu),
+            (
+                [GrantSource::GpuShare, GrantSource::Hami]
+                    .into_iter()
+                    .collect(),
+                Some(GIB)
+            )
+        );
         assert_eq!(
             limits_on(
                 &[
@@ -1927,15 +1641,18 @@ mod tests {
         assert_eq!((q.per_gpu, q.each_gpu), (vec![], Some(GIB)));
         // Per-ordinal values keep their convention's name.
         for (env, source) in [
-            (("NVIDIA_GPU_MEMORY_LIMITS", "1024,2048"), EnvSource::Nvidia),
+            (
+                ("NVIDIA_GPU_MEMORY_LIMITS", "1024,2048"),
+                GrantSource::Nvidia,
+            ),
             (
                 ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1G,1=2G"),
-                EnvSource::Mps,
+                GrantSource::Mps,
             ),
-            (("CUDA_DEVICE_MEMORY_LIMIT_1", "1g"), EnvSource::Hami),
+            (("CUDA_DEVICE_MEMORY_LIMIT_1", "1g"), GrantSource::Hami),
         ] {
             let q = report_on(&[env], &[G0, G1]).quota.unwrap();
-            assert_eq!(q.source, source, "{env:?}");
+            assert_eq!(q.sources, source.into(), "{env:?}");
             assert!(q.each_gpu.is_none(), "{env:?}");
         }
         // GPUs whose size is not known say nothing about a limit being more than one holds.
@@ -1999,25 +1716,7 @@ mod tests {
     }
 
     #[test]
-    fn each_source_and_trust_has_its_own_name() {
-        let sources = [
-            (EnvSource::GpuShare, "gpushare"),
-            (EnvSource::Hami, "hami"),
-            (EnvSource::Nvidia, "nvidia"),
-            (EnvSource::Mps, "mps"),
-            (EnvSource::Both, "several"),
-            (EnvSource::Kubelet, "kubelet"),
-            (EnvSource::KubeletAndEnv, "kubelet and env"),
-            (EnvSource::Dra, "dra"),
-            (EnvSource::Annotation, "annotation"),
-            (EnvSource::DraAndAnnotation, "dra and annotation"),
-            (EnvSource::Several, "several sources"),
-        ];
-        let mut seen = std::collections::HashSet::new();
-        for (s, word) in sources {
-            assert!(s.as_str().contains(word), "{s:?}: {}", s.as_str());
-            assert!(seen.insert(s.as_str()), "{s:?} shares its name");
-        }
+    fn each_trust_has_its_own_name() {
         // A trust's label value is the name the state API serializes it as.
         for t in [Trust::RuntimeSpec, Trust::InitEnviron, Trust::Kubelet] {
             assert_eq!(serde_json::to_value(t).unwrap(), t.as_str(), "{t:?}");
