@@ -87,18 +87,46 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Some(Command::Status { json, socket }) => {
-            let (code, body) = request(&Endpoint::Unix(&socket), "GET", "/api/v1/state", None).map_err(|e| {
-                anyhow::anyhow!("no gpushare agent answers on {} ({e:#}); status needs root and a running agent (`cargo xtask run`, or `systemctl status gpushare-agent`)", socket.display())
-            })?;
+        Some(Command::Status {
+            json,
+            verify,
+            socket,
+        }) => {
+            let answer = request(&Endpoint::Unix(&socket), "GET", "/api/v1/state", None);
+            let (code, body) = match answer {
+                Ok(a) => a,
+                Err(e) if verify => {
+                    eprintln!(
+                        "gpushare-agent: no gpushare agent answers on {} ({e:#})",
+                        socket.display()
+                    );
+                    return Ok(ExitCode::from(gpushare_agent::status::VERIFY_NO_AGENT));
+                }
+                Err(e) => anyhow::bail!(
+                    "no gpushare agent answers on {} ({e:#}); status needs root and a running agent (`cargo xtask run`, or `systemctl status gpushare-agent`)",
+                    socket.display()
+                ),
+            };
+            if code != 200 && verify {
+                eprintln!("gpushare-agent: the agent answered HTTP {code}: {body}");
+                return Ok(ExitCode::from(gpushare_agent::status::VERIFY_NO_AGENT));
+            }
             anyhow::ensure!(code == 200, "the agent answered HTTP {code}: {body}");
             if json {
                 println!("{body}");
-            } else {
-                let snap: Snapshot = serde_json::from_str(&body)?;
+                if !verify {
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+            let snap: Snapshot = serde_json::from_str(&body)?;
+            if !json {
                 print!("{}", render_status(&snap));
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(if verify {
+                ExitCode::from(gpushare_agent::status::verify_exit(&snap))
+            } else {
+                ExitCode::SUCCESS
+            })
         }
         Some(Command::Release { workload, socket }) => {
             let body = serde_json::json!({ "workload": workload }).to_string();

@@ -7,6 +7,7 @@ use crate::{
     quota::{ByteSize, QuotaRow},
     shown::shown,
     snapshot::Snapshot,
+    verify::GrantVerdict,
 };
 
 /// Bytes as `12.3 GiB`: [`ByteSize::approx`], the one rounded form.
@@ -26,6 +27,29 @@ fn human_secs(s: f64) -> String {
         60..3600 => format!("{}m{:02}s", s / 60, s % 60),
         _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
     }
+}
+
+/// `status --verify`'s exit status when a grant is unenforced or violated.
+pub const VERIFY_BAD: u8 = 1;
+/// `status --verify`'s exit status when no agent answers (nothing is known of any grant).
+pub const VERIFY_NO_AGENT: u8 = 2;
+
+/// `status --verify`'s exit status for `snap`: 0 when every grant is held, [`VERIFY_BAD`]
+/// otherwise.
+pub fn verify_exit(snap: &Snapshot) -> u8 {
+    if snap.grants.iter().all(|g| g.verdict == GrantVerdict::Held) {
+        0
+    } else {
+        VERIFY_BAD
+    }
+}
+
+/// The verdict column of a workload's row: its grant's on that GPU, `-` without one.
+fn verdict_of<'a>(snap: &'a Snapshot, workload: &str, gpu_uuid: &str) -> &'a str {
+    snap.grants
+        .iter()
+        .find(|g| g.workload == workload && g.gpu_uuid == gpu_uuid)
+        .map_or("-", |g| g.verdict.as_str())
 }
 
 /// The `status` table.
@@ -77,8 +101,8 @@ pub fn render_status(snap: &Snapshot) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{:<28} {:<6} {:>10} {:>10} {:>6} {:>4} {:<11} {:>8}  TOP PROCESSES",
-        "WORKLOAD", "GPU", "USED", "QUOTA", "USE%", "SM%", "STATE", "FOR"
+        "{:<28} {:<6} {:>10} {:>10} {:>6} {:>4} {:<11} {:>8} {:<10}  TOP PROCESSES",
+        "WORKLOAD", "GPU", "USED", "QUOTA", "USE%", "SM%", "STATE", "FOR", "GRANT"
     );
     for w in &snap.workloads {
         let gpu = if w.gpu_uuid == "all" {
@@ -122,7 +146,7 @@ pub fn render_status(snap: &Snapshot) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<28} {:<6} {:>10} {:>10} {:>6} {:>4} {:<11} {:>8}  {}",
+            "{:<28} {:<6} {:>10} {:>10} {:>6} {:>4} {:<11} {:>8} {:<10}  {}",
             truncate(&shown(&w.workload), 28),
             gpu,
             human_bytes(w.used_bytes),
@@ -131,8 +155,25 @@ pub fn render_status(snap: &Snapshot) -> String {
             human_ratio(w.utilization),
             w.state,
             human_secs(w.state_for_secs),
+            verdict_of(snap, &w.workload, &w.gpu_uuid),
             top.join(", ")
         );
+        if let Some(g) = snap
+            .grants
+            .iter()
+            .find(|g| g.workload == w.workload && g.gpu_uuid == w.gpu_uuid)
+            .filter(|g| g.verdict != GrantVerdict::Held)
+        {
+            for m in g.mechanisms.iter().filter(|m| !m.reason.is_empty()) {
+                let _ = writeln!(
+                    out,
+                    "    {} {}: {}",
+                    m.mechanism.as_str(),
+                    m.state.as_str(),
+                    shown(&m.reason)
+                );
+            }
+        }
         if w.suspended_bytes > 0 {
             let _ = writeln!(
                 out,

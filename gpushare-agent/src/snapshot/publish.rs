@@ -1059,6 +1059,8 @@ impl Publisher {
             counters,
             quotas,
             driver_limits: self.limits_of(&r.driver_limits, uuid_of),
+            // The agent adds them ([`crate::verify`]) from these rows and what it observed.
+            grants: Vec::new(),
         }
     }
 

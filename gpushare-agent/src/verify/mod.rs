@@ -23,7 +23,9 @@ mod tests;
 pub use self::mechanisms::visible_gpus;
 
 /// A mechanism that can hold a grant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum MechanismKind {
     /// gpushare's own ladder.
@@ -52,7 +54,9 @@ impl MechanismKind {
 }
 
 /// Whether a mechanism holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum MechanismState {
     /// Observed in force.
@@ -75,7 +79,7 @@ impl MechanismState {
 }
 
 /// One mechanism's state for a grant, with why when it is not in force.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct MechanismCheck {
     /// Which mechanism.
     pub mechanism: MechanismKind,
@@ -86,7 +90,9 @@ pub struct MechanismCheck {
 }
 
 /// The verdict on one grant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum GrantVerdict {
     /// A mechanism is in force and usage is within the grant (or the ladder isolated it).

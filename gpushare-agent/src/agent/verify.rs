@@ -1,0 +1,166 @@
+//! Every grant proven held ([`crate::verify`]): the facts of each grant in the snapshot's rows,
+//! observed from the kernel and the driver, and the verdicts added to the snapshot.
+
+use std::{
+    collections::{HashMap, HashSet},
+    time::{Duration, Instant},
+};
+
+use super::Agent;
+use crate::{
+    nvml::limits::code_name,
+    observe::mechanisms::MechanismReader,
+    snapshot::{GrantView, Snapshot},
+    verify::{
+        self, AgentMode, DriverLimitFact, Facts, GrantInput, LadderPosition, MpsService,
+        ProcessFact,
+    },
+};
+
+/// How long a driver limit read back stays the answer (one NVML call a group and GPU each time).
+const LIMIT_READ_EVERY: Duration = Duration::from_secs(10);
+
+/// What the verifier keeps between steps.
+pub(super) struct Verifier {
+    reader: MechanismReader,
+    limits: HashMap<(u32, String), (Instant, DriverLimitFact)>,
+}
+
+impl Verifier {
+    pub(super) fn new(v2_root: std::path::PathBuf) -> Self {
+        Self {
+            reader: MechanismReader::new("/proc".into(), v2_root),
+            limits: HashMap::new(),
+        }
+    }
+}
+
+impl Agent {
+    fn mode(&self) -> AgentMode {
+        if self.opts.dry_run {
+            AgentMode::DryRun
+        } else if self.quotas.observe_only() {
+            AgentMode::ObserveOnly
+        } else {
+            AgentMode::Enforce
+        }
+    }
+
+    /// The driver's limit on `cgroup` on GPU `index`, read back at most every
+    /// [`LIMIT_READ_EVERY`].
+    fn driver_limit(&mut self, index: u32, cgroup: &str, now: Instant) -> DriverLimitFact {
+        let key = (index, cgroup.to_string());
+        if let Some((at, fact)) = self.verifier.limits.get(&key)
+            && now.duration_since(*at) < LIMIT_READ_EVERY
+        {
+            return fact.clone();
+        }
+        let driver = self.sampler.driver_version().unwrap_or("?").to_string();
+        let fact = match &self.limiter {
+            None => DriverLimitFact::Unknown {
+                reason: "driver limits are not read by this agent".into(),
+            },
+            Some(l) if !l.has_api() => DriverLimitFact::Unsupported { driver },
+            Some(l) => match l.read_limit(&self.sampler, index, cgroup) {
+                None => DriverLimitFact::Unknown {
+                    reason: format!("GPU {index} cannot be asked"),
+                },
+                Some(Err(3)) => DriverLimitFact::Unsupported { driver },
+                Some(Err(rc)) => DriverLimitFact::Unknown {
+                    reason: format!("reading the driver limit: {}", code_name(rc)),
+                },
+                Some(Ok(None)) => DriverLimitFact::NotSet,
+                Some(Ok(Some((_, hard)))) => DriverLimitFact::Set { hard_bytes: hard },
+            },
+        };
+        self.verifier.limits.insert(key, (now, fact.clone()));
+        fact
+    }
+
+    /// The grants of `snap`'s rows (a quota on one GPU), each verified.
+    pub(super) fn verify_grants(&mut self, snap: &Snapshot) -> Vec<GrantView> {
+        let now = Instant::now();
+        let mode = self.mode();
+        let node: Vec<(u32, String)> = snap
+            .gpus
+            .iter()
+            .map(|g| (g.index, g.uuid.clone()))
+            .collect();
+        let node_ref: Vec<(u32, &str)> = node.iter().map(|(i, u)| (*i, u.as_str())).collect();
+        let mut mps: HashMap<u32, Option<HashSet<u32>>> = HashMap::new();
+        let mut out = Vec::new();
+        for entry in &snap.workloads {
+            let row = &entry.row;
+            let (Some(bytes), Some(&(index, _))) = (
+                row.quota_bytes,
+                node_ref.iter().find(|(_, u)| *u == row.gpu_uuid),
+            ) else {
+                continue;
+            };
+            let vars = self.workloads.env_quotas().vars_of(&row.workload).to_vec();
+            let wants_mps = vars
+                .iter()
+                .any(|(k, _)| k == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+            let clients = if wants_mps {
+                mps.entry(index)
+                    .or_insert_with(|| {
+                        self.sampler
+                            .mps_clients(index)
+                            .ok()
+                            .map(|l| l.into_iter().collect())
+                    })
+                    .clone()
+            } else {
+                None
+            };
+            let mut processes = Vec::with_capacity(row.pids.len());
+            for &pid in &row.pids {
+                let identity = self.tracker.table().get(pid).map(|t| t.identity);
+                let seen = identity.map(|id| self.verifier.reader.process(id, now));
+                processes.push(ProcessFact {
+                    pid,
+                    limiter_mapped: seen.and_then(|s| s.limiter_mapped),
+                    mps_pipe_present: seen.and_then(|s| s.mps_pipe_present),
+                    mps: match &clients {
+                        Some(c) if c.contains(&pid) => MpsService::Served,
+                        Some(_) => MpsService::NotServed,
+                        None => MpsService::Unknown,
+                    },
+                });
+            }
+            let visible = verify::visible_gpus(&vars, &node_ref);
+            let facts = Facts {
+                mode,
+                ladder: LadderPosition::from_state(&row.state),
+                driver_limit: self.driver_limit(index, &row.cgroup_path, now),
+                processes: &processes,
+                dmem: self.verifier.reader.dmem(&row.cgroup_path, None),
+            };
+            let grant = GrantInput {
+                gpu_index: index,
+                gpu_uuid: &row.gpu_uuid,
+                bytes,
+                tolerance: 0,
+                usage: Some(row.used_bytes),
+                vars: &vars,
+                visible: visible.as_deref(),
+                node_gpus: &node_ref,
+            };
+            let v = verify::verify(&grant, &facts);
+            out.push(GrantView {
+                workload: row.workload.clone(),
+                gpu_uuid: row.gpu_uuid.clone(),
+                grant_bytes: bytes,
+                used_bytes: row.used_bytes,
+                verdict: v.verdict,
+                mechanisms: v.mechanisms,
+            });
+        }
+        let table = self.tracker.table();
+        self.verifier.reader.retain(|pid| table.get(pid).is_some());
+        self.verifier
+            .limits
+            .retain(|_, (at, _)| now.duration_since(*at) < LIMIT_READ_EVERY);
+        out
+    }
+}
