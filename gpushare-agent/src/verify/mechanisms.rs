@@ -93,7 +93,7 @@ fn driver_limit(grant: &GrantInput<'_>, fact: &DriverLimitFact) -> Option<Mechan
     Some(if !singular {
         check(
             k,
-            MechanismState::Failed,
+            MechanismState::Absent,
             format!("{NV_LIMITS} is set; the toolkit's hook reads {NV_LIMIT}"),
         )
     } else {
@@ -288,9 +288,15 @@ fn in_process(grant: &GrantInput<'_>, processes: &[ProcessFact]) -> Option<Mecha
         .map(|p| p.pid)
         .collect();
     if !unmapped.is_empty() {
+        // Loaded in none: it was never there (absent); in some only: it failed for the others.
+        let state = if unmapped.len() == processes.len() {
+            MechanismState::Absent
+        } else {
+            MechanismState::Failed
+        };
         return Some(check(
             k,
-            MechanismState::Failed,
+            state,
             format!(
                 "HAMi-core not mapped in pid {} (static binary?)",
                 named_pids(&unmapped)

@@ -147,24 +147,24 @@ fn ladder_positions_from_reported_states() {
 }
 
 #[test]
-fn plural_only_nvidia_variables_leave_the_driver_limit_failed() {
+fn plural_only_nvidia_variables_leave_the_driver_limit_absent() {
     let v = vars(&[("NVIDIA_GPU_MEMORY_LIMITS", "2147483648")]);
     let r = verify(&grant(&v, GIB), &facts(AgentMode::ObserveOnly, &[]));
     assert_eq!(
         of(&r, MechanismKind::DriverLimit).unwrap(),
         (
-            MechanismState::Failed,
+            MechanismState::Absent,
             "NVIDIA_GPU_MEMORY_LIMITS is set; the toolkit's hook reads NVIDIA_GPU_MEMORY_LIMIT"
                 .to_string()
         )
     );
     assert_eq!(r.verdict, GrantVerdict::Unenforced);
-    // Under an enforcing agent: held, the vendor mechanism still shown failed.
+    // Under an enforcing agent: held, the vendor mechanism still shown absent.
     let r = verify(&grant(&v, GIB), &facts(AgentMode::Enforce, &[]));
     assert_eq!(r.verdict, GrantVerdict::Held);
     assert_eq!(
         of(&r, MechanismKind::DriverLimit).unwrap().0,
-        MechanismState::Failed
+        MechanismState::Absent
     );
 }
 
@@ -357,7 +357,7 @@ fn a_process_without_the_in_process_limiter_fails_it() {
     let with = proc(10, Some(true), MpsService::Unknown);
     let without = proc(4711, Some(false), MpsService::Unknown);
     let unread = proc(12, None, MpsService::Unknown);
-    let cases: [(&[ProcessFact], MechanismState, &str, GrantVerdict); 5] = [
+    let cases: [(&[ProcessFact], MechanismState, &str, GrantVerdict); 6] = [
         (
             &[with.clone()],
             MechanismState::InForce,
@@ -367,6 +367,12 @@ fn a_process_without_the_in_process_limiter_fails_it() {
         (
             &[with.clone(), without.clone(), with.clone()],
             MechanismState::Failed,
+            "HAMi-core not mapped in pid 4711 (static binary?)",
+            GrantVerdict::Unenforced,
+        ),
+        (
+            &[without.clone()],
+            MechanismState::Absent,
             "HAMi-core not mapped in pid 4711 (static binary?)",
             GrantVerdict::Unenforced,
         ),

@@ -28,3 +28,4 @@ mod tenant;
 mod upgrade;
 mod util;
 mod utilization;
+mod verify;
