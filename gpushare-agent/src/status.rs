@@ -52,6 +52,44 @@ fn verdict_of<'a>(snap: &'a Snapshot, workload: &str, gpu_uuid: &str) -> &'a str
         .map_or("-", |g| g.verdict.as_str())
 }
 
+/// Under a workload's row whose grant is not held: each mechanism's state and why.
+fn grant_reasons(out: &mut String, snap: &Snapshot, workload: &str, gpu_uuid: &str) {
+    let bad = snap.grants.iter().find(|g| {
+        g.workload == workload && g.gpu_uuid == gpu_uuid && g.verdict != GrantVerdict::Held
+    });
+    for m in bad.iter().flat_map(|g| &g.mechanisms) {
+        if !m.reason.is_empty() {
+            let (k, s) = (m.mechanism.as_str(), m.state.as_str());
+            let _ = writeln!(out, "    {k} {s}: {}", shown(&m.reason));
+        }
+    }
+}
+
+/// The row's three largest processes, as `pid(comm) size`.
+fn top_processes(snap: &Snapshot, w: &crate::snapshot::WorkloadEntry) -> String {
+    let mut procs: Vec<_> = snap
+        .processes
+        .iter()
+        .filter(|p| p.workload == w.workload && (w.gpu_uuid == "all" || p.gpu_uuid == w.gpu_uuid))
+        .collect();
+    procs.sort_by_key(|p| std::cmp::Reverse(p.used_bytes));
+    let top: Vec<String> = procs
+        .iter()
+        .take(3)
+        .map(|p| {
+            format!(
+                "{}({}) {}",
+                p.pid,
+                shown(&p.comm),
+                p.used_bytes
+                    .map(human_bytes)
+                    .unwrap_or_else(|| "n/a".into())
+            )
+        })
+        .collect();
+    top.join(", ")
+}
+
 /// The `status` table.
 pub fn render_status(snap: &Snapshot) -> String {
     let mut out = String::new();
@@ -122,28 +160,6 @@ pub fn render_status(snap: &Snapshot) -> String {
             Some(q) => (human_bytes(q), "-".into()),
             None => ("-".into(), "-".into()),
         };
-        let mut procs: Vec<_> = snap
-            .processes
-            .iter()
-            .filter(|p| {
-                p.workload == w.workload && (w.gpu_uuid == "all" || p.gpu_uuid == w.gpu_uuid)
-            })
-            .collect();
-        procs.sort_by_key(|p| std::cmp::Reverse(p.used_bytes));
-        let top: Vec<String> = procs
-            .iter()
-            .take(3)
-            .map(|p| {
-                format!(
-                    "{}({}) {}",
-                    p.pid,
-                    shown(&p.comm),
-                    p.used_bytes
-                        .map(human_bytes)
-                        .unwrap_or_else(|| "n/a".into())
-                )
-            })
-            .collect();
         let _ = writeln!(
             out,
             "{:<28} {:<6} {:>10} {:>10} {:>6} {:>4} {:<11} {:>8} {:<10}  {}",
@@ -156,24 +172,9 @@ pub fn render_status(snap: &Snapshot) -> String {
             w.state,
             human_secs(w.state_for_secs),
             verdict_of(snap, &w.workload, &w.gpu_uuid),
-            top.join(", ")
+            top_processes(snap, w)
         );
-        if let Some(g) = snap
-            .grants
-            .iter()
-            .find(|g| g.workload == w.workload && g.gpu_uuid == w.gpu_uuid)
-            .filter(|g| g.verdict != GrantVerdict::Held)
-        {
-            for m in g.mechanisms.iter().filter(|m| !m.reason.is_empty()) {
-                let _ = writeln!(
-                    out,
-                    "    {} {}: {}",
-                    m.mechanism.as_str(),
-                    m.state.as_str(),
-                    shown(&m.reason)
-                );
-            }
-        }
+        grant_reasons(&mut out, snap, &w.workload, &w.gpu_uuid);
         if w.suspended_bytes > 0 {
             let _ = writeln!(
                 out,

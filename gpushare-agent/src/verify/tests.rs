@@ -304,7 +304,7 @@ fn an_mps_client_needs_a_server_and_its_pipe_directory() {
     no_pipe.mps_pipe_present = Some(false);
     let unknown = proc(13, None, MpsService::Unknown);
     let cases: [(&[ProcessFact], MechanismState, &str); 6] = [
-        (&[served.clone()], MechanismState::InForce, ""),
+        (std::slice::from_ref(&served), MechanismState::InForce, ""),
         (
             &[served.clone(), unserved.clone()],
             MechanismState::Failed,
@@ -316,7 +316,7 @@ fn an_mps_client_needs_a_server_and_its_pipe_directory() {
             "the MPS pipe directory is missing as pid 12 sees it",
         ),
         (
-            &[unknown.clone()],
+            std::slice::from_ref(&unknown),
             MechanismState::Absent,
             "the driver cannot say which processes an MPS server serves",
         ),
@@ -359,7 +359,7 @@ fn a_process_without_the_in_process_limiter_fails_it() {
     let unread = proc(12, None, MpsService::Unknown);
     let cases: [(&[ProcessFact], MechanismState, &str, GrantVerdict); 6] = [
         (
-            &[with.clone()],
+            std::slice::from_ref(&with),
             MechanismState::InForce,
             "",
             GrantVerdict::Held,
@@ -371,13 +371,13 @@ fn a_process_without_the_in_process_limiter_fails_it() {
             GrantVerdict::Unenforced,
         ),
         (
-            &[without.clone()],
+            std::slice::from_ref(&without),
             MechanismState::Absent,
             "HAMi-core not mapped in pid 4711 (static binary?)",
             GrantVerdict::Unenforced,
         ),
         (
-            &[unread.clone()],
+            std::slice::from_ref(&unread),
             MechanismState::Absent,
             "the maps of pid 12 could not be read",
             GrantVerdict::Unenforced,
@@ -482,7 +482,8 @@ fn dmem_as_the_kernel_shows_it() {
 
 #[test]
 fn visible_gpus_from_the_variables() {
-    let cases: [(&[(&str, &str)], Option<Vec<u32>>); 8] = [
+    type Case<'a> = (&'a [(&'a str, &'a str)], Option<Vec<u32>>);
+    let cases: [Case; 8] = [
         (&[], None),
         (&[("NVIDIA_VISIBLE_DEVICES", "all")], Some(vec![0, 1])),
         (&[("NVIDIA_VISIBLE_DEVICES", "void")], Some(vec![])),
