@@ -317,3 +317,18 @@ fn a_process_without_the_in_process_limiter_among_processes_with_it_fails_it() {
     drop((with, with2));
     let _ = std::fs::remove_dir_all(lib.parent().unwrap());
 }
+
+/// The grant alerts of `deploy/prometheus/alerts.yml` against `alerts_test.yml`: a case per
+/// verdict (violated fires after a minute, unenforced after five, held never).
+#[test]
+fn the_grant_alerts_pass_promtool_test_rules_a_case_per_verdict() {
+    let Some(promtool) = crate::prometheus::which("promtool") else {
+        return;
+    };
+    let tests = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/prometheus/alerts_test.yml");
+    gpushare_testkit::output_ok(
+        Command::new(&promtool).arg("test").arg("rules").arg(&tests),
+        "promtool test rules",
+    );
+}
