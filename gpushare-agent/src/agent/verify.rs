@@ -10,10 +10,10 @@ use super::Agent;
 use crate::{
     nvml::limits::code_name,
     observe::mechanisms::MechanismReader,
-    snapshot::{GrantView, Snapshot},
+    snapshot::{GrantView, Snapshot, WorkloadView},
     verify::{
         self, AgentMode, DriverLimitFact, Facts, GrantInput, LadderPosition, MpsService,
-        ProcessFact,
+        ProcessFact, Verification,
     },
 };
 
@@ -77,76 +77,39 @@ impl Agent {
         fact
     }
 
-    /// The grants of `snap`'s rows (a quota on one GPU), each verified.
+    /// The grants of `snap`'s rows (a quota on one GPU, or a total over every GPU), each
+    /// verified.
     pub(super) fn verify_grants(&mut self, snap: &Snapshot) -> Vec<GrantView> {
         let now = Instant::now();
-        let mode = self.mode();
         let node: Vec<(u32, String)> = snap
             .gpus
             .iter()
             .map(|g| (g.index, g.uuid.clone()))
             .collect();
-        let node_ref: Vec<(u32, &str)> = node.iter().map(|(i, u)| (*i, u.as_str())).collect();
-        let mut mps: HashMap<u32, Option<HashSet<u32>>> = HashMap::new();
+        let node: Vec<(u32, &str)> = node.iter().map(|(i, u)| (*i, u.as_str())).collect();
+        // A total's processes are those of the workload's rows on each GPU.
+        let mut pids: HashMap<&str, Vec<u32>> = HashMap::new();
+        for e in &snap.workloads {
+            pids.entry(e.row.workload.as_str())
+                .or_default()
+                .extend(&e.row.pids);
+        }
+        let mut mps = HashMap::new();
         let mut out = Vec::new();
         for entry in &snap.workloads {
             let row = &entry.row;
-            let (Some(bytes), Some(&(index, _))) = (
-                row.quota_bytes,
-                node_ref.iter().find(|(_, u)| *u == row.gpu_uuid),
-            ) else {
+            let Some(bytes) = row.quota_bytes else {
                 continue;
             };
-            let vars = self.workloads.env_quotas().vars_of(&row.workload).to_vec();
-            let wants_mps = vars
-                .iter()
-                .any(|(k, _)| k == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
-            let clients = if wants_mps {
-                mps.entry(index)
-                    .or_insert_with(|| {
-                        self.sampler
-                            .mps_clients(index)
-                            .ok()
-                            .map(|l| l.into_iter().collect())
-                    })
-                    .clone()
-            } else {
-                None
-            };
-            let mut processes = Vec::with_capacity(row.pids.len());
-            for &pid in &row.pids {
-                let identity = self.tracker.table().get(pid).map(|t| t.identity);
-                let seen = identity.map(|id| self.verifier.reader.process(id, now));
-                processes.push(ProcessFact {
-                    pid,
-                    limiter_mapped: seen.and_then(|s| s.limiter_mapped),
-                    mps_pipe_present: seen.and_then(|s| s.mps_pipe_present),
-                    mps: match &clients {
-                        Some(c) if c.contains(&pid) => MpsService::Served,
-                        Some(_) => MpsService::NotServed,
-                        None => MpsService::Unknown,
-                    },
-                });
+            let index = node.iter().find(|(_, u)| *u == row.gpu_uuid).map(|g| g.0);
+            if index.is_none() && row.gpu_uuid != "all" {
+                continue;
             }
-            let visible = verify::visible_gpus(&vars, &node_ref);
-            let facts = Facts {
-                mode,
-                ladder: LadderPosition::from_state(&row.state),
-                driver_limit: self.driver_limit(index, &row.cgroup_path, now),
-                processes: &processes,
-                dmem: self.verifier.reader.dmem(&row.cgroup_path, None),
+            let row_pids = match index {
+                Some(_) => &row.pids[..],
+                None => pids.get(row.workload.as_str()).map_or(&[][..], |p| &p[..]),
             };
-            let grant = GrantInput {
-                gpu_index: index,
-                gpu_uuid: &row.gpu_uuid,
-                bytes,
-                tolerance: 0,
-                usage: Some(row.used_bytes),
-                vars: &vars,
-                visible: visible.as_deref(),
-                node_gpus: &node_ref,
-            };
-            let v = verify::verify(&grant, &facts);
+            let v = self.verify_row(row, index, bytes, row_pids, &node, &mut mps, now);
             out.push(GrantView {
                 workload: row.workload.clone(),
                 gpu_uuid: row.gpu_uuid.clone(),
@@ -162,5 +125,82 @@ impl Agent {
             .limits
             .retain(|_, (at, _)| now.duration_since(*at) < LIMIT_READ_EVERY);
         out
+    }
+
+    /// One row's grant: on GPU `index`, or (`None`) a total over every GPU, which no per-GPU
+    /// mechanism (a driver limit, an MPS pinned limit) holds: only gpushare, an in-process
+    /// limiter and `dmem` are judged there. `mps` caches each GPU's MPS clients for the step.
+    #[allow(clippy::too_many_arguments)]
+    fn verify_row(
+        &mut self,
+        row: &WorkloadView,
+        index: Option<u32>,
+        bytes: u64,
+        pids: &[u32],
+        node: &[(u32, &str)],
+        mps: &mut HashMap<u32, Option<HashSet<u32>>>,
+        now: Instant,
+    ) -> Verification {
+        let mut vars = self.workloads.env_quotas().vars_of(&row.workload).to_vec();
+        if index.is_none() {
+            vars.retain(|(k, _)| {
+                !k.starts_with("NVIDIA_GPU_MEMORY_") && !k.starts_with("CUDA_MPS_")
+            });
+        }
+        let wants_mps = vars
+            .iter()
+            .any(|(k, _)| k == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+        let clients = match index {
+            Some(i) if wants_mps => mps
+                .entry(i)
+                .or_insert_with(|| {
+                    self.sampler
+                        .mps_clients(i)
+                        .ok()
+                        .map(|l| l.into_iter().collect())
+                })
+                .clone(),
+            _ => None,
+        };
+        let mut processes = Vec::with_capacity(pids.len());
+        for &pid in pids {
+            let identity = self.tracker.table().get(pid).map(|t| t.identity);
+            let seen = identity.map(|id| self.verifier.reader.process(id, now));
+            processes.push(ProcessFact {
+                pid,
+                limiter_mapped: seen.and_then(|s| s.limiter_mapped),
+                mps_pipe_present: seen.and_then(|s| s.mps_pipe_present),
+                mps: match &clients {
+                    Some(c) if c.contains(&pid) => MpsService::Served,
+                    Some(_) => MpsService::NotServed,
+                    None => MpsService::Unknown,
+                },
+            });
+        }
+        let visible = verify::visible_gpus(&vars, node);
+        let driver_limit = match index {
+            Some(i) => self.driver_limit(i, &row.cgroup_path, now),
+            None => DriverLimitFact::Unknown {
+                reason: "a total over every GPU: the driver limits one GPU at a time".into(),
+            },
+        };
+        let facts = Facts {
+            mode: self.mode(),
+            ladder: LadderPosition::from_state(&row.state),
+            driver_limit,
+            processes: &processes,
+            dmem: self.verifier.reader.dmem(&row.cgroup_path, None),
+        };
+        let grant = GrantInput {
+            gpu_index: index.unwrap_or(u32::MAX),
+            gpu_uuid: &row.gpu_uuid,
+            bytes,
+            tolerance: 0,
+            usage: Some(row.used_bytes),
+            vars: &vars,
+            visible: visible.as_deref(),
+            node_gpus: node,
+        };
+        verify::verify(&grant, &facts)
     }
 }

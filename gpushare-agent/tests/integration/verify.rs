@@ -41,10 +41,10 @@ fn scenario(procs: &[(u32, u64)], limits: bool, mps: &[u32]) -> Value {
     })
 }
 
-fn grant<'a>(s: &'a Snapshot, key: &str) -> Option<&'a GrantView> {
+fn grant<'a>(s: &'a Snapshot, key: &str, gpu: &str) -> Option<&'a GrantView> {
     s.grants
         .iter()
-        .find(|g| g.workload == key && g.gpu_uuid == U0)
+        .find(|g| g.workload == key && g.gpu_uuid == gpu)
 }
 
 fn mechanism(g: &GrantView, k: MechanismKind) -> Option<(MechanismState, String)> {
@@ -56,10 +56,15 @@ fn mechanism(g: &GrantView, k: MechanismKind) -> Option<(MechanismState, String)
 
 /// Waits until the grant of `key` on the first GPU has `verdict`, and returns it.
 fn wait_verdict(agent: &AgentProcess, key: &str, verdict: GrantVerdict) -> GrantView {
+    wait_verdict_on(agent, key, U0, verdict)
+}
+
+/// Waits until the grant of `key` on `gpu` (a UUID, or `all` for a total) has `verdict`.
+fn wait_verdict_on(agent: &AgentProcess, key: &str, gpu: &str, verdict: GrantVerdict) -> GrantView {
     let s = agent.wait_for(Duration::from_secs(20), |s| {
-        grant(s, key).is_some_and(|g| g.verdict == verdict)
+        grant(s, key, gpu).is_some_and(|g| g.verdict == verdict)
     });
-    grant(&s, key).unwrap().clone()
+    grant(&s, key, gpu).unwrap().clone()
 }
 
 /// A copy of a test library named like HAMi-core's, in a directory of its own.
@@ -330,5 +335,47 @@ fn the_grant_alerts_pass_promtool_test_rules_a_case_per_verdict() {
     gpushare_testkit::output_ok(
         Command::new(&promtool).arg("test").arg("rules").arg(&tests),
         "promtool test rules",
+    );
+}
+
+/// Under an enforcing agent, usage over a grant is held while the ladder isolates it as the quota
+/// says (frozen), and violated once past grace with nothing isolating it (an alert-only ladder).
+#[test]
+fn over_a_grant_an_enforcing_agent_holds_it_by_isolating_else_it_is_violated() {
+    needs_root!("over_a_grant_an_enforcing_agent_holds_it");
+    let alert = crate::util::group("verify-alert");
+    let freeze = crate::util::group("verify-freeze");
+    let a = Proc::start(&alert, &[]);
+    let f = Proc::start(&freeze, &[]);
+    let sc = Scenario::create(&scenario(
+        &[(a.pid(), 3 * GIB), (f.pid(), 3 * GIB)],
+        false,
+        &[],
+    ))
+    .unwrap();
+    let quotas = format!(
+        "[defaults]\ngrace = \"200ms\"\nladder = [ {{ action = \"freeze\" }} ]\n{}\
+         [[quota]]\ncgroup = \"{}\"\ngpu_memory = \"2GiB\"\nladder = [ {{ action = \"alert\" }} ]\n",
+        crate::util::cgroup_quota(&freeze, "2GiB"),
+        alert.rel_path()
+    );
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    // Each a total over every GPU (a quota file's entry without a GPU).
+    let g = wait_verdict_on(
+        &agent,
+        &crate::util::key(&alert),
+        "all",
+        GrantVerdict::Violated,
+    );
+    assert_eq!(
+        mechanism(&g, MechanismKind::Gpushare),
+        Some((MechanismState::InForce, String::new()))
+    );
+    assert!(freeze.wait_frozen(true));
+    wait_verdict_on(
+        &agent,
+        &crate::util::key(&freeze),
+        "all",
+        GrantVerdict::Held,
     );
 }
