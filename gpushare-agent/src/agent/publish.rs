@@ -193,6 +193,7 @@ impl Agent {
                 .unwrap_or_default(),
         });
         snap.grants = self.verify_grants(&snap);
+        self.grant_events(&snap.grants, obs);
         if let Ok(mut w) = self.snapshot.write() {
             *w = Arc::new(snap);
         }

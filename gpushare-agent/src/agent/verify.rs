@@ -6,14 +6,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::Agent;
+use super::{Agent, Observation};
 use crate::{
     nvml::limits::code_name,
     observe::mechanisms::MechanismReader,
     snapshot::{GrantView, Snapshot, WorkloadView},
     verify::{
-        self, AgentMode, DriverLimitFact, Facts, GrantInput, LadderPosition, MpsService,
-        ProcessFact, Verification,
+        self, AgentMode, DriverLimitFact, Facts, GrantInput, GrantVerdict, LadderPosition,
+        MpsService, ProcessFact, Verification,
     },
 };
 
@@ -24,6 +24,9 @@ const LIMIT_READ_EVERY: Duration = Duration::from_secs(10);
 pub(super) struct Verifier {
     reader: MechanismReader,
     limits: HashMap<(u32, String), (Instant, DriverLimitFact)>,
+    /// Each grant's verdict at the last step, by (workload, GPU): an Event goes out when one turns
+    /// bad.
+    last: HashMap<(String, String), GrantVerdict>,
 }
 
 impl Verifier {
@@ -31,11 +34,38 @@ impl Verifier {
         Self {
             reader: MechanismReader::new("/proc".into(), v2_root),
             limits: HashMap::new(),
+            last: HashMap::new(),
         }
     }
 }
 
 impl Agent {
+    /// Queues an Event on the pod of each grant whose verdict turned bad since the last step (the
+    /// poster's spam filter groups them by pod and reason); remembers this step's verdicts.
+    pub(super) fn grant_events(&mut self, grants: &[GrantView], obs: &Observation) {
+        let last = std::mem::take(&mut self.verifier.last);
+        for g in grants {
+            let key = (g.workload.clone(), g.gpu_uuid.clone());
+            let was = last.get(&key).copied();
+            self.verifier.last.insert(key, g.verdict);
+            if g.verdict == GrantVerdict::Held || was == Some(g.verdict) {
+                continue;
+            }
+            let Some(events) = &self.events else {
+                continue;
+            };
+            let meta = obs
+                .processes
+                .iter()
+                .find(|p| p.key() == g.workload)
+                .map(|p| &*p.workload);
+            let view = self.workloads.kube_view();
+            if let Some(e) = super::events::grant_event(g, meta, view.as_deref()) {
+                events.send(e);
+            }
+        }
+    }
+
     fn mode(&self) -> AgentMode {
         if self.opts.dry_run {
             AgentMode::DryRun

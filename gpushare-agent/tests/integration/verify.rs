@@ -379,3 +379,57 @@ fn over_a_grant_an_enforcing_agent_holds_it_by_isolating_else_it_is_violated() {
         GrantVerdict::Held,
     );
 }
+
+/// A pod whose grant (a DRA claim's 1 GiB) nothing enforces under an auditing agent (a dry run)
+/// gets one Warning Event on its pod naming the grant and why; repeats are not posted again while
+/// the verdict stays.
+#[test]
+fn a_grant_turning_unenforced_gets_an_event_on_its_pod() {
+    needs_root!("a_grant_turning_unenforced_gets_an_event_on_its_pod");
+    use crate::fake_api::{FakeApi, claim, pod};
+    use crate::util::{PlacedGroup, container_id, one_gpu, pod_uid, sleeping};
+    let api = FakeApi::start();
+    let (uid, a) = (pod_uid(), container_id());
+    let ga = PlacedGroup::create(&format!("kubepods/pod{uid}/{a}"));
+    let pa = sleeping(ga.cg());
+    api.set(
+        vec![pod(
+            "ml",
+            "audited-0",
+            &uid,
+            json!({}),
+            &[("a", &a, &["gpu"])],
+            &[("gpu", "audited-0-gpu")],
+        )],
+        vec![claim("ml", "audited-0-gpu", "gpu-0", "1Gi")],
+    );
+    let sc = Scenario::create(&one_gpu(&[(pa.pid(), 512 << 20)])).unwrap();
+    let quotas = format!("{QUIET}{}", api.quota_table(true));
+    let agent = AgentProcess::start(&sc, &quotas, &["--dry-run"]);
+    let s = agent.wait_for(Duration::from_secs(30), |s| {
+        s.grants
+            .iter()
+            .any(|g| g.workload.ends_with(&a) && g.verdict == GrantVerdict::Unenforced)
+    });
+    let steps = s.taken_at_unix;
+    // A few more steps: the verdict stays, no second Event.
+    agent.wait_for(Duration::from_secs(10), |s| s.taken_at_unix > steps + 1.0);
+    let events = api.with(|s| s.events.clone());
+    let grants: Vec<&Value> = events
+        .values()
+        .filter(|e| e["reason"] == "GpuMemoryGrantUnenforced")
+        .collect();
+    assert_eq!(grants.len(), 1, "{events:?}");
+    let e = grants[0];
+    assert_eq!(e["type"], "Warning");
+    assert_eq!(e["involvedObject"]["uid"], uid.as_str());
+    assert_eq!(e["count"], 1, "{e}");
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains("container a (1.0 GiB on GPU-")
+            && msg.contains("is unenforced")
+            && msg.contains("gpushare absent: dry run"),
+        "{msg}"
+    );
+    drop(pa);
+}
