@@ -14,7 +14,9 @@
 //! - The verdict: in enforce mode gpushare holds the grant unless the workload is over it
 //!   (tolerance included) past its grace and not isolated (`violated`); otherwise (dry run,
 //!   observe only) the other mechanisms' alone: none in force is `unenforced`, one in force with
-//!   usage over the grant is `violated` (the mechanism failed), else `held`.
+//!   usage over the grant is `violated` (the mechanism failed), else `held`. Over means over the
+//!   grant plus `tolerance` *and* liable by the ladder's own judgment (which applies the quota's
+//!   tolerance and elastic borrowing in every mode): a workload the ladder reads `ok` is not over.
 
 mod mechanisms;
 #[cfg(test)]
@@ -282,7 +284,9 @@ fn verdict(
     facts: &Facts<'_>,
     mechanisms: &[MechanismCheck],
 ) -> GrantVerdict {
-    let over = over(grant);
+    // Over by the ladder's own judgment too (it evaluates in a dry run and observe only as well):
+    // within the quota's tolerance, or over an elastic quota without pressure, it is not liable.
+    let over = over(grant) && facts.ladder != LadderPosition::NotLiable;
     if facts.mode == AgentMode::Enforce {
         return match (over, facts.ladder) {
             (true, LadderPosition::NotIsolated) => GrantVerdict::Violated,

@@ -424,19 +424,31 @@ fn usage_over_a_grant_while_a_mechanism_is_in_force_is_violated() {
     let v = vars(&[("CUDA_DEVICE_MEMORY_LIMIT", "2g")]);
     let p = [proc(10, Some(true), MpsService::Unknown)];
     for mode in [AgentMode::DryRun, AgentMode::ObserveOnly] {
+        // The ladder (which evaluates in these modes too) reads it liable: over.
+        let mut f = facts(mode, &p);
+        for ladder in [LadderPosition::InGrace, LadderPosition::NotIsolated] {
+            f.ladder = ladder;
+            assert_eq!(verify(&grant(&v, 2 * GIB), &f).verdict, GrantVerdict::Held);
+            assert_eq!(
+                verify(&grant(&v, 2 * GIB + 1), &f).verdict,
+                GrantVerdict::Violated,
+                "{mode:?} {ladder:?}"
+            );
+        }
+        // The ladder reads it `ok` (within the quota's tolerance, elastic without pressure): not
+        // over.
+        f.ladder = LadderPosition::NotLiable;
         assert_eq!(
-            verify(&grant(&v, 2 * GIB), &facts(mode, &p)).verdict,
+            verify(&grant(&v, 2 * GIB + 1), &f).verdict,
             GrantVerdict::Held
-        );
-        assert_eq!(
-            verify(&grant(&v, 2 * GIB + 1), &facts(mode, &p)).verdict,
-            GrantVerdict::Violated
         );
     }
     // Over with nothing in force is unenforced, not violated.
     let none = vars(&[]);
+    let mut f = facts(AgentMode::DryRun, &p);
+    f.ladder = LadderPosition::NotIsolated;
     assert_eq!(
-        verify(&grant(&none, 3 * GIB), &facts(AgentMode::DryRun, &p)).verdict,
+        verify(&grant(&none, 3 * GIB), &f).verdict,
         GrantVerdict::Unenforced
     );
 }

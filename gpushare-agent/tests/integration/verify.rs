@@ -256,7 +256,8 @@ fn a_process_without_the_in_process_limiter_among_processes_with_it_fails_it() {
         &[],
     ))
     .unwrap();
-    let agent = AgentProcess::start(&sc, QUIET, &["--dry-run"]);
+    let quotas = format!("{QUIET}tolerance = \"10%\"\n");
+    let agent = AgentProcess::start(&sc, &quotas, &["--dry-run"]);
     let g = wait_verdict(&agent, &key, GrantVerdict::Unenforced);
     assert_eq!(
         mechanism(&g, MechanismKind::InProcess),
@@ -281,6 +282,18 @@ fn a_process_without_the_in_process_limiter_among_processes_with_it_fails_it() {
         mechanism(&g, MechanismKind::InProcess),
         Some((MechanismState::InForce, String::new()))
     );
+    // Over the grant but within the quota's tolerance (10 %): still held.
+    let within = 2 * GIB + 100 * (1 << 20);
+    sc.write(&scenario(
+        &[(with.pid(), within - GIB), (with2.pid(), GIB)],
+        false,
+        &[],
+    ))
+    .unwrap();
+    let s = agent.wait_for(Duration::from_secs(20), |s| {
+        grant(s, &key, U0).is_some_and(|g| g.used_bytes == within)
+    });
+    assert_eq!(grant(&s, &key, U0).unwrap().verdict, GrantVerdict::Held);
     // Usage over the grant while the limiter claims to hold it: it failed.
     sc.write(&scenario(
         &[(with.pid(), 2 * GIB), (with2.pid(), GIB)],
