@@ -20,6 +20,14 @@ use crate::{
 /// How long a driver limit read back stays the answer (one NVML call a group and GPU each time).
 const LIMIT_READ_EVERY: Duration = Duration::from_secs(10);
 
+/// What one step's grants share: the node's GPUs (index, UUID), each GPU's MPS clients as the
+/// driver listed them (asked once a step, where a grant wants them), and the time.
+struct Step<'a> {
+    node: &'a [(u32, &'a str)],
+    mps: HashMap<u32, Option<HashSet<u32>>>,
+    now: Instant,
+}
+
 /// What the verifier keeps between steps.
 pub(super) struct Verifier {
     reader: MechanismReader,
@@ -124,7 +132,11 @@ impl Agent {
                 .or_default()
                 .extend(&e.row.pids);
         }
-        let mut mps = HashMap::new();
+        let mut step = Step {
+            node: &node,
+            mps: HashMap::new(),
+            now,
+        };
         let mut out = Vec::new();
         for entry in &snap.workloads {
             let row = &entry.row;
@@ -139,7 +151,7 @@ impl Agent {
                 Some(_) => &row.pids[..],
                 None => pids.get(row.workload.as_str()).map_or(&[][..], |p| &p[..]),
             };
-            let v = self.verify_row(row, index, bytes, row_pids, &node, &mut mps, now);
+            let v = self.verify_row(row, index, bytes, row_pids, &mut step);
             out.push(GrantView {
                 workload: row.workload.clone(),
                 gpu_uuid: row.gpu_uuid.clone(),
@@ -159,18 +171,16 @@ impl Agent {
 
     /// One row's grant: on GPU `index`, or (`None`) a total over every GPU, which no per-GPU
     /// mechanism (a driver limit, an MPS pinned limit) holds: only gpushare, an in-process
-    /// limiter and `dmem` are judged there. `mps` caches each GPU's MPS clients for the step.
-    #[allow(clippy::too_many_arguments)]
+    /// limiter and `dmem` are judged there.
     fn verify_row(
         &mut self,
         row: &WorkloadView,
         index: Option<u32>,
         bytes: u64,
         pids: &[u32],
-        node: &[(u32, &str)],
-        mps: &mut HashMap<u32, Option<HashSet<u32>>>,
-        now: Instant,
+        step: &mut Step<'_>,
     ) -> Verification {
+        let (node, now) = (step.node, step.now);
         let mut vars = self.workloads.env_quotas().vars_of(&row.workload).to_vec();
         if index.is_none() {
             vars.retain(|(k, _)| {
@@ -181,7 +191,8 @@ impl Agent {
             .iter()
             .any(|(k, _)| k == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
         let clients = match index {
-            Some(i) if wants_mps => mps
+            Some(i) if wants_mps => step
+                .mps
                 .entry(i)
                 .or_insert_with(|| {
                     self.sampler
