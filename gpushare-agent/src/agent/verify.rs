@@ -190,6 +190,9 @@ impl Agent {
         let wants_mps = vars
             .iter()
             .any(|(k, _)| k == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+        let wants_limiter = vars
+            .iter()
+            .any(|(k, _)| k.starts_with("CUDA_DEVICE_MEMORY_LIMIT"));
         let clients = match index {
             Some(i) if wants_mps => step
                 .mps
@@ -206,7 +209,11 @@ impl Agent {
         let mut processes = Vec::with_capacity(pids.len());
         for &pid in pids {
             let identity = self.tracker.table().get(pid).map(|t| t.identity);
-            let seen = identity.map(|id| self.verifier.reader.process(id, now));
+            let seen = identity.map(|id| {
+                self.verifier
+                    .reader
+                    .process(id, now, wants_limiter, wants_mps)
+            });
             processes.push(ProcessFact {
                 pid,
                 limiter_mapped: seen.and_then(|s| s.limiter_mapped),

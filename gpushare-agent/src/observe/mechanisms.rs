@@ -3,10 +3,10 @@
 //! directory as each process sees it (through `/proc/<pid>/root`), and the kernel's `dmem`
 //! controller on a workload's group.
 //!
-//! Cost: a process's maps and environment are read when it is new (a pid with another start
-//! time is another process) and, while no limiter was seen in it, again every [`RECHECK`] (a
-//! library loaded after start); nothing is read for a process whose answer is cached. The
-//! `dmem` capability is probed once.
+//! Cost: only what a grant claims is read. A process's maps where a HAMi variable claims the
+//! in-process limiter: when it is new (a pid with another start time is another process) and,
+//! while no limiter was seen in it, again every [`RECHECK`] (a library loaded after start); its
+//! pipe directory once where an MPS variable claims MPS. The `dmem` capability is probed once.
 
 use std::{
     collections::HashMap,
@@ -40,8 +40,10 @@ pub struct ProcessMechanisms {
 
 struct Cached {
     start_ticks: u64,
-    read_at: Instant,
-    seen: ProcessMechanisms,
+    /// When its maps were read, and what they said (`None`: not read).
+    limiter: Option<(Instant, Option<bool>)>,
+    /// Its pipe directory, when looked at.
+    pipe: Option<Option<bool>>,
 }
 
 /// Reads and caches [`ProcessMechanisms`] per process, and `dmem` per group.
@@ -70,26 +72,50 @@ impl MechanismReader {
         self.reads
     }
 
-    /// What `id`'s process shows, read now if it is new, or has no limiter and was read over
-    /// [`RECHECK`] ago.
-    pub fn process(&mut self, id: ProcessIdentity, now: Instant) -> ProcessMechanisms {
-        if let Some(c) = self.processes.get(&id.pid)
-            && c.start_ticks == id.start_ticks
-            && (c.seen.limiter_mapped == Some(true) || now.duration_since(c.read_at) < RECHECK)
-        {
-            return c.seen;
-        }
-        self.reads += 1;
-        let seen = read_process(&self.proc_root, id.pid);
-        self.processes.insert(
-            id.pid,
-            Cached {
+    /// What `id`'s process shows of what is asked: its maps (`limiter`) read when it is new, or
+    /// has no limiter and was read over [`RECHECK`] ago; its MPS pipe directory (`pipe`) looked at
+    /// once. Nothing is read for a process no grant asks about (a node without HAMi or MPS reads
+    /// no maps and no pipe directory).
+    pub fn process(
+        &mut self,
+        id: ProcessIdentity,
+        now: Instant,
+        limiter: bool,
+        pipe: bool,
+    ) -> ProcessMechanisms {
+        let c = self.processes.entry(id.pid).or_insert(Cached {
+            start_ticks: id.start_ticks,
+            limiter: None,
+            pipe: None,
+        });
+        if c.start_ticks != id.start_ticks {
+            // Another process under the same pid.
+            *c = Cached {
                 start_ticks: id.start_ticks,
-                read_at: now,
-                seen,
-            },
-        );
-        seen
+                limiter: None,
+                pipe: None,
+            };
+        }
+        let dir = self.proc_root.join(id.pid.to_string());
+        let stale = |l: &Option<(Instant, Option<bool>)>| match l {
+            None => true,
+            Some((_, Some(true))) => false,
+            Some((at, _)) => now.duration_since(*at) >= RECHECK,
+        };
+        if limiter && stale(&c.limiter) {
+            self.reads += 1;
+            let mapped = std::fs::read(dir.join("maps"))
+                .ok()
+                .map(|m| proc_maps::maps_library(&m, LIMITER_LIBRARY));
+            c.limiter = Some((now, mapped));
+        }
+        if pipe && c.pipe.is_none() {
+            c.pipe = Some(pipe_present(&dir));
+        }
+        ProcessMechanisms {
+            limiter_mapped: c.limiter.and_then(|(_, m)| m),
+            mps_pipe_present: c.pipe.flatten(),
+        }
     }
 
     /// Forgets processes `live` says are gone.
@@ -144,22 +170,15 @@ pub fn dmem_max(text: &[u8], region: Option<&str>) -> DmemFact {
     }
 }
 
-fn read_process(proc_root: &Path, pid: u32) -> ProcessMechanisms {
-    let dir = proc_root.join(pid.to_string());
-    let limiter_mapped = std::fs::read(dir.join("maps"))
-        .ok()
-        .map(|m| proc_maps::maps_library(&m, LIMITER_LIBRARY));
-    let mps_pipe_present = std::fs::read(dir.join("environ")).ok().map(|env| {
-        let pipe = pipe_directory(&env);
-        let inside = pipe.strip_prefix(b"/").unwrap_or(&pipe);
-        let mut path = dir.join("root");
-        path.push(std::ffi::OsStr::from_bytes(inside));
-        path.join("control").exists()
-    });
-    ProcessMechanisms {
-        limiter_mapped,
-        mps_pipe_present,
-    }
+/// Whether the MPS pipe directory of the process at `dir` (`/proc/<pid>`) has its `control`
+/// pipe, as the process sees it (through its root); `None` when its environment is unreadable.
+fn pipe_present(dir: &Path) -> Option<bool> {
+    let env = std::fs::read(dir.join("environ")).ok()?;
+    let pipe = pipe_directory(&env);
+    let inside = pipe.strip_prefix(b"/").unwrap_or(&pipe);
+    let mut path = dir.join("root");
+    path.push(std::ffi::OsStr::from_bytes(inside));
+    Some(path.join("control").exists())
 }
 
 /// `CUDA_MPS_PIPE_DIRECTORY` of an environment block (NUL-separated), else the default.
@@ -211,34 +230,42 @@ mod tests {
 
     /// This process, read through the real `/proc`: its maps are readable, no `libvgpu.so` is
     /// mapped, and a second look within [`RECHECK`] reads nothing; a pid with another start time
-    /// is another process.
+    /// is another process; nothing is read where nothing is asked.
     #[test]
-    fn reads_a_process_once_while_cached() {
+    fn reads_a_process_once_while_cached_and_only_what_is_asked() {
         let mut r = MechanismReader::new("/proc".into(), "/nonexistent".into());
         let me = ProcessIdentity {
             pid: std::process::id(),
             start_ticks: 1,
         };
         let now = Instant::now();
-        let seen = r.process(me, now);
+        let seen = r.process(me, now, false, false);
+        assert_eq!((seen.limiter_mapped, seen.mps_pipe_present), (None, None));
+        assert_eq!(r.reads(), 0, "nothing asked, nothing read");
+        let seen = r.process(me, now, true, false);
         assert_eq!(seen.limiter_mapped, Some(false));
         assert_eq!(r.reads(), 1);
-        r.process(me, now + Duration::from_secs(1));
+        r.process(me, now + Duration::from_secs(1), true, false);
         assert_eq!(r.reads(), 1);
-        r.process(me, now + RECHECK);
+        r.process(me, now + RECHECK, true, false);
         assert_eq!(
             r.reads(),
             2,
             "a process without the limiter is looked at again"
         );
-        r.process(
-            ProcessIdentity {
-                start_ticks: 2,
-                ..me
-            },
-            now + RECHECK,
-        );
+        let other = ProcessIdentity {
+            start_ticks: 2,
+            ..me
+        };
+        r.process(other, now + RECHECK, true, false);
         assert_eq!(r.reads(), 3, "another start time is another process");
+        // No MPS server here: /tmp/nvidia-mps/control is not there (unless one runs).
+        let seen = r.process(other, now + RECHECK, true, true);
+        assert_eq!(
+            seen.mps_pipe_present,
+            Some(Path::new("/tmp/nvidia-mps/control").exists())
+        );
+        assert_eq!(r.reads(), 3);
         assert_eq!(r.dmem("/x", None), DmemFact::NoController);
     }
 }
