@@ -267,3 +267,85 @@ fn truncate(s: &str, n: usize) -> String {
         format!("{}…", s.chars().take(n - 1).collect::<String>())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        snapshot::{GrantView, WorkloadView},
+        verify::{MechanismCheck, MechanismKind, MechanismState},
+    };
+
+    fn snap(verdicts: &[GrantVerdict]) -> Snapshot {
+        let mut s = Snapshot::default();
+        for (i, &verdict) in verdicts.iter().enumerate() {
+            let workload = format!("docker://w{i}");
+            s.workloads.push(
+                WorkloadView {
+                    workload: workload.clone(),
+                    gpu_uuid: "GPU-0".into(),
+                    quota_bytes: Some(1 << 30),
+                    state: "ok".into(),
+                    ..Default::default()
+                }
+                .into(),
+            );
+            s.grants.push(GrantView {
+                workload,
+                gpu_uuid: "GPU-0".into(),
+                grant_bytes: 1 << 30,
+                used_bytes: 0,
+                verdict,
+                mechanisms: vec![
+                    MechanismCheck {
+                        mechanism: MechanismKind::Gpushare,
+                        state: MechanismState::Absent,
+                        reason: "dry run: gpushare decides and touches nothing".into(),
+                    },
+                    MechanismCheck {
+                        mechanism: MechanismKind::Mps,
+                        state: MechanismState::Failed,
+                        reason: "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT names GPU \u{1b}[31m".into(),
+                    },
+                ],
+            });
+        }
+        s
+    }
+
+    #[test]
+    fn verify_exits_1_unless_every_grant_is_held() {
+        use GrantVerdict::*;
+        for (verdicts, code) in [
+            (&[][..], 0),
+            (&[Held, Held][..], 0),
+            (&[Held, Unenforced][..], VERIFY_BAD),
+            (&[Violated][..], VERIFY_BAD),
+        ] {
+            assert_eq!(verify_exit(&snap(verdicts)), code, "{verdicts:?}");
+        }
+        assert_ne!(VERIFY_BAD, VERIFY_NO_AGENT);
+    }
+
+    /// The `GRANT` column, and the mechanisms' reasons (escaped) under a grant not held only.
+    #[test]
+    fn the_grant_column_and_reasons_under_a_grant_not_held() {
+        let text = render_status(&snap(&[GrantVerdict::Held, GrantVerdict::Unenforced]));
+        assert!(text.contains(" GRANT "), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        let row = |w: &str| lines.iter().position(|l| l.starts_with(w)).unwrap();
+        let (held, bad) = (row("docker://w0"), row("docker://w1"));
+        assert!(lines[held].contains(" held "), "{text}");
+        assert!(lines[bad].contains(" unenforced "), "{text}");
+        assert!(!lines[held + 1].contains("gpushare absent"), "{text}");
+        assert_eq!(
+            lines[bad + 1],
+            "    gpushare absent: dry run: gpushare decides and touches nothing"
+        );
+        assert!(lines[bad + 2].starts_with("    mps failed: "), "{text}");
+        assert!(
+            !text.contains('\u{1b}'),
+            "a tenant's bytes are escaped: {text}"
+        );
+    }
+}
