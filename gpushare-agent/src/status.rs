@@ -278,6 +278,7 @@ mod tests {
 
     fn snap(verdicts: &[GrantVerdict]) -> Snapshot {
         let mut s = Snapshot::default();
+        let mut grants = Vec::new();
         for (i, &verdict) in verdicts.iter().enumerate() {
             let workload = format!("docker://w{i}");
             s.workloads.push(
@@ -290,7 +291,7 @@ mod tests {
                 }
                 .into(),
             );
-            s.grants.push(GrantView {
+            grants.push(GrantView {
                 workload,
                 gpu_uuid: "GPU-0".into(),
                 grant_bytes: 1 << 30,
@@ -310,6 +311,7 @@ mod tests {
                 ],
             });
         }
+        s.grants = grants.into();
         s
     }
 

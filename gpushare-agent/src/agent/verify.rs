@@ -3,6 +3,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -35,7 +36,20 @@ pub(super) struct Verifier {
     /// Each grant's verdict at the last step, by (workload, GPU): an Event goes out when one turns
     /// bad.
     last: HashMap<(String, String), GrantVerdict>,
+    /// The last grants, the rows and mode they were verified from, and when: the same rows (the
+    /// publisher shares a row while nothing in it changed) in the same mode within [`REVERIFY`]
+    /// give the same grants, shared, without reading or allocating anything.
+    verified: Option<Verified>,
+    /// The grants the Events were last looked for in (the same, shared, need no second look).
+    evented: Option<Arc<[GrantView]>>,
 }
+
+/// Grants as verified: from these rows, in this mode, at this time.
+type Verified = (Vec<Arc<WorkloadView>>, AgentMode, Instant, Arc<[GrantView]>);
+
+/// How long grants verified from unchanged rows stand (the sampling interval's default): the
+/// facts beside the rows (driver limits, maps, MPS clients) are read again at least this often.
+const REVERIFY: Duration = Duration::from_secs(1);
 
 impl Verifier {
     pub(super) fn new(v2_root: std::path::PathBuf) -> Self {
@@ -43,6 +57,8 @@ impl Verifier {
             reader: MechanismReader::new("/proc".into(), v2_root),
             limits: HashMap::new(),
             last: HashMap::new(),
+            verified: None,
+            evented: None,
         }
     }
 }
@@ -50,9 +66,18 @@ impl Verifier {
 impl Agent {
     /// Queues an Event on the pod of each grant whose verdict turned bad since the last step (the
     /// poster's spam filter groups them by pod and reason); remembers this step's verdicts.
-    pub(super) fn grant_events(&mut self, grants: &[GrantView], obs: &Observation) {
+    pub(super) fn grant_events(&mut self, grants: &Arc<[GrantView]>, obs: &Observation) {
+        if self
+            .verifier
+            .evented
+            .as_ref()
+            .is_some_and(|e| Arc::ptr_eq(e, grants))
+        {
+            return;
+        }
+        self.verifier.evented = Some(Arc::clone(grants));
         let last = std::mem::take(&mut self.verifier.last);
-        for g in grants {
+        for g in grants.iter() {
             let key = (g.workload.clone(), g.gpu_uuid.clone());
             let was = last.get(&key).copied();
             self.verifier.last.insert(key, g.verdict);
@@ -117,8 +142,31 @@ impl Agent {
 
     /// The grants of `snap`'s rows (a quota on one GPU, or a total over every GPU), each
     /// verified.
-    pub(super) fn verify_grants(&mut self, snap: &Snapshot) -> Vec<GrantView> {
+    pub(super) fn verify_grants(&mut self, snap: &Snapshot) -> Arc<[GrantView]> {
         let now = Instant::now();
+        let mode = self.mode();
+        if let Some((rows, m, at, grants)) = &self.verifier.verified
+            && *m == mode
+            && now.duration_since(*at) < REVERIFY
+            && rows.len() == snap.workloads.len()
+            && rows
+                .iter()
+                .zip(&snap.workloads)
+                .all(|(a, b)| Arc::ptr_eq(a, &b.row))
+        {
+            return Arc::clone(grants);
+        }
+        let grants: Arc<[GrantView]> = self.verify_rows(snap, now).into();
+        self.verifier.verified = Some((
+            snap.workloads.iter().map(|e| Arc::clone(&e.row)).collect(),
+            mode,
+            now,
+            Arc::clone(&grants),
+        ));
+        grants
+    }
+
+    fn verify_rows(&mut self, snap: &Snapshot, now: Instant) -> Vec<GrantView> {
         let node: Vec<(u32, String)> = snap
             .gpus
             .iter()

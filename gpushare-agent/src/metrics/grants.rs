@@ -13,7 +13,7 @@ pub(super) fn families() -> Vec<Family> {
              force only when it would act), driver_limit, mps, in_process, dmem (see docs/verify.md)",
         )
         .each(|snap, _, s| {
-            for g in &snap.grants {
+            for g in snap.grants.iter() {
                 for m in &g.mechanisms {
                     let labels = vec![
                         ("workload", g.workload.clone()),
@@ -32,7 +32,7 @@ pub(super) fn families() -> Vec<Family> {
              while a mechanism claims to hold it)",
         )
         .each(|snap, _, s| {
-            for g in &snap.grants {
+            for g in snap.grants.iter() {
                 let labels = vec![
                     ("workload", g.workload.clone()),
                     ("gpu_uuid", g.gpu_uuid.clone()),

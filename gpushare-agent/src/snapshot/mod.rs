@@ -60,7 +60,7 @@ pub struct Snapshot {
     /// Each grant (a workload's limit on one GPU), the mechanisms that claim it and its verdict
     /// ([`crate::verify`]), by workload key and GPU UUID.
     #[serde(default)]
-    pub grants: Vec<GrantView>,
+    pub grants: Arc<[GrantView]>,
 }
 
 /// One grant proven held, or not ([`crate::verify`]).

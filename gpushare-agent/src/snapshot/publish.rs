@@ -1056,7 +1056,7 @@ impl Publisher {
             counters,
             quotas,
             driver_limits: self.limits_of(&r.driver_limits, uuid_of),
-            grants: Vec::new(), // the agent's, from these rows ([`crate::verify`])
+            grants: Arc::default(), // the agent's, from these rows ([`crate::verify`])
         }
     }
 
