@@ -48,6 +48,10 @@ pub enum Command {
         /// Print the agent's state as JSON.
         #[arg(long)]
         json: bool,
+        /// Exit 1 when any grant is unenforced or violated (a cron job's or a probe's check), 2
+        /// when no agent answers; 0 when every grant is held (docs/verify.md).
+        #[arg(long)]
+        verify: bool,
         /// The agent's local socket (root only: the state names every workload's processes).
         #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
         socket: PathBuf,

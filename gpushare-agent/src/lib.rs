@@ -17,6 +17,7 @@
 //!
 //! Sources:
 //! - [`trace`]: the timeline of the last allocation-triggered reaction.
+//! - [`verify`]: every grant proven held: the mechanisms that claim it and the verdict (pure).
 //! - [`nvml`]: GPU memory per process from NVML.
 //! - [`quota`]: quota files, environment quotas, selectors, sizes and durations (pure).
 //! - [`attribution`]: which workload each GPU task belongs to (eBPF events, `/proc`).
@@ -66,4 +67,5 @@ pub mod status;
 pub use gpushare_base::sys;
 pub mod ticker;
 pub mod trace;
+pub mod verify;
 pub mod workload;

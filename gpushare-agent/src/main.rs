@@ -7,7 +7,7 @@ use gpushare_agent::{
     quota::file::load_dir_set,
     shown::log_message,
     snapshot::Snapshot,
-    status::{render_quota_rows, render_status},
+    status::{self, render_quota_rows, render_status},
 };
 
 fn main() -> ExitCode {
@@ -87,19 +87,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Some(Command::Status { json, socket }) => {
-            let (code, body) = request(&Endpoint::Unix(&socket), "GET", "/api/v1/state", None).map_err(|e| {
-                anyhow::anyhow!("no gpushare agent answers on {} ({e:#}); status needs root and a running agent (`cargo xtask run`, or `systemctl status gpushare-agent`)", socket.display())
-            })?;
-            anyhow::ensure!(code == 200, "the agent answered HTTP {code}: {body}");
-            if json {
-                println!("{body}");
-            } else {
-                let snap: Snapshot = serde_json::from_str(&body)?;
-                print!("{}", render_status(&snap));
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Some(Command::Status {
+            json,
+            verify,
+            socket,
+        }) => show_status(json, verify, &socket),
         Some(Command::Release { workload, socket }) => {
             let body = serde_json::json!({ "workload": workload }).to_string();
             let (code, answer) = request(
@@ -194,4 +186,44 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Some(Command::Launch(args)) => Ok(gpushare_agent::launch::main(*args)),
     }
+}
+
+/// `status`: the table or the JSON; with `verify`, the exit status of [`status::verify_exit`]
+/// ([`status::VERIFY_NO_AGENT`] when no agent answers).
+fn show_status(json: bool, verify: bool, socket: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let answer = request(&Endpoint::Unix(socket), "GET", "/api/v1/state", None);
+    let (code, body) = match answer {
+        Ok(a) => a,
+        Err(e) if verify => {
+            eprintln!(
+                "gpushare-agent: no gpushare agent answers on {} ({e:#})",
+                socket.display()
+            );
+            return Ok(ExitCode::from(status::VERIFY_NO_AGENT));
+        }
+        Err(e) => anyhow::bail!(
+            "no gpushare agent answers on {} ({e:#}); status needs root and a running agent (`cargo xtask run`, or `systemctl status gpushare-agent`)",
+            socket.display()
+        ),
+    };
+    if code != 200 && verify {
+        eprintln!("gpushare-agent: the agent answered HTTP {code}: {body}");
+        return Ok(ExitCode::from(status::VERIFY_NO_AGENT));
+    }
+    anyhow::ensure!(code == 200, "the agent answered HTTP {code}: {body}");
+    if json {
+        println!("{body}");
+        if !verify {
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    let snap: Snapshot = serde_json::from_str(&body)?;
+    if !json {
+        print!("{}", render_status(&snap));
+    }
+    Ok(if verify {
+        ExitCode::from(status::verify_exit(&snap))
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -38,6 +38,7 @@ pub const ISOLATION_STATES: &[&str] = &[
 
 mod cache;
 pub mod compat;
+mod grants;
 mod rows;
 
 /// Which other systems' metric names to add (`--compat`).
@@ -127,6 +128,7 @@ impl Metrics {
             resume_duration.clone(),
         );
         let mut families = families();
+        families.extend(grants::families());
         families.extend(compat::families(&compat));
         Self {
             registry,

@@ -7,6 +7,7 @@ use crate::{
     quota::{ByteSize, QuotaRow},
     shown::shown,
     snapshot::Snapshot,
+    verify::GrantVerdict,
 };
 
 /// Bytes as `12.3 GiB`: [`ByteSize::approx`], the one rounded form.
@@ -67,6 +68,67 @@ fn human_secs(s: f64) -> String {
     }
 }
 
+/// `status --verify`'s exit status when a grant is unenforced or violated.
+pub const VERIFY_BAD: u8 = 1;
+/// `status --verify`'s exit status when no agent answers (nothing is known of any grant).
+pub const VERIFY_NO_AGENT: u8 = 2;
+
+/// `status --verify`'s exit status for `snap`: 0 when every grant is held, [`VERIFY_BAD`]
+/// otherwise.
+pub fn verify_exit(snap: &Snapshot) -> u8 {
+    if snap.grants.iter().all(|g| g.verdict == GrantVerdict::Held) {
+        0
+    } else {
+        VERIFY_BAD
+    }
+}
+
+/// The verdict column of a workload's row: its grant's on that GPU, `-` without one.
+fn verdict_of<'a>(snap: &'a Snapshot, workload: &str, gpu_uuid: &str) -> &'a str {
+    snap.grants
+        .iter()
+        .find(|g| g.workload == workload && g.gpu_uuid == gpu_uuid)
+        .map_or("-", |g| g.verdict.as_str())
+}
+
+/// Under a workload's row whose grant is not held: each mechanism's state and why.
+fn grant_reasons(out: &mut String, snap: &Snapshot, workload: &str, gpu_uuid: &str) {
+    let bad = snap.grants.iter().find(|g| {
+        g.workload == workload && g.gpu_uuid == gpu_uuid && g.verdict != GrantVerdict::Held
+    });
+    for m in bad.iter().flat_map(|g| &g.mechanisms) {
+        if !m.reason.is_empty() {
+            let (k, s) = (m.mechanism.as_str(), m.state.as_str());
+            let _ = writeln!(out, "    {k} {s}: {}", shown(&m.reason));
+        }
+    }
+}
+
+/// The row's three largest processes, as `pid(comm) size`.
+fn top_processes(snap: &Snapshot, w: &crate::snapshot::WorkloadEntry) -> String {
+    let mut procs: Vec<_> = snap
+        .processes
+        .iter()
+        .filter(|p| p.workload == w.workload && (w.gpu_uuid == "all" || p.gpu_uuid == w.gpu_uuid))
+        .collect();
+    procs.sort_by_key(|p| std::cmp::Reverse(p.used_bytes));
+    let top: Vec<String> = procs
+        .iter()
+        .take(3)
+        .map(|p| {
+            format!(
+                "{}({}) {}",
+                p.pid,
+                shown(&p.comm),
+                p.used_bytes
+                    .map(human_bytes)
+                    .unwrap_or_else(|| "n/a".into())
+            )
+        })
+        .collect();
+    top.join(", ")
+}
+
 /// The `status` table.
 pub fn render_status(snap: &Snapshot) -> String {
     let mut out = String::new();
@@ -93,8 +155,8 @@ pub fn render_status(snap: &Snapshot) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{:<28} {:<6} {:>10} {:>10} {:>6} {:>4} {:<11} {:>8}  TOP PROCESSES",
-        "WORKLOAD", "GPU", "USED", "QUOTA", "USE%", "SM%", "STATE", "FOR"
+        "{:<28} {:<6} {:>10} {:>10} {:>6} {:>4} {:<11} {:>8} {:<10}  TOP PROCESSES",
+        "WORKLOAD", "GPU", "USED", "QUOTA", "USE%", "SM%", "STATE", "FOR", "GRANT"
     );
     for w in &snap.workloads {
         let gpu = if w.gpu_uuid == "all" {
@@ -114,31 +176,9 @@ pub fn render_status(snap: &Snapshot) -> String {
             Some(q) => (human_bytes(q), "-".into()),
             None => ("-".into(), "-".into()),
         };
-        let mut procs: Vec<_> = snap
-            .processes
-            .iter()
-            .filter(|p| {
-                p.workload == w.workload && (w.gpu_uuid == "all" || p.gpu_uuid == w.gpu_uuid)
-            })
-            .collect();
-        procs.sort_by_key(|p| std::cmp::Reverse(p.used_bytes));
-        let top: Vec<String> = procs
-            .iter()
-            .take(3)
-            .map(|p| {
-                format!(
-                    "{}({}) {}",
-                    p.pid,
-                    shown(&p.comm),
-                    p.used_bytes
-                        .map(human_bytes)
-                        .unwrap_or_else(|| "n/a".into())
-                )
-            })
-            .collect();
         let _ = writeln!(
             out,
-            "{:<28} {:<6} {:>10} {:>10} {:>6} {:>4} {:<11} {:>8}  {}",
+            "{:<28} {:<6} {:>10} {:>10} {:>6} {:>4} {:<11} {:>8} {:<10}  {}",
             truncate(&shown(&w.workload), 28),
             gpu,
             human_bytes(w.used_bytes),
@@ -147,8 +187,10 @@ pub fn render_status(snap: &Snapshot) -> String {
             human_ratio(w.utilization),
             w.state,
             human_secs(w.state_for_secs),
-            top.join(", ")
+            verdict_of(snap, &w.workload, &w.gpu_uuid),
+            top_processes(snap, w)
         );
+        grant_reasons(&mut out, snap, &w.workload, &w.gpu_uuid);
         if w.suspended_bytes > 0 {
             let _ = writeln!(
                 out,
@@ -239,5 +281,89 @@ fn truncate(s: &str, n: usize) -> String {
         s.to_string()
     } else {
         format!("{}…", s.chars().take(n - 1).collect::<String>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        snapshot::{GrantView, WorkloadView},
+        verify::{MechanismCheck, MechanismKind, MechanismState},
+    };
+
+    fn snap(verdicts: &[GrantVerdict]) -> Snapshot {
+        let mut s = Snapshot::default();
+        let mut grants = Vec::new();
+        for (i, &verdict) in verdicts.iter().enumerate() {
+            let workload = format!("docker://w{i}");
+            s.workloads.push(
+                WorkloadView {
+                    workload: workload.clone(),
+                    gpu_uuid: "GPU-0".into(),
+                    quota_bytes: Some(1 << 30),
+                    state: "ok".into(),
+                    ..Default::default()
+                }
+                .into(),
+            );
+            grants.push(GrantView {
+                workload,
+                gpu_uuid: "GPU-0".into(),
+                grant_bytes: 1 << 30,
+                used_bytes: 0,
+                verdict,
+                mechanisms: vec![
+                    MechanismCheck {
+                        mechanism: MechanismKind::Gpushare,
+                        state: MechanismState::Absent,
+                        reason: "dry run: gpushare decides and touches nothing".into(),
+                    },
+                    MechanismCheck {
+                        mechanism: MechanismKind::Mps,
+                        state: MechanismState::Failed,
+                        reason: "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT names GPU \u{1b}[31m".into(),
+                    },
+                ],
+            });
+        }
+        s.grants = grants.into();
+        s
+    }
+
+    #[test]
+    fn verify_exits_1_unless_every_grant_is_held() {
+        use GrantVerdict::*;
+        for (verdicts, code) in [
+            (&[][..], 0),
+            (&[Held, Held][..], 0),
+            (&[Held, Unenforced][..], VERIFY_BAD),
+            (&[Violated][..], VERIFY_BAD),
+        ] {
+            assert_eq!(verify_exit(&snap(verdicts)), code, "{verdicts:?}");
+        }
+        assert_ne!(VERIFY_BAD, VERIFY_NO_AGENT);
+    }
+
+    /// The `GRANT` column, and the mechanisms' reasons (escaped) under a grant not held only.
+    #[test]
+    fn the_grant_column_and_reasons_under_a_grant_not_held() {
+        let text = render_status(&snap(&[GrantVerdict::Held, GrantVerdict::Unenforced]));
+        assert!(text.contains(" GRANT "), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        let row = |w: &str| lines.iter().position(|l| l.starts_with(w)).unwrap();
+        let (held, bad) = (row("docker://w0"), row("docker://w1"));
+        assert!(lines[held].contains(" held "), "{text}");
+        assert!(lines[bad].contains(" unenforced "), "{text}");
+        assert!(!lines[held + 1].contains("gpushare absent"), "{text}");
+        assert_eq!(
+            lines[bad + 1],
+            "    gpushare absent: dry run: gpushare decides and touches nothing"
+        );
+        assert!(lines[bad + 2].starts_with("    mps failed: "), "{text}");
+        assert!(
+            !text.contains('\u{1b}'),
+            "a tenant's bytes are escaped: {text}"
+        );
     }
 }

@@ -87,6 +87,7 @@ pub const NVML_FUNCTIONS: &[&str] = &[
     "nvmlDeviceGetGraphicsRunningProcesses",
     "nvmlDeviceGetGraphicsRunningProcesses_v2",
     "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
     "nvmlDeviceGetPciInfo_v3",
     "nvmlDeviceGetTemperature",
     "nvmlDeviceGetPowerUsage",

@@ -119,6 +119,10 @@ pub struct Device {
     /// Simulated processes appearing between the two calls of the size-query protocol.
     #[serde(default)]
     pub process_list_growth: u32,
+    /// Pids of compute processes an MPS server serves: nvmlDeviceGetMPSComputeRunningProcesses_v3
+    /// lists the compute processes (as `compute_processes` lists them) whose pid is here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mps_clients: Vec<u32>,
     /// nvmlDeviceGetTemperature (NVML_TEMPERATURE_GPU), degrees C.
     #[serde(default = "default_temperature")]
     pub temperature: u32,
@@ -179,6 +183,7 @@ impl Device {
             compute_processes: Vec::new(),
             graphics_processes: Vec::new(),
             process_list_growth: 0,
+            mps_clients: Vec::new(),
             temperature: default_temperature(),
             power_usage: default_power_usage(),
             sm_clock: default_sm_clock(),
@@ -358,6 +363,16 @@ impl Scenario {
     pub fn hidden_when_checkpointed(&self, mut checkpointed: BTreeSet<u32>) -> BTreeSet<u32> {
         checkpointed.retain(|p| !self.cuda.processes.get(p).is_some_and(|c| c.memory_stays));
         checkpointed
+    }
+
+    /// Compute processes of device `index` an MPS server serves (its `mps_clients`).
+    pub fn mps_processes(&self, index: usize) -> Vec<Process> {
+        let Some(device) = self.devices.get(index) else {
+            return Vec::new();
+        };
+        let mut list = self.compute_processes(index);
+        list.retain(|p| device.mps_clients.contains(&p.pid));
+        list
     }
 
     /// Graphics processes of device `index` (without the hidden pids).

@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 pub enum ProcessKind {
     Compute = 0,
     Graphics = 1,
+    /// The compute processes an MPS server serves (no simulated growth).
+    Mps = 2,
 }
 
 /// `process_list_growth` progress of one (device, list): armed until a call answers
@@ -209,11 +211,22 @@ impl Session<'_> {
 
     /// The two-call protocol for one list, including the simulated growth.
     pub fn process_list(&mut self, index: usize, kind: ProcessKind, capacity: u32) -> ProcessList {
+        if kind == ProcessKind::Mps {
+            let list = self.scenario.mps_processes(index);
+            let n = u32::try_from(list.len()).unwrap_or(u32::MAX);
+            return if capacity < n {
+                ProcessList::TooSmall(n)
+            } else {
+                ProcessList::Fill(list)
+            };
+        }
         let (mut list, growth_by) = match self.scenario.devices.get(index) {
             Some(d) => (
                 match kind {
                     ProcessKind::Compute => self.scenario.compute_processes(index),
-                    ProcessKind::Graphics => self.scenario.graphics_processes(index),
+                    ProcessKind::Graphics | ProcessKind::Mps => {
+                        self.scenario.graphics_processes(index)
+                    }
                 },
                 d.process_list_growth,
             ),

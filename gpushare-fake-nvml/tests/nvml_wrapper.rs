@@ -146,6 +146,44 @@ fn process_usage_is_capped_at_available_memory() {
     );
 }
 
+/// `nvmlDeviceGetMPSComputeRunningProcesses_v3` lists the compute processes an MPS server serves
+/// (`mps_clients`), and nothing where there are none.
+#[test]
+fn mps_clients_are_the_compute_processes_named() {
+    let (_g, env) = lock();
+    let mut d = Device::new("GPU-mps", "mps", 10 * GIB);
+    d.compute_processes = vec![
+        Process::new(10, Some(GIB)),
+        Process::new(11, Some(GIB)),
+        Process::new(12, Some(GIB)),
+    ];
+    d.mps_clients = vec![11, 12, 99];
+    write_scenario(
+        &env.state,
+        &Scenario {
+            devices: vec![d, Device::new("GPU-none", "none", GIB)],
+            ..Scenario::default()
+        },
+    );
+    let nvml = open().unwrap();
+    let mps = nvml
+        .device_by_index(0)
+        .unwrap()
+        .mps_running_compute_processes()
+        .unwrap();
+    let pids: Vec<u32> = procs(mps).into_iter().map(|(pid, _)| pid).collect();
+    assert_eq!(
+        pids,
+        vec![11, 12],
+        "a pid listed that runs no compute process is not a client"
+    );
+    let none = nvml
+        .device_by_index(1)
+        .unwrap()
+        .mps_running_compute_processes();
+    assert_eq!(none.unwrap().len(), 0);
+}
+
 #[test]
 fn scenario_changes_are_picked_up_after_atomic_rename() {
     let (_g, env) = lock();

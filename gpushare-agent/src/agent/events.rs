@@ -10,6 +10,8 @@ use crate::{
     kube::{claims::KubeView, events::PodEvent},
     policy::{Action, ActionKind},
     quota::{ByteSize, WorkloadMeta},
+    snapshot::GrantView,
+    verify::{GrantVerdict, MechanismState},
 };
 
 /// The pod (namespace, name, UID) and container name of a workload, from the API server's view,
@@ -113,6 +115,50 @@ pub(super) fn pod_event(
         pod,
         uid,
         warning,
+        reason: reason.into(),
+        message,
+    })
+}
+
+/// The Event of a grant whose verdict turned bad (`unenforced` or `violated`), when its workload is
+/// in a pod: which grant, and each mechanism that is not in force with why.
+pub(super) fn grant_event(
+    g: &GrantView,
+    meta: Option<&WorkloadMeta>,
+    view: Option<&KubeView>,
+) -> Option<PodEvent> {
+    let reason = match g.verdict {
+        GrantVerdict::Held => return None,
+        GrantVerdict::Unenforced => "GpuMemoryGrantUnenforced",
+        GrantVerdict::Violated => "GpuMemoryGrantViolated",
+    };
+    let (namespace, pod, uid, container) = pod_of(meta, view)?;
+    let who = container.map_or_else(|| "the pod".to_string(), |c| format!("container {c}"));
+    let why: Vec<String> = g
+        .mechanisms
+        .iter()
+        .filter(|m| m.state != MechanismState::InForce)
+        .map(|m| {
+            format!(
+                "{} {}: {}",
+                m.mechanism.as_str(),
+                m.state.as_str(),
+                m.reason
+            )
+        })
+        .collect();
+    let message = format!(
+        "gpushare: the GPU memory grant of {who} ({} on {}) is {}: {}. To do: see docs/verify.md.",
+        ByteSize(g.grant_bytes).approx(),
+        g.gpu_uuid,
+        g.verdict.as_str(),
+        why.join("; ")
+    );
+    Some(PodEvent {
+        namespace,
+        pod,
+        uid,
+        warning: true,
         reason: reason.into(),
         message,
     })

@@ -29,6 +29,7 @@ mod events;
 mod publish;
 mod shutdown;
 mod tick;
+mod verify;
 
 use std::{
     collections::BTreeMap,
@@ -100,6 +101,8 @@ pub struct Agent {
     slowest_rate: Option<f64>,
     /// Kubernetes Events on pods, when `[kubernetes] events` is on.
     events: Option<crate::kube::events::EventSender>,
+    /// Every grant proven held: what it keeps between steps.
+    verifier: verify::Verifier,
 }
 
 /// What one step saw, for the decision and the report.
@@ -135,6 +138,7 @@ impl Agent {
             decider: policy::Incremental::default(),
             opts,
             started: Instant::now(),
+            verifier: verify::Verifier::new(v2_root.clone()),
             workloads: Observer::new(v2_root),
             overheads: Default::default(),
             counters: Totals::default(),

@@ -163,7 +163,7 @@ impl Agent {
             ..snapshot::Counters::default()
         };
         self.counters.render(&mut counters);
-        let snap = self.publisher.build(StepReport {
+        let mut snap = self.publisher.build(StepReport {
             sample: &obs.sample,
             table: self.tracker.table(),
             processes: &obs.processes,
@@ -192,6 +192,8 @@ impl Agent {
                 .map(DriverLimiter::in_force)
                 .unwrap_or_default(),
         });
+        snap.grants = self.verify_grants(&snap);
+        self.grant_events(&snap.grants, obs);
         if let Ok(mut w) = self.snapshot.write() {
             *w = Arc::new(snap);
         }

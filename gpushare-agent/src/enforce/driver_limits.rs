@@ -377,6 +377,27 @@ impl DriverLimiter {
             .collect()
     }
 
+    /// Whether the loaded NVML has the per-cgroup limits API.
+    pub fn has_api(&self) -> bool {
+        self.api.is_some()
+    }
+
+    /// The driver's limit on the group at `cgroup` (a v2 path) on GPU `index`, read back now
+    /// (`nvmlDeviceGetMemoryLimits_v1`): (soft, hard), `None` when it has none, or the NVML
+    /// return code (NOT_SUPPORTED, 3, on a device without them). `None` outside: no API or no
+    /// such device.
+    pub fn read_limit(
+        &self,
+        sampler: &NvmlSampler,
+        index: u32,
+        cgroup: &str,
+    ) -> Option<Result<Option<(u64, u64)>, i32>> {
+        let api = self.api.as_ref()?;
+        let dir = crate::sys::kernel_text::under(&self.v2_root, cgroup);
+        // SAFETY: the handle comes from the sampler's live session.
+        sampler.with_device_handle(index, |dev| unsafe { api.get(dev, &dir) })
+    }
+
     /// Limits set by others on groups a quota wants limited: (GPU index, cgroup) -> (soft, hard).
     pub fn foreign(&self) -> &BTreeMap<(u32, String), (u64, u64)> {
         &self.foreign

@@ -386,6 +386,11 @@ impl EnvQuotaReader {
             .collect()
     }
 
+    /// The raw quota variables cached for `key` (name, value), as its spec or init gave them.
+    pub fn vars_of(&self, key: &str) -> &[(String, String)] {
+        self.entries.get(key).map_or(&[], |e| e.vars.as_slice())
+    }
+
     /// Where the quota of `key` came from, as of its last [`Self::quota_for`], when it has one.
     pub fn trust_of(&self, key: &str) -> Option<Trust> {
         self.entries.get(key).and_then(|e| e.trust)

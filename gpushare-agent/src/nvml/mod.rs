@@ -170,6 +170,25 @@ impl NvmlSampler {
         Some(f(handle.cast()))
     }
 
+    /// The pids an MPS server serves on device `index` (`nvmlDeviceGetMPSComputeRunningProcesses_v3`),
+    /// or why they cannot be told (no session, no such device, a driver without the call).
+    pub fn mps_clients(&self, index: u32) -> Result<Vec<u32>, String> {
+        let nvml = self.nvml.as_ref().ok_or("no NVML session")?;
+        let device = nvml.device_by_index(index).map_err(|e| e.to_string())?;
+        device
+            .mps_running_compute_processes()
+            .map(|l| l.into_iter().map(|p| p.pid).collect())
+            .map_err(|e| e.to_string())
+    }
+
+    /// The driver's version, when a session is open.
+    pub fn driver_version(&self) -> Option<&str> {
+        match &self.status {
+            DriverStatus::Ready { driver_version } => Some(driver_version),
+            DriverStatus::NoDriver { .. } => None,
+        }
+    }
+
     /// Reads every GPU now.
     pub fn sample(&mut self) -> GpuSample {
         self.sample_knowing(&|_| false)

@@ -23,6 +23,7 @@ use crate::{
     policy::{AttributedProcess, PolicyState},
     quota::QuotaSet,
     sample::GpuSample,
+    verify::{GrantVerdict, MechanismCheck},
 };
 
 mod publish;
@@ -56,6 +57,39 @@ pub struct Snapshot {
     /// someone else set (left as they are).
     #[serde(default)]
     pub driver_limits: Arc<[DriverLimitView]>,
+    /// Each grant (a workload's limit on one GPU), the mechanisms that claim it and its verdict
+    /// ([`crate::verify`]), by workload key and GPU UUID.
+    #[serde(default)]
+    pub grants: Arc<[GrantView]>,
+}
+
+/// One grant proven held, or not ([`crate::verify`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GrantView {
+    /// The workload's key.
+    pub workload: String,
+    /// The GPU.
+    pub gpu_uuid: String,
+    /// The grant, bytes.
+    pub grant_bytes: u64,
+    /// Usage on the GPU, bytes.
+    pub used_bytes: u64,
+    /// The verdict.
+    pub verdict: GrantVerdict,
+    /// Each mechanism listed, with its state and why.
+    pub mechanisms: Vec<MechanismCheck>,
+}
+
+impl Snapshot {
+    /// How many grants have each verdict (every verdict, zeros included).
+    pub fn verdict_counts(&self) -> [(GrantVerdict, u64); 3] {
+        GrantVerdict::ALL.map(|v| {
+            (
+                v,
+                self.grants.iter().filter(|g| g.verdict == v).count() as u64,
+            )
+        })
+    }
 }
 
 /// One driver-enforced GPU memory limit on one cgroup and GPU.

@@ -1052,10 +1052,7 @@ impl Publisher {
         let mut counters = r.counters;
         counters.gpu_ioctls = gpu_ioctls;
         Snapshot {
-            taken_at_unix: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs_f64())
-                .unwrap_or(0.0),
+            taken_at_unix: now_unix(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             health: r.health,
             gpus,
@@ -1065,6 +1062,7 @@ impl Publisher {
             counters,
             quotas,
             driver_limits: self.limits_of(&r.driver_limits, uuid_of),
+            grants: Arc::default(), // the agent's, from these rows ([`crate::verify`])
         }
     }
 
@@ -1098,4 +1096,11 @@ impl Publisher {
         }
         self.limits.clone()
     }
+}
+
+/// Seconds since the epoch, now (0 before it).
+fn now_unix() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }

@@ -16,13 +16,13 @@ grace = "200ms"
 ladder = [ { action = "alert" }, { action = "signal", signal = "SIGUSR1", after = "300ms" }, { action = "freeze", after = "800ms" } ]
 "#;
 
-struct Proc {
+pub(crate) struct Proc {
     child: Child,
     log: std::path::PathBuf,
 }
 
 impl Proc {
-    fn start(cg: &TestCgroup, env: &[(&str, &str)]) -> Self {
+    pub(crate) fn start(cg: &TestCgroup, env: &[(&str, &str)]) -> Self {
         let log = std::env::temp_dir().join(unique("usr1"));
         let mut cmd = usr1_recorder(&log);
         cmd.envs(env.iter().copied());
@@ -31,7 +31,7 @@ impl Proc {
             log,
         }
     }
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
     fn usr1s(&self) -> usize {
@@ -66,7 +66,7 @@ fn scenario(procs: &[(u32, u64)]) -> serde_json::Value {
 /// A test group named like a containerd container's scope (`cri-containerd-<64 hex>.scope`) at
 /// containerd's place (`/system.slice`), so the agent sees a container (`containerd://<id>`) with
 /// no runtime spec on disk.
-fn container_cgroup() -> PlacedGroup {
+pub(crate) fn container_cgroup() -> PlacedGroup {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
@@ -83,7 +83,7 @@ fn container_cgroup() -> PlacedGroup {
     PlacedGroup::create(&format!("system.slice/cri-containerd-{id}.scope"))
 }
 
-fn container_key(cg: &TestCgroup) -> String {
+pub(crate) fn container_key(cg: &TestCgroup) -> String {
     let scope = cg.rel_path().rsplit('/').next().unwrap();
     let id = scope
         .strip_prefix("cri-containerd-")

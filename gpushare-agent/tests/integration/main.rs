@@ -29,3 +29,4 @@ mod tenant;
 mod upgrade;
 mod util;
 mod utilization;
+mod verify;

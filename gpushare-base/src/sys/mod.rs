@@ -13,4 +13,5 @@ pub mod file_stamp;
 pub mod kernel_text;
 pub mod mountinfo;
 pub mod proc_cgroup;
+pub mod proc_maps;
 pub mod proc_status;

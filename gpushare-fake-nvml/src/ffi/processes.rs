@@ -1,4 +1,4 @@
-//! nvmlDevice{Compute,Graphics}RunningProcesses{,_v2,_v3}: the two-call INSUFFICIENT_SIZE
+//! nvmlDevice{Compute,Graphics}RunningProcesses{,_v2,_v3} and nvmlDeviceGetMPSComputeRunningProcesses_v3: the two-call INSUFFICIENT_SIZE
 //! protocol. `*infoCount` in is the capacity of `infos` (NULL counts as capacity 0); when it is
 //! smaller than the number of processes, `*infoCount` is set to that number and the call
 //! returns INSUFFICIENT_SIZE (SUCCESS with 0 when there are none); otherwise the records are
@@ -97,4 +97,5 @@ running_processes! {
     nvmlDeviceGetGraphicsRunningProcesses: Graphics, ProcessInfoV1, v1;
     nvmlDeviceGetGraphicsRunningProcesses_v2: Graphics, ProcessInfoV2, v2;
     nvmlDeviceGetGraphicsRunningProcesses_v3: Graphics, ProcessInfoV2, v2;
+    nvmlDeviceGetMPSComputeRunningProcesses_v3: Mps, ProcessInfoV2, v2;
 }

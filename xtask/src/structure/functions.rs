@@ -16,10 +16,10 @@ pub const FN_MAX: usize = 150;
 /// once it is within [`FN_MAX`]), so the list always tells the truth and never grows.
 pub const EXCEPTIONS: &[(&str, &str, usize)] = &[
     ("gpushare-agent/src/observe/workloads.rs", "attribute", 181),
-    ("gpushare-agent/src/main.rs", "run", 159),
+    ("gpushare-agent/src/main.rs", "run", 151),
     ("gpushare-agent/src/metrics.rs", "families", 243),
     ("gpushare-agent/src/run.rs", "run", 216),
-    ("gpushare-agent/src/snapshot/publish.rs", "build_at", 326),
+    ("gpushare-agent/src/snapshot/publish.rs", "build_at", 324),
     ("xtask/src/demo.rs", "story", 176),
     ("xtask/src/image.rs", "write_archive", 199),
     ("xtask/src/main.rs", "run", 217),

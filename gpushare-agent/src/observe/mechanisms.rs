@@ -1,0 +1,271 @@
+//! What the node shows of the mechanisms beside gpushare's ladder (issue 42, [`crate::verify`]):
+//! the in-process limiter mapped in each GPU process (`/proc/<pid>/maps`), the MPS pipe
+//! directory as each process sees it (through `/proc/<pid>/root`), and the kernel's `dmem`
+//! controller on a workload's group.
+//!
+//! Cost: only what a grant claims is read. A process's maps where a HAMi variable claims the
+//! in-process limiter: when it is new (a pid with another start time is another process) and,
+//! while no limiter was seen in it, again every [`RECHECK`] (a library loaded after start); its
+//! pipe directory once where an MPS variable claims MPS. The `dmem` capability is probed once.
+
+use std::{
+    collections::HashMap,
+    os::unix::ffi::OsStrExt,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use crate::{
+    attribution::procinfo::ProcessIdentity,
+    sys::{kernel_text, proc_maps},
+    verify::DmemFact,
+};
+
+/// The file name (prefix) of HAMi-core's limiter library.
+pub const LIMITER_LIBRARY: &[u8] = b"libvgpu.so";
+/// MPS's pipe directory when `CUDA_MPS_PIPE_DIRECTORY` is not set.
+pub const DEFAULT_MPS_PIPE: &str = "/tmp/nvidia-mps";
+/// How often a process without a limiter is looked at again.
+pub const RECHECK: Duration = Duration::from_secs(10);
+
+/// What was read of one process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessMechanisms {
+    /// Whether the limiter library is mapped (`None`: its maps were unreadable).
+    pub limiter_mapped: Option<bool>,
+    /// Whether the MPS pipe directory (its `control` pipe) exists as it sees it (`None`:
+    /// unreadable).
+    pub mps_pipe_present: Option<bool>,
+}
+
+struct Cached {
+    start_ticks: u64,
+    /// When its maps were read, and what they said (`None`: not read).
+    limiter: Option<(Instant, Option<bool>)>,
+    /// Its pipe directory, when looked at.
+    pipe: Option<Option<bool>>,
+}
+
+/// Reads and caches [`ProcessMechanisms`] per process, and `dmem` per group.
+pub struct MechanismReader {
+    proc_root: PathBuf,
+    v2_root: PathBuf,
+    processes: HashMap<u32, Cached>,
+    dmem: Option<bool>,
+    reads: u64,
+}
+
+impl MechanismReader {
+    /// Over `/proc` at `proc_root` and the cgroup v2 hierarchy at `v2_root`.
+    pub fn new(proc_root: PathBuf, v2_root: PathBuf) -> Self {
+        Self {
+            proc_root,
+            v2_root,
+            processes: HashMap::new(),
+            dmem: None,
+            reads: 0,
+        }
+    }
+
+    /// Processes whose maps were read, in total.
+    pub fn reads(&self) -> u64 {
+        self.reads
+    }
+
+    /// What `id`'s process shows of what is asked: its maps (`limiter`) read when it is new, or
+    /// has no limiter and was read over [`RECHECK`] ago; its MPS pipe directory (`pipe`) looked at
+    /// once. Nothing is read for a process no grant asks about (a node without HAMi or MPS reads
+    /// no maps and no pipe directory).
+    pub fn process(
+        &mut self,
+        id: ProcessIdentity,
+        now: Instant,
+        limiter: bool,
+        pipe: bool,
+    ) -> ProcessMechanisms {
+        let c = self.processes.entry(id.pid).or_insert(Cached {
+            start_ticks: id.start_ticks,
+            limiter: None,
+            pipe: None,
+        });
+        if c.start_ticks != id.start_ticks {
+            // Another process under the same pid.
+            *c = Cached {
+                start_ticks: id.start_ticks,
+                limiter: None,
+                pipe: None,
+            };
+        }
+        let dir = self.proc_root.join(id.pid.to_string());
+        let stale = |l: &Option<(Instant, Option<bool>)>| match l {
+            None => true,
+            Some((_, Some(true))) => false,
+            Some((at, _)) => now.duration_since(*at) >= RECHECK,
+        };
+        if limiter && stale(&c.limiter) {
+            self.reads += 1;
+            let mapped = std::fs::read(dir.join("maps"))
+                .ok()
+                .map(|m| proc_maps::maps_library(&m, LIMITER_LIBRARY));
+            c.limiter = Some((now, mapped));
+        }
+        if pipe && c.pipe.is_none() {
+            c.pipe = Some(pipe_present(&dir));
+        }
+        ProcessMechanisms {
+            limiter_mapped: c.limiter.and_then(|(_, m)| m),
+            mps_pipe_present: c.pipe.flatten(),
+        }
+    }
+
+    /// Forgets processes `live` says are gone.
+    pub fn retain(&mut self, live: impl Fn(u32) -> bool) {
+        self.processes.retain(|pid, _| live(*pid));
+    }
+
+    /// `dmem.max` of the group at `cgroup` (a path in the v2 hierarchy) for the GPU `region`
+    /// names (`None`: the first region listed), with the controller probed once.
+    pub fn dmem(&mut self, cgroup: &str, region: Option<&str>) -> DmemFact {
+        let has = *self.dmem.get_or_insert_with(|| {
+            std::fs::read(self.v2_root.join("cgroup.controllers"))
+                .is_ok_and(|c| c.split(|b| b.is_ascii_whitespace()).any(|w| w == b"dmem"))
+        });
+        if !has {
+            return DmemFact::NoController;
+        }
+        let file = kernel_text::under(&self.v2_root, cgroup).join("dmem.max");
+        match std::fs::read(&file) {
+            Ok(text) => dmem_max(&text, region),
+            Err(e) => DmemFact::Unreadable {
+                reason: format!("{}: {e}", file.display()),
+            },
+        }
+    }
+}
+
+/// `dmem.max`'s line for `region` (or the first): `<region> <bytes|max>`.
+pub fn dmem_max(text: &[u8], region: Option<&str>) -> DmemFact {
+    for line in text.split(|&b| b == b'\n') {
+        let mut words = line
+            .split(|b| b.is_ascii_whitespace())
+            .filter(|w| !w.is_empty());
+        let (Some(name), Some(value)) = (words.next(), words.next()) else {
+            continue;
+        };
+        if region.is_some_and(|r| r.as_bytes() != name) {
+            continue;
+        }
+        return match value {
+            b"max" => DmemFact::Max(None),
+            v => match std::str::from_utf8(v).ok().and_then(|v| v.parse().ok()) {
+                Some(b) => DmemFact::Max(Some(b)),
+                None => DmemFact::Unreadable {
+                    reason: format!("dmem.max: `{}`", kernel_text::text(line)),
+                },
+            },
+        };
+    }
+    DmemFact::Unreadable {
+        reason: "dmem.max names no region of this GPU".into(),
+    }
+}
+
+/// Whether the MPS pipe directory of the process at `dir` (`/proc/<pid>`) has its `control`
+/// pipe, as the process sees it (through its root); `None` when its environment is unreadable.
+fn pipe_present(dir: &Path) -> Option<bool> {
+    let env = std::fs::read(dir.join("environ")).ok()?;
+    let pipe = pipe_directory(&env);
+    let inside = pipe.strip_prefix(b"/").unwrap_or(&pipe);
+    let mut path = dir.join("root");
+    path.push(std::ffi::OsStr::from_bytes(inside));
+    Some(path.join("control").exists())
+}
+
+/// `CUDA_MPS_PIPE_DIRECTORY` of an environment block (NUL-separated), else the default.
+pub fn pipe_directory(environ: &[u8]) -> Vec<u8> {
+    environ
+        .split(|&b| b == 0)
+        .rev()
+        .find_map(|e| e.strip_prefix(b"CUDA_MPS_PIPE_DIRECTORY="))
+        .filter(|v| !v.is_empty())
+        .unwrap_or(DEFAULT_MPS_PIPE.as_bytes())
+        .to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dmem_max_lines() {
+        let t = b"drm/0000:01:00.0/vram0 1073741824\ndrm/0000:02:00.0/vram0 max\n";
+        assert_eq!(dmem_max(t, None), DmemFact::Max(Some(1 << 30)));
+        assert_eq!(
+            dmem_max(t, Some("drm/0000:02:00.0/vram0")),
+            DmemFact::Max(None)
+        );
+        assert!(matches!(
+            dmem_max(t, Some("drm/x")),
+            DmemFact::Unreadable { .. }
+        ));
+        assert!(matches!(
+            dmem_max(b"r junk\n", None),
+            DmemFact::Unreadable { .. }
+        ));
+        assert!(matches!(dmem_max(b"", None), DmemFact::Unreadable { .. }));
+    }
+
+    #[test]
+    fn the_pipe_directory_of_an_environment() {
+        assert_eq!(pipe_directory(b"A=1\0PATH=/bin\0"), b"/tmp/nvidia-mps");
+        assert_eq!(
+            pipe_directory(b"CUDA_MPS_PIPE_DIRECTORY=/run/mps\xff\0A=1\0"),
+            b"/run/mps\xff"
+        );
+        assert_eq!(
+            pipe_directory(b"CUDA_MPS_PIPE_DIRECTORY=\0"),
+            b"/tmp/nvidia-mps"
+        );
+    }
+
+    /// This process, read through the real `/proc`: its maps are readable, no `libvgpu.so` is
+    /// mapped, and a second look within [`RECHECK`] reads nothing; a pid with another start time
+    /// is another process; nothing is read where nothing is asked.
+    #[test]
+    fn reads_a_process_once_while_cached_and_only_what_is_asked() {
+        let mut r = MechanismReader::new("/proc".into(), "/nonexistent".into());
+        let me = ProcessIdentity {
+            pid: std::process::id(),
+            start_ticks: 1,
+        };
+        let now = Instant::now();
+        let seen = r.process(me, now, false, false);
+        assert_eq!((seen.limiter_mapped, seen.mps_pipe_present), (None, None));
+        assert_eq!(r.reads(), 0, "nothing asked, nothing read");
+        let seen = r.process(me, now, true, false);
+        assert_eq!(seen.limiter_mapped, Some(false));
+        assert_eq!(r.reads(), 1);
+        r.process(me, now + Duration::from_secs(1), true, false);
+        assert_eq!(r.reads(), 1);
+        r.process(me, now + RECHECK, true, false);
+        assert_eq!(
+            r.reads(),
+            2,
+            "a process without the limiter is looked at again"
+        );
+        let other = ProcessIdentity {
+            start_ticks: 2,
+            ..me
+        };
+        r.process(other, now + RECHECK, true, false);
+        assert_eq!(r.reads(), 3, "another start time is another process");
+        // No MPS server here: /tmp/nvidia-mps/control is not there (unless one runs).
+        let seen = r.process(other, now + RECHECK, true, true);
+        assert_eq!(
+            seen.mps_pipe_present,
+            Some(Path::new("/tmp/nvidia-mps/control").exists())
+        );
+        assert_eq!(r.reads(), 3);
+        assert_eq!(r.dmem("/x", None), DmemFact::NoController);
+    }
+}
