@@ -139,8 +139,8 @@ struct Sim {
     kernel: BTreeMap<String, ObservedGroup>,
     /// Whether the kernel carries out freezes and thaws (false: they never take).
     kernel_applies: bool,
-    /// The context overhead every GPU of the sample carries.
-    overhead: u64,
+    /// The context overhead GPU 0 and GPU 1 of the sample carry.
+    overhead: [u64; 2],
 }
 
 impl Sim {
@@ -182,7 +182,7 @@ impl Sim {
             last: None,
             kernel: BTreeMap::new(),
             kernel_applies: true,
-            overhead: 0,
+            overhead: [0; 2],
         }
     }
 
@@ -190,7 +190,7 @@ impl Sim {
     fn at(&mut self, ms: u64, usage: &[(u32, u32, Option<u64>)]) -> Vec<Action> {
         let mut s = sample(&self.gpus, usage);
         for d in &mut s.devices {
-            d.context_overhead.bytes = self.overhead;
+            d.context_overhead.bytes = self.overhead[d.index as usize % 2];
         }
         let releases = std::mem::take(&mut self.releases);
         let out = evaluate(
@@ -542,7 +542,7 @@ fn the_drivers_context_is_allowed_once_per_gpu_not_per_process() {
     ];
     for (usage, acts) in cases {
         let mut sim = Sim::new(&toml, procs.clone());
-        sim.overhead = ctx;
+        sim.overhead = [ctx; 2];
         let actions = sim.at(0, usage);
         assert_eq!(actions.first().map(|a| a.gpu), acts, "{usage:?}");
         if let Some(a) = actions.first() {
@@ -551,6 +551,27 @@ fn the_drivers_context_is_allowed_once_per_gpu_not_per_process() {
         // Without the allowance each of these is over.
         let mut sim = Sim::new(&toml, procs.clone());
         assert!(!sim.at(0, usage).is_empty(), "{usage:?}");
+    }
+}
+
+/// Each GPU's own context: a GPU without one allows nothing beyond the quota, whatever the
+/// other GPU allows.
+#[test]
+fn each_gpu_allows_its_own_context() {
+    let toml = format!(
+        "[defaults]\ngrace = \"0s\"\n[[quota]]\ncontainer = \"{0}\"\ngpu_memory = \"2GiB\"\n",
+        id('a')
+    );
+    for (gpu, used, acts) in [
+        (0, 2 * GIB + 300 * MIB, false),
+        (0, 2 * GIB + 300 * MIB + 1, true),
+        (1, 2 * GIB + 1, true),
+        (1, 2 * GIB, false),
+    ] {
+        let mut sim = Sim::a(&toml);
+        sim.overhead = [300 * MIB, 0];
+        let actions = sim.at(0, &[(10, gpu, Some(used))]);
+        assert_eq!(!actions.is_empty(), acts, "GPU {gpu}, {used} bytes");
     }
 }
 

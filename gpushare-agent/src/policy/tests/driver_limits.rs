@@ -34,7 +34,7 @@ fn each_gpu_its_processes_use_gets_the_lowest_limit_with_its_tolerance() {
 #[test]
 fn a_limit_includes_the_drivers_context_on_its_gpu() {
     let mut sim = Sim::a(&two_limits('a', "3GiB"));
-    sim.overhead = 300 * MIB;
+    sim.overhead = [300 * MIB; 2];
     sim.at(0, &[(10, 0, Some(GIB)), (10, 1, Some(GIB))]);
     let path = sim.state.workloads[&key('a')].cgroup_path.clone();
     let want: WantedLimits = [
