@@ -10,8 +10,12 @@
 
 use std::{
     collections::HashMap,
-    os::unix::ffi::OsStrExt,
+    os::{
+        fd::{AsRawFd, FromRawFd},
+        unix::ffi::OsStrExt,
+    },
     path::{Path, PathBuf},
+    sync::atomic::{AtomicUsize, Ordering},
     time::{Duration, Instant},
 };
 
@@ -170,26 +174,102 @@ pub fn dmem_max(text: &[u8], region: Option<&str>) -> DmemFact {
     }
 }
 
+/// How long the look at one process's pipe directory may take. The tenant names the directory:
+/// a FUSE mount that never answers (any user may mount one in its own namespace) would block a
+/// lookup, and with it the step, for ever.
+pub const PIPE_LOOK: Duration = Duration::from_millis(200);
+
+/// Looks still blocked (each on a thread of its own); while this many are, no new one starts.
+const STUCK_MAX: usize = 4;
+static STUCK: AtomicUsize = AtomicUsize::new(0);
+
 /// Whether the MPS pipe directory of the process at `dir` (`/proc/<pid>`) has its `control`
-/// pipe, as the process sees it (through its root); `None` when its environment is unreadable.
+/// pipe, as the process sees it (through its root); `None` when its environment is unreadable or
+/// the look did not end within [`PIPE_LOOK`] (it is then left to its thread, and given up on).
 fn pipe_present(dir: &Path) -> Option<bool> {
-    let env = std::fs::read(dir.join("environ")).ok()?;
-    let pipe = pipe_directory(&env);
-    let inside = pipe.strip_prefix(b"/").unwrap_or(&pipe);
-    let mut path = dir.join("root");
-    path.push(std::ffi::OsStr::from_bytes(inside));
-    Some(path.join("control").exists())
+    if STUCK.load(Ordering::Relaxed) >= STUCK_MAX {
+        return None;
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = dir.to_path_buf();
+    STUCK.fetch_add(1, Ordering::Relaxed);
+    let spawned = std::thread::Builder::new()
+        .name("mps-pipe-look".into())
+        .spawn(move || {
+            let present = look_at_pipe(&d);
+            STUCK.fetch_sub(1, Ordering::Relaxed);
+            let _ = tx.send(present);
+        });
+    if spawned.is_err() {
+        STUCK.fetch_sub(1, Ordering::Relaxed);
+        return None;
+    }
+    match rx.recv_timeout(PIPE_LOOK) {
+        Ok(present) => present,
+        Err(_) => {
+            log::warn!(
+                "{}: its MPS pipe directory did not answer within {PIPE_LOOK:?} (a FUSE mount \
+                 that never answers?): not looked at again",
+                dir.display()
+            );
+            None
+        }
+    }
 }
 
-/// `CUDA_MPS_PIPE_DIRECTORY` of an environment block (NUL-separated), else the default.
-pub fn pipe_directory(environ: &[u8]) -> Vec<u8> {
-    environ
-        .split(|&b| b == 0)
-        .rev()
-        .find_map(|e| e.strip_prefix(b"CUDA_MPS_PIPE_DIRECTORY="))
-        .filter(|v| !v.is_empty())
-        .unwrap_or(DEFAULT_MPS_PIPE.as_bytes())
-        .to_vec()
+/// [`pipe_present`]'s look, which may block: the environment read as a stream (a tenant sizes
+/// it; only one variable is kept), the directory resolved inside the process's root
+/// (`openat2` with `RESOLVE_IN_ROOT`: its absolute symlinks stay in its root, never the host's).
+fn look_at_pipe(dir: &Path) -> Option<bool> {
+    let environ = std::fs::File::open(dir.join("environ")).ok()?;
+    let pipe = pipe_directory(std::io::BufReader::new(environ)).ok()?;
+    let root = std::fs::File::open(dir.join("root")).ok()?;
+    let mut rel = pipe.strip_prefix(b"/").unwrap_or(&pipe).to_vec();
+    rel.extend_from_slice(b"/control");
+    let path = std::ffi::CString::new(rel).ok()?;
+    // SAFETY: `open_how` is plain integers; all zero is a valid value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT;
+    // SAFETY: a valid directory fd, a NUL-terminated path and an `open_how` of its own size.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: the fd was just opened here and is owned by nothing else.
+        drop(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) });
+        return Some(true);
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        // A kernel before 5.6: looked up through the root link (absolute symlinks as the host's).
+        Some(libc::ENOSYS) => {
+            let mut p = dir.join("root");
+            p.push(std::ffi::OsStr::from_bytes(path.as_bytes()));
+            Some(p.exists())
+        }
+        _ => Some(false),
+    }
+}
+
+/// `CUDA_MPS_PIPE_DIRECTORY` of an environment block (NUL-separated entries, read as a stream:
+/// one entry at a time, each at most what the kernel allows one, 128 KiB), else the default. The
+/// first entry counts, as `getenv` reads it.
+pub fn pipe_directory(environ: impl std::io::BufRead) -> std::io::Result<Vec<u8>> {
+    for entry in environ.split(0) {
+        if let Some(v) = entry?.strip_prefix(b"CUDA_MPS_PIPE_DIRECTORY=") {
+            if !v.is_empty() {
+                return Ok(v.to_vec());
+            }
+            break;
+        }
+    }
+    Ok(DEFAULT_MPS_PIPE.as_bytes().to_vec())
 }
 
 #[cfg(test)]
@@ -217,15 +297,17 @@ mod tests {
 
     #[test]
     fn the_pipe_directory_of_an_environment() {
-        assert_eq!(pipe_directory(b"A=1\0PATH=/bin\0"), b"/tmp/nvidia-mps");
+        let dir = |e: &[u8]| pipe_directory(e).unwrap();
+        assert_eq!(dir(b"A=1\0PATH=/bin\0"), b"/tmp/nvidia-mps");
         assert_eq!(
-            pipe_directory(b"CUDA_MPS_PIPE_DIRECTORY=/run/mps\xff\0A=1\0"),
+            dir(b"CUDA_MPS_PIPE_DIRECTORY=/run/mps\xff\0A=1\0"),
             b"/run/mps\xff"
         );
-        assert_eq!(
-            pipe_directory(b"CUDA_MPS_PIPE_DIRECTORY=\0"),
-            b"/tmp/nvidia-mps"
-        );
+        assert_eq!(dir(b"CUDA_MPS_PIPE_DIRECTORY=\0"), b"/tmp/nvidia-mps");
+        // The first counts, as getenv reads it; entries of any size before it are streamed.
+        let mut big = vec![b'x'; 1 << 20];
+        big.extend_from_slice(b"\0CUDA_MPS_PIPE_DIRECTORY=/a\0CUDA_MPS_PIPE_DIRECTORY=/b\0");
+        assert_eq!(dir(&big), b"/a");
     }
 
     /// This process, read through the real `/proc`: its maps are readable, no `libvgpu.so` is

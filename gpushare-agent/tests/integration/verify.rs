@@ -233,6 +233,106 @@ fn an_mps_client_without_a_server_or_its_pipe_directory_fails_and_one_served_is_
     let _ = std::fs::remove_dir_all(&pipe);
 }
 
+/// A FUSE mount whose server never answers: every lookup under it blocks until it is dropped
+/// (closing its `/dev/fuse` descriptor aborts the connection), and it is then detached. Nothing
+/// of this test looks under it.
+struct HungFuse {
+    dir: PathBuf,
+    fuse: Option<std::fs::File>,
+}
+
+impl HungFuse {
+    fn mount() -> Self {
+        use std::{ffi::CString, os::fd::AsRawFd, os::unix::ffi::OsStrExt};
+        let dir = std::env::temp_dir().join(unique("hung-fuse"));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Opened close-on-exec: the agent this test starts does not hold the connection open.
+        let fuse = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .unwrap();
+        let data = CString::new(format!(
+            "fd={},rootmode=40000,user_id=0,group_id=0",
+            fuse.as_raw_fd()
+        ))
+        .unwrap();
+        let target = CString::new(dir.as_os_str().as_bytes()).unwrap();
+        let rc = unsafe {
+            libc::mount(
+                c"hung".as_ptr(),
+                target.as_ptr(),
+                c"fuse".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                data.as_ptr().cast(),
+            )
+        };
+        assert_eq!(rc, 0, "mount fuse: {}", std::io::Error::last_os_error());
+        Self {
+            dir,
+            fuse: Some(fuse),
+        }
+    }
+}
+
+impl Drop for HungFuse {
+    fn drop(&mut self) {
+        use std::{ffi::CString, os::unix::ffi::OsStrExt};
+        drop(self.fuse.take());
+        let target = CString::new(self.dir.as_os_str().as_bytes()).unwrap();
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// A tenant whose GPU process names, as its MPS pipe directory, a FUSE mount that never answers
+/// (any user may mount one in its own namespace) does not stop the agent: the look at its pipe
+/// directory is bounded, the agent keeps stepping, and a neighbour over its quota is still
+/// frozen.
+#[test]
+fn a_pipe_directory_on_a_fuse_mount_that_never_answers_does_not_stop_the_agent() {
+    needs_root!("a_pipe_directory_on_a_fuse_mount_that_never_answers");
+    let hung = HungFuse::mount();
+    let pipe_var = hung.dir.join("mps").to_str().unwrap().to_string();
+    let cg = container_cgroup();
+    let p = Proc::start(
+        &cg,
+        &[
+            ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "2G"),
+            ("CUDA_MPS_PIPE_DIRECTORY", &pipe_var),
+        ],
+    );
+    let neighbour = crate::util::group("verify-hung-neighbour");
+    let n = crate::util::sleeping(&neighbour);
+    let sc = Scenario::create(&scenario(
+        &[(p.pid(), GIB), (n.pid(), 3 * GIB)],
+        false,
+        &[p.pid()],
+    ))
+    .unwrap();
+    let quotas = format!(
+        "[defaults]\ngrace = \"0s\"\nladder = [ {{ action = \"freeze\" }} ]\n{}",
+        crate::util::cgroup_quota(&neighbour, "2GiB")
+    );
+    let agent = AgentProcess::start(&sc, &quotas, &[]);
+    let key = container_key(&cg);
+    // The tenant's grant is seen (its pipe directory looked at, and given up on).
+    agent.wait_for(Duration::from_secs(20), |s| grant(s, &key, U0).is_some());
+    // Still stepping, and still enforcing.
+    agent.wait_state(&crate::util::key(&neighbour), "frozen");
+    assert!(neighbour.wait_frozen(true), "{}", agent.log());
+    let before = agent.state().unwrap().taken_at_unix;
+    std::thread::sleep(Duration::from_secs(2));
+    let after = agent.state().unwrap().taken_at_unix;
+    assert!(
+        after > before,
+        "the agent stopped stepping\n{}",
+        agent.log()
+    );
+    drop((p, n));
+    drop(hung);
+}
+
 #[test]
 fn a_process_without_the_in_process_limiter_among_processes_with_it_fails_it() {
     needs_root!("a_process_without_the_in_process_limiter");

@@ -571,18 +571,26 @@ pub fn find_init(dir: &Path) -> Option<ProcessIdentity> {
 
 /// The quota variables in the environment of process `identity`, or `None` when it is gone (or
 /// its pid now names another process).
+///
+/// The environment is read as a stream, one entry at a time (each at most the kernel's 128 KiB),
+/// and only the quota variables are kept: a tenant sizes its environment (up to a quarter of its
+/// stack limit, unbounded with `ulimit -s unlimited`), never the agent's memory.
 pub fn read_init_environ(identity: ProcessIdentity) -> Option<Vec<(String, String)>> {
-    let bytes = std::fs::read(format!("/proc/{}/environ", identity.pid)).ok()?;
+    use std::io::BufRead;
+    let file = std::fs::File::open(format!("/proc/{}/environ", identity.pid)).ok()?;
+    let mut vars = Vec::new();
+    for entry in std::io::BufReader::new(file).split(0) {
+        vars.extend(
+            crate::grants::env::parse_environ(&entry.ok()?)
+                .into_iter()
+                .filter(|(k, _)| is_quota_var(k)),
+        );
+    }
     // Read first, then check: a pid reused in between is caught here.
     if !procinfo::is_same_process(identity) {
         return None;
     }
-    Some(
-        crate::grants::env::parse_environ(&bytes)
-            .into_iter()
-            .filter(|(k, _)| is_quota_var(k))
-            .collect(),
-    )
+    Some(vars)
 }
 
 #[cfg(test)]
