@@ -47,7 +47,8 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(doubled.quota, gib.quota);
 
     // HAMi's values carry their own units: the GPUShare unit does not matter to them.
-    let hami = |r: &EnvQuotaReport| matches!(&r.quota, Some(q) if q.sources == GrantSource::Hami.into());
+    let hami =
+        |r: &EnvQuotaReport| matches!(&r.quota, Some(q) if q.sources == GrantSource::Hami.into());
     if hami(&gib) && hami(&mib) {
         assert_eq!(gib.quota, mib.quota);
     }
