@@ -30,6 +30,31 @@ fn row<'a>(s: &'a Snapshot, key: &str) -> Option<&'a WorkloadView> {
         .map(|w| &**w)
 }
 
+/// Pod `ml/<name>` on this node with one container `a` holding a 1 GiB DRA claim on GPU 0, as
+/// `api` serves it, and that container's group and sleeping process: (pod uid, container id,
+/// group, process).
+pub fn one_pod_with_a_claim(
+    api: &FakeApi,
+    name: &str,
+) -> (String, String, PlacedGroup, crate::util::Reaped) {
+    let (uid, a) = (pod_uid(), container_id());
+    let ga = PlacedGroup::create(&format!("kubepods/pod{uid}/{a}"));
+    let pa = sleeping(ga.cg());
+    let claim_name = format!("{name}-gpu");
+    api.set(
+        vec![pod(
+            "ml",
+            name,
+            &uid,
+            json!({}),
+            &[("a", &a, &["gpu"])],
+            &[("gpu", &claim_name)],
+        )],
+        vec![claim("ml", &claim_name, "gpu-0", "1Gi")],
+    );
+    (uid, a, ga, pa)
+}
+
 fn wait_row(
     agent: &AgentProcess,
     key: &str,
@@ -355,20 +380,7 @@ fn a_sidecars_claim_and_the_schedulers_own_annotations_bound_their_containers() 
 fn a_hundred_freeze_and_release_cycles_give_the_events_the_spam_filter_allows_with_counts() {
     needs_root!("a_hundred_freeze_and_release_cycles_give_the_events");
     let api = FakeApi::start();
-    let (uid, a) = (pod_uid(), container_id());
-    let ga = PlacedGroup::create(&format!("kubepods/pod{uid}/{a}"));
-    let pa = sleeping(ga.cg());
-    api.set(
-        vec![pod(
-            "ml",
-            "cycler-0",
-            &uid,
-            json!({}),
-            &[("a", &a, &["gpu"])],
-            &[("gpu", "cycler-0-gpu")],
-        )],
-        vec![claim("ml", "cycler-0-gpu", "gpu-0", "1Gi")],
-    );
+    let (uid, a, _ga, pa) = one_pod_with_a_claim(&api, "cycler-0");
     let over = one_gpu(&[(pa.pid(), 2 * GIB)]);
     let under = one_gpu(&[(pa.pid(), 512 * MIB)]);
     let sc = Scenario::create(&under).unwrap();

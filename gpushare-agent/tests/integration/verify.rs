@@ -499,23 +499,10 @@ fn over_a_grant_an_enforcing_agent_holds_it_by_isolating_else_it_is_violated() {
 #[test]
 fn a_grant_turning_unenforced_gets_an_event_on_its_pod() {
     needs_root!("a_grant_turning_unenforced_gets_an_event_on_its_pod");
-    use crate::fake_api::{FakeApi, claim, pod};
-    use crate::util::{PlacedGroup, container_id, one_gpu, pod_uid, sleeping};
+    use crate::fake_api::FakeApi;
+    use crate::util::one_gpu;
     let api = FakeApi::start();
-    let (uid, a) = (pod_uid(), container_id());
-    let ga = PlacedGroup::create(&format!("kubepods/pod{uid}/{a}"));
-    let pa = sleeping(ga.cg());
-    api.set(
-        vec![pod(
-            "ml",
-            "audited-0",
-            &uid,
-            json!({}),
-            &[("a", &a, &["gpu"])],
-            &[("gpu", "audited-0-gpu")],
-        )],
-        vec![claim("ml", "audited-0-gpu", "gpu-0", "1Gi")],
-    );
+    let (uid, a, _ga, pa) = crate::kube::one_pod_with_a_claim(&api, "audited-0");
     let sc = Scenario::create(&one_gpu(&[(pa.pid(), 512 << 20)])).unwrap();
     let quotas = format!("{QUIET}{}", api.quota_table(true));
     let agent = AgentProcess::start(&sc, &quotas, &["--dry-run"]);
