@@ -9,11 +9,16 @@
 //! 3. the view latency after a change (a new pod with its claim): median and slowest node;
 //! 4. every watch dropped at once (an API server restart) with a change meanwhile: the time to
 //!    every node's view, and the relists it cost (none: each resumes from its resourceVersion);
-//! 5. the same with the resourceVersion compacted (410): one relist per node.
+//! 5. the same with the resourceVersion compacted (410): one relist per node;
+//! 6. every workload on one node turning bad at once, ten steps running: the Event writes
+//!    (creates and patches) that node's poster makes.
 //!
 //! Run: `cargo bench -p gpushare-agent --bench fleet` (`GPUSHARE_BENCH_FLEET_N`, default 200;
 //! `GPUSHARE_BENCH_FLEET_REST_SECS`, default 20; `GPUSHARE_BENCH_QUICK=1`: 5 nodes, 2 s). No root,
-//! no GPU.
+//! no GPU. Base against head in one run: `scripts/bench-fleet-ab.sh BASE_REV` builds this file
+//! against the agent of BASE_REV too (it uses only what the polling agent before issue 43 had:
+//! `api::connect`, `api::spawn_watcher`, `KubeWatch::current`, `events::spawn_poster`), so it
+//! must keep to that.
 
 #[allow(dead_code)]
 #[path = "../tests/integration/fake_api.rs"]
@@ -23,7 +28,10 @@ use std::time::{Duration, Instant};
 
 use fake_api::{FakeApi, NODE, State, claim, pod};
 use gpushare_agent::{
-    kube::api::{self, KubeWatch},
+    kube::{
+        api::{self, KubeWatch},
+        events::{self, PodEvent},
+    },
     quota::{GpuShareUnit, KubernetesSettings},
 };
 use serde_json::{Value, json};
@@ -128,9 +136,15 @@ async fn bench() {
         w as f64 / n as f64,
         bytes as f64 / n as f64 / 1024.0
     );
-    // Every node's watch open: what follows is the steady state.
+    // Every node's watch open (an agent that polls opens none): what follows is the steady
+    // state.
     let end = Instant::now() + Duration::from_secs(60);
-    while api.with(|s| s.watches) < n {
+    let polls = Instant::now() + Duration::from_secs(5);
+    loop {
+        let w = api.with(|s| s.watches);
+        if w >= n || (w == 0 && Instant::now() > polls) {
+            break;
+        }
         assert!(Instant::now() < end, "every node watching");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -140,7 +154,7 @@ async fn bench() {
     let during = after - before;
     println!(
         "2. at rest for {rest} s: {during} requests from {n} nodes ({} lists, {} gets, {} watches) \
-         = {:.1} per node per hour (+ ~12.4 watch renewals an hour by design); {:.1} KiB per \
+         = {:.1} per node per hour (a watch's renewals, ~12 an hour, come on top); {:.1} KiB per \
          node per hour served (the fake's bookmarks: one a second, the API server's ~one a minute)",
         a.0 - b.0,
         a.1 - b.1,
@@ -168,6 +182,7 @@ async fn bench() {
     );
     let (l1, ..) = api.with(|s| counts(s));
     println!("   list requests (relists): {}", l1 - l0);
+    let r1 = api.with(|s| s.requests.len());
     pods.push(one(12));
     let t3 = Instant::now();
     api.with(|s| {
@@ -180,14 +195,70 @@ async fn bench() {
         &all_see(&fleet, &pods[12].2, t3).await,
     );
     let (l2, ..) = api.with(|s| counts(s));
-    // A relist is as many list requests as its pages: 13 pods a node are 2 pages of 10.
-    let pages = (pods.len() as u32).div_ceil(api::PAGE);
+    // A relist is as many list requests as its pages (a paged list's later pages name `continue`).
+    let firsts = api.with(|s| {
+        s.requests[r1..]
+            .iter()
+            .filter(|r| r.starts_with("GET /api/v1/pods?") && !r.contains("watch=true"))
+            .filter(|r| !r.contains("continue="))
+            .count()
+    });
     println!(
-        "   list requests: {} ({:.2} per node; one relist of {} pods is {pages} page(s) of {})",
+        "   list requests: {} ({:.2} per node), of which relists (first pages): {firsts} ({:.2} per \
+         node)",
         l2 - l1,
         (l2 - l1) as f64 / n as f64,
-        pods.len(),
-        api::PAGE
+        firsts as f64 / n as f64,
+    );
+    drop(fleet);
+    events_flood(&api, &settings).await;
+}
+
+/// 6.: 100 workloads on one node turn bad at once and stay bad for ten steps (a second apart,
+/// squeezed to 50 ms here), each step's verdict naming the memory used (a message that changes
+/// every step): the Event writes the node's poster makes, by kind.
+async fn events_flood(api: &FakeApi, settings: &KubernetesSettings) {
+    let client = api::connect(settings).expect("a client").client;
+    let poster = events::spawn_poster(client, NODE.into());
+    let (workloads, steps) = (100, 10);
+    for step in 0..steps {
+        for w in 0..workloads {
+            poster.send(PodEvent {
+                namespace: "ml".into(),
+                pod: format!("p{w}"),
+                uid: format!("00000000-0000-0000-0000-{w:012x}"),
+                warning: true,
+                reason: "GpuMemoryOverQuota".into(),
+                message: format!("uses {}.{step} GiB over a 1 GiB grant", 2 + w % 3),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let s = poster.stats();
+    let done = || {
+        let r = std::sync::atomic::Ordering::Relaxed;
+        s.created_total.load(r)
+            + s.patched_total.load(r)
+            + s.skipped_total.load(r)
+            + s.dropped_total.load(r)
+            + s.errors_total.load(r)
+    };
+    let end = Instant::now() + Duration::from_secs(120);
+    while done() < (workloads * steps) as u64 && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (posts, patches) = api.with(|s| {
+        let n = |m: &str| s.writes.iter().filter(|w| w.0 == m).count();
+        (n("POST"), n("PATCH"))
+    });
+    let r = std::sync::atomic::Ordering::Relaxed;
+    println!(
+        "6. {workloads} workloads on one node bad at once for {steps} steps ({} occurrences): \
+         {} Event writes ({posts} creates, {patches} patches); skipped {}, dropped {}",
+        workloads * steps,
+        posts + patches,
+        s.skipped_total.load(r),
+        s.dropped_total.load(r),
     );
 }
 

@@ -2,7 +2,8 @@
 //! posts them: a spam filter per source and object (a burst of [`SPAM_BURST`], then one token
 //! every [`SPAM_REFILL`]; client-go's `EventSourceObjectSpamFilter` with `defaultSpamBurst` and
 //! `defaultSpamQPS`), and repeats of one event (same object, type, reason and message) counted on
-//! ONE Event by a PATCH of its `count` and `lastTimestamp` rather than posted anew (client-go's
+//! ONE Event by a PATCH of its `count`, `lastTimestamp` and `series` (count and last seen, as
+//! the events API records a series) rather than posted anew (client-go's
 //! `EventCorrelator`/`eventLogger`). As there, a repeat the filter skips still counts: the next
 //! PATCH carries every occurrence.
 //!
@@ -28,7 +29,7 @@ use std::{
 };
 
 use k8s_openapi::{
-    api::core::v1::{Event, EventSource, ObjectReference},
+    api::core::v1::{Event, EventSeries, EventSource, ObjectReference},
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time},
     jiff::Timestamp,
 };
@@ -287,6 +288,16 @@ fn now_time() -> Time {
     Time(Timestamp::now())
 }
 
+/// The series of an Event seen `count` times (client-go's aggregation: the count and when it
+/// was last seen); none for a first occurrence, as the API server requires a series of at
+/// least 2.
+fn series(count: i32) -> Option<EventSeries> {
+    (count >= 2).then(|| EventSeries {
+        count: Some(count),
+        last_observed_time: Some(MicroTime(Timestamp::now())),
+    })
+}
+
 /// The Event object for `e` as client-go's recorder makes it.
 pub fn event_object(e: &PodEvent, name: &str, count: i32, host: &str) -> Event {
     let now = now_time();
@@ -312,6 +323,7 @@ pub fn event_object(e: &PodEvent, name: &str, count: i32, host: &str) -> Event {
             host: Some(host.to_string()),
         }),
         count: Some(count),
+        series: series(count),
         first_timestamp: Some(now.clone()),
         last_timestamp: Some(now),
         reporting_component: Some(COMPONENT.into()),
@@ -378,6 +390,7 @@ pub fn spawn_poster(client: ::kube::Client, host: String) -> EventSender {
                         "count": count,
                         "lastTimestamp": now_time(),
                         "message": e.message,
+                        "series": series(*count),
                     });
                     let r = bounded(api.patch(
                         name,

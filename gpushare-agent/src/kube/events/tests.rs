@@ -374,6 +374,8 @@ async fn the_poster_creates_patches_and_recreates_a_gone_event() {
         (body["count"].as_i64(), body["reason"].as_str()),
         (Some(1), Some("GpuMemoryFrozen"))
     );
+    // A first occurrence is no series.
+    assert!(body.get("series").is_none(), "{body}");
     let name = body["metadata"]["name"].as_str().unwrap().to_string();
     assert!(name.starts_with("a."), "{name}");
     // A repeat: a PATCH of the count on the same Event.
@@ -382,6 +384,9 @@ async fn the_poster_creates_patches_and_recreates_a_gone_event() {
     let (_, path, body) = api.calls()[1].clone();
     assert_eq!(path, format!("/api/v1/namespaces/ml/events/{name}"));
     assert_eq!(body["count"], 2);
+    // The series, as client-go's aggregation gives it: the count and when last seen.
+    assert_eq!(body["series"]["count"], 2, "{body}");
+    assert!(body["series"]["lastObservedTime"].is_string(), "{body}");
     until("patched counted", || {
         s.stats().patched_total.load(Ordering::Relaxed) == 1
     })
@@ -404,6 +409,7 @@ async fn the_poster_creates_patches_and_recreates_a_gone_event() {
         (body["metadata"]["name"].as_str(), body["count"].as_i64()),
         (Some(name.as_str()), Some(4))
     );
+    assert_eq!(body["series"]["count"], 4, "{body}");
     until("created counted", || {
         s.stats().created_total.load(Ordering::Relaxed) == 2
     })
