@@ -124,6 +124,11 @@ pub struct RunArgs {
     /// `suspend` step (CUDA checkpoint API, NVIDIA driver r570+).
     #[arg(long, value_name = "PATH")]
     pub cuda_lib: Option<PathBuf>,
+    /// The kernel log the NVIDIA driver writes its Xid reports to: a process restored from a
+    /// checkpoint whose context faults is checkpointed again and ended before it can hang the
+    /// host (cuda-checkpoint #53). Read only with the `suspend` step's libcuda loaded.
+    #[arg(long, value_name = "PATH", default_value = crate::observe::faults::DEFAULT_KERNEL_LOG)]
+    pub kernel_log: PathBuf,
     /// Do not load the eBPF programs; attribute GPU processes through /proc only.
     #[arg(long)]
     pub no_ebpf: bool,

@@ -36,6 +36,27 @@ const SETTLE_POLL: Duration = Duration::from_millis(5);
 /// Backstop for file watching (files on filesystems without inotify, missed events).
 const QUOTA_POLL: Duration = Duration::from_secs(10);
 
+/// Hands the agent libcuda (or why there is none) and, with it, the kernel log at `kernel_log`:
+/// restored processes exist only where libcuda checkpoints, and the driver's reports of a
+/// faulted context are read for them (cuda-checkpoint #53).
+fn use_checkpointer(
+    agent: &mut Agent,
+    cuda: Result<std::sync::Arc<crate::cuda::Checkpointer>, String>,
+    kernel_log: &std::path::Path,
+) {
+    if cuda.is_ok() {
+        match crate::observe::faults::KernelLog::open(kernel_log) {
+            Ok(log) => agent.use_kernel_log(log),
+            Err(e) => warn!(
+                "cannot read the kernel log {}: {e}; a restored process whose context faults \
+                 is not ended safely (cuda-checkpoint #53)",
+                kernel_log.display()
+            ),
+        }
+    }
+    agent.set_checkpointer(cuda);
+}
+
 /// Runs the agent until SIGINT or SIGTERM.
 pub async fn run(args: RunArgs) -> Result<()> {
     // Signal streams first, so a signal during start-up is not lost.
@@ -113,7 +134,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         opts,
     );
 
-    agent.set_checkpointer(cuda);
+    use_checkpointer(&mut agent, cuda, &args.kernel_log);
     // The API server (`[kubernetes]`, read at start): grants and Events, never waited on.
     let defaults = agent.quotas_mut().current().defaults().clone();
     let k8s = &defaults.kubernetes;

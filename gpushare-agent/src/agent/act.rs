@@ -17,6 +17,7 @@ impl Agent {
     /// state (in this very step, [`policy::fold_reports`]), counts, and hands the driver limits
     /// the policy wants to the driver. Returns how many actions it executed.
     pub(super) fn act(&mut self, decision: Decision, obs: &Observation) -> usize {
+        self.end_faulted(obs);
         let mut reports = Vec::new();
         for a in &decision.actions {
             let outcome = self.execute(a, obs.trigger, &mut reports);
@@ -171,7 +172,7 @@ impl Agent {
     }
 }
 
-fn summarize(r: &[(crate::attribution::ProcessIdentity, ExecOutcome)]) -> ExecOutcome {
+pub(super) fn summarize(r: &[(crate::attribution::ProcessIdentity, ExecOutcome)]) -> ExecOutcome {
     if r.iter().any(|(_, o)| *o == ExecOutcome::Ok) {
         ExecOutcome::Ok
     } else if r.iter().any(|(_, o)| *o == ExecOutcome::DryRun) {

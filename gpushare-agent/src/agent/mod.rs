@@ -26,6 +26,7 @@
 mod act;
 pub mod counters;
 mod events;
+mod faults;
 mod publish;
 mod shutdown;
 mod tick;
@@ -103,6 +104,8 @@ pub struct Agent {
     events: Option<crate::kube::events::EventSender>,
     /// Every grant proven held: what it keeps between steps.
     verifier: verify::Verifier,
+    /// The driver's reports of faulted contexts, where the kernel log is read.
+    kernel_log: Option<crate::observe::faults::KernelLog>,
 }
 
 /// What one step saw, for the decision and the report.
@@ -114,6 +117,8 @@ struct Observation {
     processes: Vec<AttributedProcess>,
     groups: BTreeMap<String, ObservedGroup>,
     releases: Vec<String>,
+    /// The driver's context faults reported since the last step.
+    faults: Vec<crate::observe::faults::Fault>,
 }
 
 impl Agent {
@@ -139,6 +144,7 @@ impl Agent {
             opts,
             started: Instant::now(),
             verifier: verify::Verifier::new(v2_root.clone()),
+            kernel_log: None,
             workloads: Observer::new(v2_root),
             overheads: Default::default(),
             counters: Totals::default(),

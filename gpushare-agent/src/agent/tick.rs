@@ -188,6 +188,7 @@ impl Agent {
             processes,
             groups,
             releases: std::mem::take(&mut self.pending_releases),
+            faults: self.take_faults(),
         }
     }
 

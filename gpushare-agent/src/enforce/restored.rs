@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use log::{info, warn};
 
 use super::{
-    Enforcer, Target, freeze,
+    Enforcer, Target, To, freeze,
     suspend::{LOCK_TIMEOUT_MS, PinnedProcess, settle},
 };
 use crate::{
@@ -40,6 +40,9 @@ pub fn asks_to_exit(sig: i32) -> bool {
 
 /// What the log says of a restored process made safe to kill.
 pub const QUIESCED: &str = "checkpointed again before the kill";
+/// Why a faulted restored process is ended, in the log.
+pub const FAULTED: &str =
+    "cuda-checkpoint #53: a restored context that faults hangs the host as it is torn down";
 /// Device memory a checkpointed process may still show in NVML and count as gone: none.
 pub const EMPTY_DEVICE_BYTES: u64 = 0;
 
@@ -208,6 +211,17 @@ impl Enforcer {
         sample: &mut dyn FnMut() -> GpuSample,
     ) -> Result<(), String> {
         let ids = self.restored_in(rel);
+        self.quiesce(workload, rel, ids, sample)
+    }
+
+    /// [`Self::quiesce_restored`] for the restored processes `ids` of the workload at `rel`.
+    fn quiesce(
+        &mut self,
+        workload: &str,
+        rel: &str,
+        ids: Vec<ProcessIdentity>,
+        sample: &mut dyn FnMut() -> GpuSample,
+    ) -> Result<(), String> {
         if ids.is_empty() {
             self.refused_kills.remove(workload);
             return Ok(());
@@ -328,6 +342,59 @@ impl Enforcer {
             }
         }
         Ok(done)
+    }
+
+    /// A restored process whose context faulted (the driver's Xid `xid` names it): ended as the
+    /// kill rung ends one (cuda-checkpoint #53: a restored context that faults hangs the host
+    /// as a kill of it does), checkpointed again, its device seen empty in `sample` (a fresh
+    /// NVML read), then killed; its workload's other processes are left as they are. Only a
+    /// process the ledger records as restored, the same process (pid and start time), in the
+    /// workload at `rel`. Where it cannot be checkpointed it is left running, logged and
+    /// counted: nothing better is known (a freeze would hold its faulted context on the GPU).
+    pub fn end_faulted(
+        &mut self,
+        workload: &str,
+        rel: &str,
+        target: &Target,
+        xid: u32,
+        sample: &mut dyn FnMut() -> GpuSample,
+    ) -> Vec<(ProcessIdentity, super::Outcome)> {
+        let id = target.identity;
+        if !self.was_restored(id) || !self.restored_in(rel).contains(&id) {
+            return Vec::new();
+        }
+        let pid = id.pid;
+        if let Err(e) = self.check_target(rel) {
+            warn!("pid {pid} of {workload} (Xid {xid}): {e:#}");
+            return vec![(id, super::Outcome::Refused)];
+        }
+        if self.dry_run {
+            info!(
+                "dry run: would checkpoint pid {pid} of {workload} again and end it: its restored \
+                 context faulted (Xid {xid}; {FAULTED})"
+            );
+            return vec![(id, super::Outcome::DryRun)];
+        }
+        warn!(
+            "pid {pid} of {workload}: its restored context faulted (Xid {xid}); checkpointing it \
+             again, then ending it ({FAULTED})"
+        );
+        match self.quiesce(workload, rel, vec![id], sample) {
+            Ok(()) => self.signal(
+                workload,
+                std::slice::from_ref(target),
+                libc::SIGKILL,
+                To::Every,
+            ),
+            Err(why) => {
+                *self.kill_refusals.entry("faulted_context").or_default() += 1;
+                warn!(
+                    "pid {pid} of {workload} (Xid {xid}) left running: {why}; a faulted restored \
+                     context may hang the host (cuda-checkpoint #53): drain this node"
+                );
+                vec![(id, super::Outcome::Refused)]
+            }
+        }
     }
 
     /// Counts and logs a refused kill, freezes the workload instead and says what the kernel and

@@ -5,11 +5,13 @@
 //! - [`identity`]: who a group belongs to, proven from the container runtime's own records;
 //! - [`overhead`]: what a CUDA context takes per GPU model, allowed beyond every quota;
 //! - [`mechanisms`]: what the node shows of the mechanisms beside gpushare (a limiter mapped, an
-//!   MPS pipe directory, `dmem`), for [`crate::verify`].
+//!   MPS pipe directory, `dmem`), for [`crate::verify`];
+//! - [`faults`]: the driver's reports of a faulted context, from the kernel log.
 //!
 //! Rule of the room: this reads the node (procfs, cgroupfs, the runtime's state) and the views the
 //! grant watchers publish; it never acts on a process.
 
+pub mod faults;
 pub mod identity;
 pub mod mechanisms;
 pub mod overhead;

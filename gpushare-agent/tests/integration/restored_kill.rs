@@ -31,8 +31,31 @@ fn ended(pid: u32) -> bool {
     checkpoint::start_ticks(pid).is_none()
 }
 
+/// The simulated driver's kernel log of `sc`, which the agent reads (`--kernel-log`).
+fn kernel_log(sc: &Scenario) -> std::path::PathBuf {
+    sc.dir().join("kmsg")
+}
+
+/// Appends a kernel-log record of priority `prio` (facility 0: the kernel's own) with the
+/// driver's report of Xid `xid` naming `pid`, as `/dev/kmsg` gives it.
+fn xid(sc: &Scenario, prio: u32, xid: u32, pid: u32) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(kernel_log(sc))
+        .unwrap();
+    writeln!(
+        f,
+        "{prio},1204,987654321,-;NVRM: Xid (PCI:0000:3b:00): {xid}, pid={pid}, name=sleep, \
+         Ch 00000008, intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted"
+    )
+    .unwrap();
+}
+
 fn start(sc: &Scenario, quotas: &str) -> AgentProcess {
-    let args = cuda_args();
+    std::fs::write(kernel_log(sc), b"").unwrap();
+    let mut args = cuda_args();
+    args.extend(["--kernel-log".into(), kernel_log(sc).display().to_string()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     AgentProcess::start_in(agent_dir(quotas), sc, &args, "200ms")
 }
@@ -104,6 +127,41 @@ fn a_kill_step_with_sigterm_checkpoints_a_restored_process_first_too() {
     );
     agent.write_quotas(&format!("{term}{}", cgroup_quota(&cg, "2GiB")));
     killed_quiesced(&sc, &agent, p.pid());
+}
+
+/// A restored process whose context faults by itself (cuda-checkpoint #53: the host hangs as it
+/// is torn down, as after a kill) is treated as the kill rung treats one: the driver's Xid naming
+/// it in the kernel log has it checkpointed again, its device seen empty, then ended. A record
+/// that user space wrote (facility LOG_USER) and an Xid that is not a context fault change
+/// nothing: the one fault handled is the kernel's.
+#[test]
+fn a_restored_process_whose_context_faults_is_checkpointed_again_and_its_device_empty_before_it_ends()
+ {
+    needs_root!("a_restored_process_whose_context_faults_is_checkpointed_again");
+    let (_cg, p, sc, agent) = suspended_then_resumed("rk-xid", json!({}));
+    let pid = p.pid();
+    // Within its quota: no step of the ladder asks for anything.
+    xid(&sc, 11, 13, pid); // forged from user space
+    xid(&sc, 3, 63, pid); // a row remapping: not a context fault
+    xid(&sc, 3, 31, pid); // the driver's MMU fault report
+    killed_quiesced(&sc, &agent, pid);
+    let log = agent.log();
+    assert_eq!(
+        log.matches("its restored context faulted (Xid").count(),
+        1,
+        "the kernel's report alone, and once\n{log}"
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("its restored context faulted"))
+        .unwrap();
+    assert!(line.contains("(Xid 31)"), "the kernel's own report: {line}");
+    let metrics = agent.get("/metrics").1;
+    let killed = "action=\"kill\",result=\"ok\"";
+    assert!(
+        counter_value(&metrics, "gpushare_enforcement_actions_total", killed) >= 1.0,
+        "{metrics}"
+    );
 }
 
 /// A signal step never ends a process, but one that catches SIGTERM may exit on it: a restored
