@@ -42,7 +42,8 @@ pub const CONTEXT_FAULTS: &[u32] = &[13, 31, 43, 45, 68, 69, 109];
 /// Faults queued for the step at most; beyond it the oldest is dropped (counted).
 pub const PENDING_MAX: usize = 1024;
 
-/// A line longer than this (no newline in it) is dropped: `/dev/kmsg` records are at most 8 KiB.
+/// A line is kept to its first this many bytes (a report names its process in its first hundred):
+/// `/dev/kmsg` records are at most 8 KiB, a file given instead may hold anything.
 const LINE_MAX: usize = 64 * 1024;
 
 /// How long the reader waits at the end of a log that does not block (a regular file).
@@ -223,6 +224,10 @@ mod tests {
             parse(ctx_switch).map(|f| (f.xid, f.pid)),
             Some((109, 1797828))
         );
+        // Wherever the report starts in the text.
+        let prefixed = b"3,7,8,-;nvidia 0000:3b:00.0: NVRM: Xid (PCI:0000:3b:00): 43, pid=12, \
+            name=x, Ch 1";
+        assert_eq!(parse(prefixed).map(|f| (f.xid, f.pid)), Some((43, 12)));
     }
 
     #[test]
