@@ -526,6 +526,14 @@ fn mps_limits<'a>(
             disagreements,
             &mut unseen,
         );
+        // An ordinal past the devices the runtime gave names a GPU the client cannot see too.
+        if let Some(g) = granted {
+            unseen.extend(
+                (o.iter())
+                    .filter(|o| o.ordinal as usize >= g.len())
+                    .map(|o| format!("device {}", o.ordinal)),
+            );
+        }
         if unseen.is_empty() {
             ordinals.extend(o);
             limits.add(l);
@@ -1233,6 +1241,11 @@ mod tests {
         assert_eq!(kinds(&r), vec![DisagreementKind::MpsDropped]);
         assert!(r.disagreements[0].said.contains("GPU-000"), "{r:?}");
         assert!(r.disagreements[0].said.contains("grants nothing"), "{r:?}");
+        // An ordinal past the devices the runtime gave: the same (issue 41).
+        let r = report_on(&[(MPS, "0=1G,1=2G")], &[G1]);
+        assert_eq!(r.quota, None, "{r:?}");
+        assert_eq!(kinds(&r), vec![DisagreementKind::MpsDropped]);
+        assert!(r.disagreements[0].said.contains("device 1"), "{r:?}");
         // A UUID no GPU here has.
         let r = report(&[(MPS, "2G,GPU-999=1G")], GpuShareUnit::GiB);
         assert_eq!(
