@@ -191,6 +191,7 @@ impl Agent {
                 .as_ref()
                 .map(DriverLimiter::in_force)
                 .unwrap_or_default(),
+            taken: &self.verifier.taken,
         });
         snap.grants = self.verify_grants(&snap);
         self.grant_events(&snap.grants, obs);

@@ -205,6 +205,7 @@ impl Agent {
                 agent_pid: Some(std::process::id()),
                 dry_run: self.opts.dry_run,
                 observe_only: self.quotas.observe_only(),
+                taken: &self.verifier.taken,
                 observed: &obs.groups,
             },
         );

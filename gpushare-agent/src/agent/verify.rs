@@ -2,7 +2,7 @@
 //! observed from the kernel and the driver, and the verdicts added to the snapshot.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeSet, HashMap, HashSet},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -42,10 +42,22 @@ pub(super) struct Verifier {
     verified: Option<Verified>,
     /// The grants the Events were last looked for in (the same, shared, need no second look).
     evented: Option<Arc<[GrantView]>>,
+    /// In a dry run, the workloads gpushare's ladder acts on all the same (`[defaults]
+    /// take_unheld`): decided from the last step's verdicts, read by this step's policy and
+    /// executors.
+    pub(super) taken: BTreeSet<String>,
 }
 
-/// Grants as verified: from these rows, in this mode, at this time.
-type Verified = (Vec<Arc<WorkloadView>>, AgentMode, Instant, Arc<[GrantView]>);
+/// Grants as verified: from these rows, in this mode, with these workloads taken, at this time;
+/// and the workloads whose grant [`verify::Verification::takes`].
+struct Verified {
+    rows: Vec<Arc<WorkloadView>>,
+    mode: AgentMode,
+    taken: BTreeSet<String>,
+    at: Instant,
+    grants: Arc<[GrantView]>,
+    takes: BTreeSet<String>,
+}
 
 /// How long grants verified from unchanged rows stand (the sampling interval's default): the
 /// facts beside the rows (driver limits, maps, MPS clients) are read again at least this often.
@@ -59,6 +71,7 @@ impl Verifier {
             last: HashMap::new(),
             verified: None,
             evented: None,
+            taken: BTreeSet::new(),
         }
     }
 }
@@ -141,32 +154,76 @@ impl Agent {
     }
 
     /// The grants of `snap`'s rows (a quota on one GPU, or a total over every GPU), each
-    /// verified.
+    /// verified; then the workloads the next step takes ([`Self::take_unheld`]).
     pub(super) fn verify_grants(&mut self, snap: &Snapshot) -> Arc<[GrantView]> {
         let now = Instant::now();
         let mode = self.mode();
-        if let Some((rows, m, at, grants)) = &self.verifier.verified
-            && *m == mode
-            && now.duration_since(*at) < REVERIFY
-            && rows.len() == snap.workloads.len()
-            && rows
+        if let Some(v) = &self.verifier.verified
+            && v.mode == mode
+            && v.taken == self.verifier.taken
+            && now.duration_since(v.at) < REVERIFY
+            && v.rows.len() == snap.workloads.len()
+            && v.rows
                 .iter()
                 .zip(&snap.workloads)
                 .all(|(a, b)| Arc::ptr_eq(a, &b.row))
         {
-            return Arc::clone(grants);
+            let grants = Arc::clone(&v.grants);
+            self.take_unheld(mode);
+            return grants;
         }
-        let grants: Arc<[GrantView]> = self.verify_rows(snap, now).into();
-        self.verifier.verified = Some((
-            snap.workloads.iter().map(|e| Arc::clone(&e.row)).collect(),
+        let mut takes = BTreeSet::new();
+        let grants: Arc<[GrantView]> = self.verify_rows(snap, now, &mut takes).into();
+        self.verifier.verified = Some(Verified {
+            rows: snap.workloads.iter().map(|e| Arc::clone(&e.row)).collect(),
             mode,
-            now,
-            Arc::clone(&grants),
-        ));
+            taken: self.verifier.taken.clone(),
+            at: now,
+            grants: Arc::clone(&grants),
+            takes,
+        });
+        self.take_unheld(mode);
         grants
     }
 
-    fn verify_rows(&mut self, snap: &Snapshot, now: Instant) -> Vec<GrantView> {
+    /// The workloads the next step's ladder acts on in a dry run: where the operator opted in
+    /// (`[defaults] take_unheld`), those whose grant this step's verdicts take, and every
+    /// workload gpushare holds isolated (a freeze or suspension on record); without the opt-in
+    /// (turned off since), only those taken before that are still isolated, until the ladder
+    /// lets them go. Never in enforce mode (the ladder acts on all) or observe only (on none).
+    fn take_unheld(&mut self, mode: AgentMode) {
+        let opted = mode == AgentMode::DryRun
+            && !self.quotas.observe_only()
+            && self.quotas.current().defaults().take_unheld;
+        let taken = if !self.opts.dry_run {
+            BTreeSet::new()
+        } else if opted {
+            let mut t = self.enforcer.held_workloads();
+            if let Some(v) = &self.verifier.verified {
+                t.extend(v.takes.iter().cloned());
+            }
+            t
+        } else if self.verifier.taken.is_empty() {
+            return;
+        } else {
+            let held = self.enforcer.held_workloads();
+            self.verifier
+                .taken
+                .iter()
+                .filter(|k| held.contains(*k))
+                .cloned()
+                .collect()
+        };
+        self.enforcer.set_taken(&taken);
+        self.verifier.taken = taken;
+    }
+
+    fn verify_rows(
+        &mut self,
+        snap: &Snapshot,
+        now: Instant,
+        takes: &mut BTreeSet<String>,
+    ) -> Vec<GrantView> {
         let node: Vec<(u32, String)> = snap
             .gpus
             .iter()
@@ -200,6 +257,9 @@ impl Agent {
                 None => pids.get(row.workload.as_str()).map_or(&[][..], |p| &p[..]),
             };
             let v = self.verify_row(row, index, bytes, row_pids, &mut step);
+            if v.takes {
+                takes.insert(row.workload.clone());
+            }
             out.push(GrantView {
                 workload: row.workload.clone(),
                 gpu_uuid: row.gpu_uuid.clone(),
@@ -286,6 +346,7 @@ impl Agent {
             driver_limit,
             processes: &processes,
             dmem: self.verifier.reader.dmem(&row.cgroup_path, None),
+            taken: self.verifier.taken.contains(&row.workload),
         };
         let grant = GrantInput {
             gpu_index: index.unwrap_or(u32::MAX),

@@ -70,7 +70,7 @@ impl Enforcer {
                 return Outcome::Failed;
             }
         };
-        if self.dry_run {
+        if self.dry(workload) {
             info!(
                 "dry run: would freeze {workload} ({}): {reason}",
                 dir.display()
@@ -168,7 +168,7 @@ impl Enforcer {
         if recs.is_empty() {
             return Outcome::Noop;
         }
-        if self.dry_run {
+        if self.dry(workload) {
             info!("dry run: would thaw {workload}");
             return Outcome::DryRun;
         }
@@ -259,10 +259,10 @@ impl Enforcer {
         may_restore: &mut dyn FnMut(&FreezeRecord) -> Result<(), String>,
     ) -> Unwound {
         let mut done = Unwound::default();
-        if self.dry_run {
-            return done;
-        }
         for rec in self.records() {
+            if self.dry(&rec.workload) {
+                continue; // a dry run undoes nothing it did not take
+            }
             let entry = (rec.workload.clone(), rec.cgroup_dir.clone());
             if !self.ours(&rec.cgroup_dir) {
                 self.forget(&rec.cgroup_dir);

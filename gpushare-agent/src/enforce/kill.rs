@@ -38,7 +38,7 @@ impl Enforcer {
             .iter()
             .map(|t| {
                 let id = t.identity;
-                if self.dry_run {
+                if self.dry(workload) {
                     info!(
                         "dry run: would send signal {sig} to {} of {workload}",
                         id.pid
@@ -102,7 +102,7 @@ impl Enforcer {
         sig: i32,
         sample: &mut dyn FnMut() -> GpuSample,
     ) -> Vec<(ProcessIdentity, Outcome)> {
-        if !self.dry_run
+        if !self.dry(workload)
             && let Err(why) = self.quiesce_restored(workload, rel, sample)
         {
             self.refuse_kill(workload, rel, &why);
@@ -129,7 +129,7 @@ impl Enforcer {
             warn!("kill of {workload}: {e:#}");
             return Outcome::Refused;
         }
-        if self.dry_run {
+        if self.dry(workload) {
             info!("dry run: would kill {workload}");
             return Outcome::DryRun;
         }

@@ -168,6 +168,12 @@ impl FreezeLedger {
         self.read_only = true;
     }
 
+    /// Changes are written again (a dry run that took a workload acts on it: its freezes are
+    /// recorded before they happen like any other).
+    pub fn set_writable(&mut self) {
+        self.read_only = false;
+    }
+
     /// The ledger file's path.
     pub fn path(&self) -> &Path {
         &self.path

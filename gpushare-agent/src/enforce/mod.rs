@@ -50,7 +50,7 @@ mod suspension;
 mod v1;
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -135,6 +135,8 @@ pub struct Enforcer {
     ledger: Option<FreezeLedger>,
     problems: Vec<String>,
     dry_run: bool,
+    /// In a dry run, the workloads acted on all the same (an auditor that opted in took them).
+    taken: BTreeSet<String>,
     agent_cgroup: Option<String>,
     marks_ok: bool,
     pending: BTreeMap<PathBuf, Pending>,
@@ -199,6 +201,7 @@ impl Enforcer {
             ledger,
             problems,
             dry_run,
+            taken: BTreeSet::new(),
             agent_cgroup: cgroupfs::cgroup_path_of_pid(std::process::id()).ok(),
             marks_ok: true,
             pending: BTreeMap::new(),
@@ -226,6 +229,44 @@ impl Enforcer {
     /// Whether actions are only reported.
     pub fn dry_run(&self) -> bool {
         self.dry_run
+    }
+
+    /// In a dry run, the workloads to act on all the same from now on (an auditor that opted in
+    /// took their grants: `[defaults] take_unheld`). The ledger is written from the first one on.
+    pub fn set_taken(&mut self, taken: &BTreeSet<String>) {
+        if self.taken != *taken {
+            self.taken.clone_from(taken);
+        }
+        if self.dry_run
+            && !taken.is_empty()
+            && let Some(l) = self.ledger.as_mut()
+        {
+            l.set_writable();
+        }
+    }
+
+    /// Whether an action on `workload` is only reported: a dry run, unless it was taken.
+    pub(crate) fn dry(&self, workload: &str) -> bool {
+        self.dry_run && !self.taken.contains(workload)
+    }
+
+    /// Whether a change to the record of the group at `dir` is only reported: a dry run, unless
+    /// its workload was taken.
+    pub(super) fn dry_at(&self, dir: &Path) -> bool {
+        self.dry_run
+            && !self
+                .ledger
+                .as_ref()
+                .and_then(|l| l.get(dir))
+                .is_some_and(|r| self.taken.contains(&r.workload))
+    }
+
+    /// The workloads the ledger holds a freeze or suspension of.
+    pub fn held_workloads(&self) -> BTreeSet<String> {
+        self.ledger
+            .as_ref()
+            .map(|l| l.records().map(|r| r.workload.clone()).collect())
+            .unwrap_or_default()
     }
 
     /// Reasons the enforcer runs degraded (for `/healthz` and `status`).

@@ -151,7 +151,7 @@ impl Enforcer {
     /// removed. A dry run only stops watching it.
     pub(super) fn forget(&mut self, dir: &Path) {
         self.pending.remove(dir);
-        if self.dry_run {
+        if self.dry_at(dir) {
             return;
         }
         let _ = marks::clear(dir);
@@ -169,7 +169,7 @@ impl Enforcer {
             return;
         };
         rec.suspended = suspended;
-        if self.dry_run {
+        if self.dry_at(dir) {
             return;
         }
         let mark = Mark::of(&rec, &self.state_dir);

@@ -103,7 +103,7 @@ impl Enforcer {
         if let Err(why) = suspend::check_host_memory(&self.v2_dir(rel), pid_hint, bytes) {
             return refuse(self, Cause::HostMemory, why);
         }
-        if self.dry_run {
+        if self.dry(workload) {
             info!(
                 "dry run: would suspend {workload} ({}, {} of GPU memory to host memory): {reason}",
                 dir.display(),
@@ -178,7 +178,7 @@ impl Enforcer {
         else {
             return Outcome::Noop;
         };
-        if self.dry_run {
+        if self.dry(workload) {
             info!("dry run: would resume {workload}");
             return Outcome::DryRun;
         }

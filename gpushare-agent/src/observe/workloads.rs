@@ -962,6 +962,7 @@ mod tests {
                         agent_pid: None,
                         dry_run: false,
                         observe_only: false,
+                        taken: &crate::policy::NONE_TAKEN,
                         observed: &observed,
                     },
                 );
@@ -991,6 +992,7 @@ mod tests {
                     now,
                     backends: BTreeMap::new(),
                     driver_limits: Vec::new(),
+                    taken: &crate::policy::NONE_TAKEN,
                 });
                 let mut trust: Vec<_> = w.quota_trust().iter().collect();
                 trust.sort();

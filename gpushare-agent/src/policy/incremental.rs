@@ -34,7 +34,11 @@
 //! `policy::tests::incremental_equals_from_scratch` drives both paths with the same random
 //! sequences, nudging a few processes' usage between steps.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use super::{
     Decision, PolicyState, Stats, evaluate,
@@ -80,6 +84,7 @@ struct Carried {
     agent_pid: Option<u32>,
     dry_run: bool,
     observe_only: bool,
+    taken: BTreeSet<String>,
 }
 
 /// How a step compares with the carried one.
@@ -155,6 +160,7 @@ impl Incremental {
                         agent_pid: input.agent_pid,
                         dry_run: input.dry_run,
                         observe_only: input.observe_only,
+                        taken: input.taken.clone(),
                     }
                 });
         d

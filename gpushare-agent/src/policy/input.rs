@@ -2,7 +2,12 @@
 //! groups the agent froze or wants frozen (and their suspensions), and the scopes a liability
 //! is measured over.
 
-use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    sync::Arc,
+    time::Duration,
+};
 
 use crate::{
     attribution::ProcessIdentity,
@@ -163,9 +168,22 @@ pub struct PolicyInput<'a> {
     /// other ladder step and freeze nothing (they fire once this ends, when due); thaws still
     /// happen.
     pub observe_only: bool,
+    /// In a dry run, the workloads acted on all the same: those an auditor that opted in took
+    /// (`[defaults] take_unheld`, [`crate::verify`]). Empty otherwise ([`NONE_TAKEN`]).
+    pub taken: &'a BTreeSet<String>,
     /// The root groups of workloads the agent froze or wants frozen, by workload key, as the
     /// kernel reported them at the start of this step.
     pub observed: &'a BTreeMap<String, ObservedGroup>,
+}
+
+/// No workload taken (every input that is not an auditor's that opted in).
+pub static NONE_TAKEN: BTreeSet<String> = BTreeSet::new();
+
+impl PolicyInput<'_> {
+    /// Whether the actions on `workload` only report: a dry run, unless the workload was taken.
+    pub fn dry(&self, workload: &str) -> bool {
+        self.dry_run && !self.taken.contains(workload)
+    }
 }
 
 /// What a liability's usage is measured over.

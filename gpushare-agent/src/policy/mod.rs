@@ -54,7 +54,9 @@ use self::usage::{DevUsage, Devices, Usage, Workloads};
 pub use self::{
     action::ActionKind,
     incremental::Incremental,
-    input::{AttributedProcess, GpuScope, GroupState, ObservedGroup, PolicyInput, Suspension},
+    input::{
+        AttributedProcess, GpuScope, GroupState, NONE_TAKEN, ObservedGroup, PolicyInput, Suspension,
+    },
     ladder::{CLOCK_COOLDOWN, KILL_GRACE},
     outcome::{
         Action, Decision, DriverLimits, PerWorkloadLimits, Stats, WantedLimits, wanted_limits,
@@ -214,7 +216,7 @@ impl<'a> Cx<'a> {
             usage,
             limit,
             reason,
-            dry_run: self.input.dry_run,
+            dry_run: self.input.dry(self.key),
             attempt: 1,
             footprint: BTreeMap::new(),
         }

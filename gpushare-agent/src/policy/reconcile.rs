@@ -126,7 +126,7 @@ pub(super) fn reconcile_suspension(
             true
         }
         (_, Some(scope)) => {
-            if cx.input.dry_run && Retry::of(ws.retry, ActionKind::Suspend) {
+            if cx.input.dry(cx.key) && Retry::of(ws.retry, ActionKind::Suspend) {
                 return true; // reported once
             }
             let Some((usage, limit, footprint)) = suspend_on.filter(|_| !cx.input.observe_only)
@@ -176,10 +176,11 @@ pub(super) fn reconcile(
         ActionKind::Thaw
     };
     // In a dry run nothing is written: a transition reported once counts as done.
-    let reported = cx.input.dry_run && Retry::of(ws.retry, transition);
+    let dry = cx.input.dry(cx.key);
+    let reported = dry && Retry::of(ws.retry, transition);
     let settled = reported || if want_frozen { in_kernel_frozen } else { !ours };
     if settled {
-        if !cx.input.dry_run {
+        if !dry {
             ws.retry = None;
         }
         let keep = want_frozen || ours || !ws.scopes.is_empty() || ws.killing.is_some();
@@ -216,7 +217,8 @@ pub(super) fn reconcile(
         actions.push(a);
         ws.retry = Some(Retry {
             transition,
-            attempts,
+            // A report is no attempt: taken later (an auditor's opt-in), the first real one is 1.
+            attempts: if dry { 0 } else { attempts },
             next_at: now + backoff(attempts),
         });
     }

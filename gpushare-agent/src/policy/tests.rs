@@ -134,6 +134,7 @@ struct Sim {
     agent_pid: Option<u32>,
     dry_run: bool,
     observe_only: bool,
+    taken: std::collections::BTreeSet<String>,
     last: Option<Decision>,
     /// The groups the agent froze, as the kernel reports them at the next step.
     kernel: BTreeMap<String, ObservedGroup>,
@@ -179,6 +180,7 @@ impl Sim {
             agent_pid: None,
             dry_run: false,
             observe_only: false,
+            taken: std::collections::BTreeSet::new(),
             last: None,
             kernel: BTreeMap::new(),
             kernel_applies: true,
@@ -204,6 +206,7 @@ impl Sim {
                 agent_pid: self.agent_pid,
                 dry_run: self.dry_run,
                 observe_only: self.observe_only,
+                taken: &self.taken,
                 observed: &self.kernel,
             },
         );
@@ -1329,6 +1332,48 @@ fn a_dry_run_reports_each_transition_once_and_never_retries() {
     assert_eq!(thaw.len(), 0, "nothing the dry run froze exists to thaw");
 }
 
+#[test]
+fn a_dry_run_acts_on_the_workloads_taken_and_only_reports_the_others() {
+    let over = [(10, 0, Some(3 * GIB)), (20, 0, Some(3 * GIB))];
+    let mut sim = Sim::ab(&format!("{}{}", freeze_at_once('a'), freeze_at_once('b')));
+    sim.dry_run = true;
+    sim.taken.insert(key('a'));
+    let first = sim.at(0, &over);
+    let dry: Vec<(String, bool)> = first
+        .iter()
+        .map(|a| (a.workload.clone(), a.dry_run))
+        .collect();
+    assert_eq!(dry, vec![(key('a'), false), (key('b'), true)]);
+    assert!(sim.kernel.contains_key(&key('a')) && !sim.kernel.contains_key(&key('b')));
+    let taken = |sim: &Sim, c| sim.state.workloads[&key(c)].reported(!sim.taken.contains(&key(c)));
+    assert!(sim.at(1000, &over).is_empty(), "a frozen, b reported once");
+    assert_eq!(taken(&sim, 'a'), "frozen");
+    assert_eq!(taken(&sim, 'b'), "would_freeze");
+    // Taken later (a verdict turned bad), a workload the dry run reported frozen is frozen now.
+    sim.taken.insert(key('b'));
+    let later = sim.at(5000, &over);
+    assert_eq!(later.len(), 1, "{later:?}");
+    assert_eq!(
+        (later[0].kind, later[0].dry_run),
+        (ActionKind::Freeze, false)
+    );
+    assert_eq!(
+        later[0].attempt, 1,
+        "a report was no attempt: {}",
+        later[0].reason
+    );
+    assert!(sim.at(6000, &over).is_empty());
+    assert_eq!(taken(&sim, 'b'), "frozen");
+    // Back within quota, the taken one is thawed for real.
+    let thaw = sim.at(40_000, &[(10, 0, Some(GIB)), (20, 0, Some(GIB))]);
+    assert!(
+        thaw.iter()
+            .all(|a| a.kind == ActionKind::Thaw && !a.dry_run),
+        "{thaw:?}"
+    );
+    assert!(sim.kernel.values().all(|o| o.state != GroupState::Frozen));
+}
+
 fn suspend_at_once(c: char, extra: &str) -> String {
     quota_for(
         c,
@@ -1841,6 +1886,7 @@ fn replay(w: &World) -> Replay {
                 agent_pid: w.agent,
                 dry_run: false,
                 observe_only: false,
+                taken: &crate::policy::NONE_TAKEN,
                 observed: &kernel,
             },
         );
@@ -2047,6 +2093,7 @@ proptest! {
                     agent_pid: w.agent,
                     dry_run: false,
                     observe_only: false,
+                    taken: &crate::policy::NONE_TAKEN,
                     observed,
                 });
                 prop_assert_eq!(&again, out);

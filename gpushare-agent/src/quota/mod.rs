@@ -329,6 +329,9 @@ pub struct Defaults {
     pub env_quotas: bool,
     /// The driver's memory allowed beyond each quota, per GPU.
     pub context_overhead: OverheadSetting,
+    /// In a dry run, take with gpushare's own ladder the grants no other mechanism holds (their
+    /// verdict `unenforced` or `violated`, [`crate::verify`]); nothing else is acted on.
+    pub take_unheld: bool,
     /// `[kubernetes]`: the sources in the cluster (read at start; a change needs a restart).
     pub kubernetes: KubernetesSettings,
 }
@@ -423,6 +426,7 @@ impl Default for Defaults {
             gpushare_unit: GpuShareUnit::GiB,
             env_quotas: true,
             context_overhead: OverheadSetting::default(),
+            take_unheld: false,
             kubernetes: KubernetesSettings::default(),
         }
     }
@@ -947,6 +951,15 @@ mode = "elastic"
         );
         let off = QuotaSet::parse("[defaults]\nenv_quotas = false\n", "q.toml").unwrap();
         assert_eq!(off.resolve(&container(), Some(&env)), None);
+    }
+
+    #[test]
+    fn take_unheld_is_off_unless_the_main_file_turns_it_on() {
+        assert!(!QuotaSet::empty().defaults().take_unheld);
+        let on = QuotaSet::parse("[defaults]\ntake_unheld = true\n", "q.toml").unwrap();
+        assert!(on.defaults().take_unheld);
+        let off = QuotaSet::parse("[defaults]\ntake_unheld = false\n", "q.toml").unwrap();
+        assert!(!off.defaults().take_unheld);
     }
 
     /// `resolved_from` (asked per workload per step, building nothing) names the source

@@ -376,6 +376,8 @@ pub struct StepReport<'a> {
     pub backends: BTreeMap<u32, &'static str>,
     /// Driver limits in force: (GPU index, cgroup, soft, hard, source).
     pub driver_limits: Vec<(u32, &'a str, u64, u64, &'static str)>,
+    /// In a dry run, the workloads acted on all the same (reported as done, not as would-be).
+    pub taken: &'a std::collections::BTreeSet<String>,
 }
 
 /// One workload row of a snapshot: the row, shared with the snapshots before it while none of

@@ -744,7 +744,7 @@ impl Publisher {
     pub(super) fn build_at(&mut self, r: StepReport, now: Instant) -> Snapshot {
         let sample = r.sample;
         let table = r.table;
-        let dry_run = r.health.dry_run;
+        let dry_run = |key: &str| r.health.dry_run && !r.taken.contains(key);
         let uuid_of = |i: u32| -> &str {
             sample
                 .devices
@@ -885,8 +885,8 @@ impl Publisher {
                 }
                 v.quota_source = &ws.quota;
                 v.quota_trust = r.quota_trust.get(key).copied().unwrap_or("");
-                v.state = ws.reported_scope(scope, dry_run).as_str();
-                v.detail = detail(ws.retry.as_ref(), r.now, dry_run);
+                v.state = ws.reported_scope(scope, dry_run(key)).as_str();
+                v.detail = detail(ws.retry.as_ref(), r.now, dry_run(key));
                 if let Some(fp) = ws.suspension.as_ref().and_then(|s| s.footprint()) {
                     v.suspended_bytes = match scope {
                         GpuScope::All => fp.values().sum(),
@@ -945,8 +945,8 @@ impl Publisher {
                 continue;
             };
             if !(v.own_scope || (ws.scopes.is_empty() && v.gpu == "all")) {
-                v.state = ws.reported(dry_run).as_str();
-                v.detail = detail(ws.retry.as_ref(), r.now, dry_run);
+                v.state = ws.reported(dry_run(v.key)).as_str();
+                v.detail = detail(ws.retry.as_ref(), r.now, dry_run(v.key));
             }
         }
 

@@ -62,6 +62,7 @@ fn build_with(
         now: Duration::ZERO,
         backends: BTreeMap::new(),
         driver_limits: Vec::new(),
+        taken: &crate::policy::NONE_TAKEN,
     })
 }
 
@@ -617,6 +618,7 @@ impl World {
                     (gpu, path, soft * GIB, hard * GIB, "agent")
                 })
                 .collect(),
+            taken: &crate::policy::NONE_TAKEN,
         }
     }
 }
@@ -781,6 +783,7 @@ fn an_unchanged_step_shares_every_row_and_a_change_renews_only_its_rows() {
             now: Duration::ZERO,
             backends: BTreeMap::new(),
             driver_limits: Vec::new(),
+            taken: &crate::policy::NONE_TAKEN,
         })
     };
     let first = step(&sample);

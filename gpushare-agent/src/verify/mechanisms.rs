@@ -15,7 +15,7 @@ const PIDS_NAMED: usize = 3;
 
 /// The listed mechanisms of `grant`, in [`MechanismKind`] order.
 pub(super) fn all(grant: &GrantInput<'_>, facts: &Facts<'_>) -> Vec<MechanismCheck> {
-    let mut out = vec![gpushare(facts.mode)];
+    let mut out = vec![gpushare(facts.mode, facts.taken)];
     out.extend(driver_limit(grant, &facts.driver_limit));
     out.extend(mps(grant, facts.processes));
     out.extend(in_process(grant, facts.processes));
@@ -46,9 +46,14 @@ fn value<'a>(vars: &'a [(String, String)], name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-fn gpushare(mode: AgentMode) -> MechanismCheck {
+fn gpushare(mode: AgentMode, taken: bool) -> MechanismCheck {
     match mode {
         AgentMode::Enforce => check(MechanismKind::Gpushare, MechanismState::InForce, ""),
+        AgentMode::DryRun if taken => check(
+            MechanismKind::Gpushare,
+            MechanismState::InForce,
+            "taken: no other mechanism held the grant (take_unheld)",
+        ),
         AgentMode::DryRun => check(
             MechanismKind::Gpushare,
             MechanismState::Absent,
@@ -316,6 +321,30 @@ fn in_process(grant: &GrantInput<'_>, processes: &[ProcessFact]) -> Option<Mecha
         ));
     }
     Some(check(k, MechanismState::InForce, ""))
+}
+
+/// Whether a mechanism a variable claims is absent for want of data (the driver could not be
+/// asked, no process's maps could be read, the driver cannot say whom MPS serves): it might hold
+/// the grant. (`dmem` is claimed by no variable: a group without `dmem.max` is its absence.)
+pub(super) fn unobserved(
+    grant: &GrantInput<'_>,
+    facts: &Facts<'_>,
+    mechanisms: &[MechanismCheck],
+) -> bool {
+    let procs = facts.processes;
+    let all = |f: &dyn Fn(&ProcessFact) -> bool| !procs.is_empty() && procs.iter().all(f);
+    mechanisms
+        .iter()
+        .filter(|m| m.state == MechanismState::Absent)
+        .any(|m| match m.mechanism {
+            MechanismKind::DriverLimit => {
+                set(grant.vars, NV_LIMIT)
+                    && matches!(facts.driver_limit, DriverLimitFact::Unknown { .. })
+            }
+            MechanismKind::Mps => all(&|p| p.mps == MpsService::Unknown),
+            MechanismKind::InProcess => all(&|p| p.limiter_mapped.is_none()),
+            MechanismKind::Gpushare | MechanismKind::Dmem => false,
+        })
 }
 
 fn dmem(grant: &GrantInput<'_>, fact: &DmemFact) -> MechanismCheck {

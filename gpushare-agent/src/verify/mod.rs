@@ -17,6 +17,13 @@
 //!   usage over the grant is `violated` (the mechanism failed), else `held`. Over means over the
 //!   grant plus `tolerance` *and* liable by the ladder's own judgment (which applies the quota's
 //!   tolerance and elastic borrowing in every mode): a workload the ladder reads `ok` is not over.
+//! - The operator's opt-in (`[defaults] take_unheld`): a dry run takes, with gpushare's ladder,
+//!   the grants the other mechanisms leave `unenforced` or `violated` ([`Verification::takes`],
+//!   for the next step: the verdict of one step decides the next, never its own). A grant taken
+//!   has `gpushare` in force and is judged as in enforce mode. It stays taken while the others do
+//!   not hold it or the ladder is not at rest (liable, isolating, isolated), so a verdict that
+//!   flips never starts and stops the ladder; it is taken only on facts observed (a mechanism a
+//!   variable claims that could not be observed might hold it: fail open).
 
 mod mechanisms;
 #[cfg(test)]
@@ -230,6 +237,9 @@ pub struct Facts<'a> {
     pub processes: &'a [ProcessFact],
     /// `dmem` on the group.
     pub dmem: DmemFact,
+    /// In a dry run, gpushare's ladder acts on the workload all the same: an auditor that opted
+    /// in took the grant at the last step.
+    pub taken: bool,
 }
 
 /// One grant: a workload's limit on one GPU, with the raw variables its container was given.
@@ -260,15 +270,35 @@ pub struct Verification {
     pub mechanisms: Vec<MechanismCheck>,
     /// The verdict.
     pub verdict: GrantVerdict,
+    /// Whether a dry run that opted in acts on this grant at the next step (see the module
+    /// note; always `false` outside a dry run).
+    pub takes: bool,
 }
 
 /// The mechanisms that claim `grant` and the verdict (see the module note).
 pub fn verify(grant: &GrantInput<'_>, facts: &Facts<'_>) -> Verification {
     let mechanisms = mechanisms::all(grant, facts);
     let verdict = verdict(grant, facts, &mechanisms);
+    let takes = takes(grant, facts, &mechanisms);
     Verification {
         mechanisms,
         verdict,
+        takes,
+    }
+}
+
+/// Whether a dry run that opted in acts on the grant at the next step: newly when the other
+/// mechanisms leave it unheld on facts observed; still, once taken, until they hold it and the
+/// ladder is at rest.
+fn takes(grant: &GrantInput<'_>, facts: &Facts<'_>, mechanisms: &[MechanismCheck]) -> bool {
+    if facts.mode != AgentMode::DryRun {
+        return false;
+    }
+    let unheld = others_verdict(grant, facts, mechanisms) != GrantVerdict::Held;
+    if facts.taken {
+        unheld || facts.ladder != LadderPosition::NotLiable
+    } else {
+        unheld && !mechanisms::unobserved(grant, facts, mechanisms)
     }
 }
 
@@ -286,13 +316,23 @@ fn verdict(
 ) -> GrantVerdict {
     // Over by the ladder's own judgment too (it evaluates in a dry run and observe only as well):
     // within the quota's tolerance, or over an elastic quota without pressure, it is not liable.
-    let over = over(grant) && facts.ladder != LadderPosition::NotLiable;
-    if facts.mode == AgentMode::Enforce {
+    if facts.mode == AgentMode::Enforce || (facts.mode == AgentMode::DryRun && facts.taken) {
+        let over = over(grant) && facts.ladder != LadderPosition::NotLiable;
         return match (over, facts.ladder) {
             (true, LadderPosition::NotIsolated) => GrantVerdict::Violated,
             _ => GrantVerdict::Held,
         };
     }
+    others_verdict(grant, facts, mechanisms)
+}
+
+/// The verdict of the mechanisms other than gpushare alone.
+fn others_verdict(
+    grant: &GrantInput<'_>,
+    facts: &Facts<'_>,
+    mechanisms: &[MechanismCheck],
+) -> GrantVerdict {
+    let over = over(grant) && facts.ladder != LadderPosition::NotLiable;
     let others_in_force = mechanisms
         .iter()
         .any(|m| m.mechanism != MechanismKind::Gpushare && m.state == MechanismState::InForce);

@@ -40,6 +40,7 @@ fn facts<'a>(mode: AgentMode, processes: &'a [ProcessFact]) -> Facts<'a> {
         driver_limit: DriverLimitFact::NotSet,
         processes,
         dmem: DmemFact::NoController,
+        taken: false,
     }
 }
 
@@ -546,4 +547,212 @@ fn labels() {
     assert_eq!(s, ["in_force", "absent", "failed"]);
     let v: Vec<&str> = GrantVerdict::ALL.iter().map(|v| v.as_str()).collect();
     assert_eq!(v, ["held", "unenforced", "violated"]);
+}
+
+#[test]
+fn a_dry_run_takes_what_the_others_leave_unheld_on_facts_observed_and_nothing_else() {
+    let hami = vars(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "2g")]);
+    let mapped = [proc(1, Some(true), MpsService::Unknown)];
+    let bare = [proc(1, Some(false), MpsService::Unknown)];
+    let unread = [proc(1, None, MpsService::Unknown)];
+    let none = vars(&[]);
+    for (vars, procs, usage, ladder, takes, why) in [
+        (
+            &hami,
+            &mapped[..],
+            GIB,
+            LadderPosition::NotLiable,
+            false,
+            "held",
+        ),
+        (
+            &hami,
+            &bare[..],
+            GIB,
+            LadderPosition::NotLiable,
+            true,
+            "unenforced",
+        ),
+        (
+            &none,
+            &[][..],
+            GIB,
+            LadderPosition::NotLiable,
+            true,
+            "no mechanism",
+        ),
+        (
+            &hami,
+            &mapped[..],
+            3 * GIB,
+            LadderPosition::InGrace,
+            true,
+            "violated",
+        ),
+        (
+            &hami,
+            &mapped[..],
+            3 * GIB,
+            LadderPosition::NotLiable,
+            false,
+            "ok by the ladder",
+        ),
+        (
+            &hami,
+            &unread[..],
+            GIB,
+            LadderPosition::NotLiable,
+            false,
+            "maps unread",
+        ),
+    ] {
+        let mut f = facts(AgentMode::DryRun, procs);
+        f.ladder = ladder;
+        let v = verify(&grant(vars, usage), &f);
+        assert_eq!(v.takes, takes, "{why}");
+        assert_eq!(
+            of(&v, MechanismKind::Gpushare).unwrap().0,
+            MechanismState::Absent
+        );
+        // Never outside a dry run.
+        for mode in [AgentMode::Enforce, AgentMode::ObserveOnly] {
+            f.mode = mode;
+            assert!(!verify(&grant(vars, usage), &f).takes, "{why} {mode:?}");
+        }
+    }
+}
+
+#[test]
+fn a_grant_is_held_while_taken_until_the_others_hold_it_and_the_ladder_rests() {
+    let hami = vars(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "2g")]);
+    let mapped = [proc(1, Some(true), MpsService::Unknown)];
+    let bare = [proc(1, Some(false), MpsService::Unknown)];
+    let unread = [proc(1, None, MpsService::Unknown)];
+    for (procs, usage, ladder, verdict, keeps) in [
+        // Nothing else holds it: kept, whatever the ladder (even at rest).
+        (
+            &bare[..],
+            GIB,
+            LadderPosition::NotLiable,
+            GrantVerdict::Held,
+            true,
+        ),
+        (
+            &bare[..],
+            3 * GIB,
+            LadderPosition::Isolated,
+            GrantVerdict::Held,
+            true,
+        ),
+        (
+            &unread[..],
+            GIB,
+            LadderPosition::NotLiable,
+            GrantVerdict::Held,
+            true,
+        ),
+        // The others hold it again: kept while the ladder is not at rest, let go once it is.
+        (
+            &mapped[..],
+            GIB,
+            LadderPosition::InGrace,
+            GrantVerdict::Held,
+            true,
+        ),
+        (
+            &mapped[..],
+            3 * GIB,
+            LadderPosition::Isolated,
+            GrantVerdict::Held,
+            true,
+        ),
+        (
+            &mapped[..],
+            GIB,
+            LadderPosition::NotLiable,
+            GrantVerdict::Held,
+            false,
+        ),
+        // Past grace and not isolated (an alert-only ladder): gpushare failed it.
+        (
+            &bare[..],
+            3 * GIB,
+            LadderPosition::NotIsolated,
+            GrantVerdict::Violated,
+            true,
+        ),
+    ] {
+        let mut f = facts(AgentMode::DryRun, procs);
+        f.ladder = ladder;
+        f.taken = true;
+        let v = verify(&grant(&hami, usage), &f);
+        assert_eq!(
+            (v.verdict, v.takes),
+            (verdict, keeps),
+            "{procs:?} {usage} {ladder:?}"
+        );
+        assert_eq!(
+            of(&v, MechanismKind::Gpushare),
+            Some((
+                MechanismState::InForce,
+                "taken: no other mechanism held the grant (take_unheld)".into()
+            ))
+        );
+    }
+}
+
+#[test]
+fn a_mechanism_claimed_and_not_observed_might_hold_the_grant() {
+    let limit = vars(&[("NVIDIA_GPU_MEMORY_LIMIT", "2g")]);
+    let plural = vars(&[("NVIDIA_GPU_MEMORY_LIMITS", "2g")]);
+    let mps = vars(&[("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=2G")]);
+    let unknown = DriverLimitFact::Unknown {
+        reason: "GPU 0 cannot be asked".into(),
+    };
+    let served_unknown = [proc(1, Some(false), MpsService::Unknown)];
+    let not_served = [proc(1, Some(false), MpsService::NotServed)];
+    for (vars, driver, procs, takes, why) in [
+        (
+            &limit,
+            unknown.clone(),
+            &served_unknown[..],
+            false,
+            "driver not asked",
+        ),
+        (
+            &limit,
+            DriverLimitFact::NotSet,
+            &served_unknown[..],
+            true,
+            "driver shows none",
+        ),
+        (
+            &plural,
+            unknown.clone(),
+            &served_unknown[..],
+            true,
+            "plural: known absent",
+        ),
+        (
+            &mps,
+            DriverLimitFact::NotSet,
+            &served_unknown[..],
+            false,
+            "MPS clients unknown",
+        ),
+        (
+            &mps,
+            DriverLimitFact::NotSet,
+            &not_served[..],
+            true,
+            "MPS: not served",
+        ),
+    ] {
+        let mut f = facts(AgentMode::DryRun, procs);
+        f.driver_limit = driver;
+        f.dmem = DmemFact::Unreadable {
+            reason: "no dmem.max".into(),
+        };
+        assert_eq!(verify(&grant(vars, GIB), &f).takes, takes, "{why}");
+    }
 }

@@ -533,3 +533,67 @@ fn a_grant_turning_unenforced_gets_an_event_on_its_pod() {
     );
     drop(pa);
 }
+
+/// The state of `key`'s row on the first GPU once it reads `state`.
+fn wait_row_state(agent: &AgentProcess, key: &str, state: &str) -> Snapshot {
+    agent.wait_for(Duration::from_secs(20), |s| {
+        crate::util::workload(s, key, U0).is_some_and(|w| w.state == state)
+    })
+}
+
+/// The operator's opt-in (`[defaults] take_unheld = true`): an auditor (a dry run) takes, with
+/// its own ladder, a grant no other mechanism holds. A container over its HAMi grant with
+/// HAMi-core mapped in none of its processes (unenforced) is frozen, `gpushare` in force; one with
+/// it mapped, within its grant (held), is not taken. Without the opt-in nothing is acted on; a
+/// SIGTERM thaws what the auditor froze.
+#[test]
+fn an_auditor_that_opted_in_takes_an_unenforced_grant_with_its_ladder_and_leaves_a_held_one() {
+    needs_root!("an_auditor_that_opted_in_takes_an_unenforced_grant");
+    let lib = fake_hami_core();
+    let preload = lib.to_str().unwrap().to_string();
+    let hami = ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g");
+    let (bare, mapped) = (container_cgroup(), container_cgroup());
+    let b = Proc::start(&bare, &[hami]);
+    let m = Proc::start(&mapped, &[hami, ("LD_PRELOAD", &preload)]);
+    let (bare_key, mapped_key) = (container_key(&bare), container_key(&mapped));
+    let sc = Scenario::create(&scenario(
+        &[(b.pid(), 2 * GIB), (m.pid(), GIB / 2)],
+        false,
+        &[],
+    ))
+    .unwrap();
+    let ladder = "[defaults]\ngrace = \"200ms\"\nladder = [ { action = \"freeze\" } ]\n";
+    let mut agent = AgentProcess::start(&sc, ladder, &["--dry-run"]);
+    // Without the opt-in: reported, never acted on, however long it stays over.
+    wait_row_state(&agent, &bare_key, "would_freeze");
+    agent.steps_over(Duration::from_secs(2), |_| assert!(!bare.is_frozen()));
+    let g = wait_verdict(&agent, &bare_key, GrantVerdict::Unenforced);
+    let gpushare = mechanism(&g, MechanismKind::Gpushare).unwrap();
+    assert_eq!(gpushare.0, MechanismState::Absent);
+    // Opted in: the unenforced grant is taken, the held one is not.
+    agent.write_quotas(&format!("{ladder}take_unheld = true\n"));
+    assert!(bare.wait_frozen(true), "{}", agent.log());
+    let s = wait_row_state(&agent, &bare_key, "frozen");
+    let g = grant(&s, &bare_key, U0).unwrap();
+    assert_eq!(g.verdict, GrantVerdict::Held, "{g:?}");
+    assert_eq!(
+        mechanism(g, MechanismKind::Gpushare),
+        Some((
+            MechanismState::InForce,
+            "taken: no other mechanism held the grant (take_unheld)".into()
+        ))
+    );
+    // Held by HAMi-core, the other stays untaken, step after step.
+    agent.steps_over(Duration::from_secs(2), |s| {
+        let g = grant(s, &mapped_key, U0).unwrap();
+        assert_eq!(g.verdict, GrantVerdict::Held, "{g:?}");
+        let gpushare = mechanism(g, MechanismKind::Gpushare).unwrap();
+        assert_eq!(gpushare.0, MechanismState::Absent);
+        assert!(!mapped.is_frozen() && bare.is_frozen());
+    });
+    // SIGTERM thaws what the auditor froze.
+    assert_eq!(agent.stop(), Some(0));
+    assert!(bare.wait_frozen(false));
+    drop((b, m));
+    let _ = std::fs::remove_dir_all(lib.parent().unwrap());
+}

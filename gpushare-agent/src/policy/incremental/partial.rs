@@ -96,6 +96,7 @@ impl Incremental {
             agent_pid: input.agent_pid,
             dry_run: input.dry_run,
             observe_only: input.observe_only,
+            taken: input.taken,
             observed: &observed,
         };
         let was = evaluate(
@@ -185,6 +186,7 @@ impl Carried {
             && input.agent_pid == self.agent_pid
             && input.dry_run == self.dry_run
             && input.observe_only == self.observe_only
+            && *input.taken == self.taken
             && *prev == self.state
             && same_gpus(s, c, false)
             && *input.observed == self.observed

@@ -201,6 +201,7 @@ fn every_input_the_policy_reads_decides_whether_a_step_is_carried() {
         agent_pid: Some(1),
         dry_run: false,
         observe_only: false,
+        taken: &crate::policy::NONE_TAKEN,
         observed: &observed,
     };
     let mut inc = Incremental::default();

@@ -103,6 +103,7 @@ fn decide_with_totals(
             agent_pid: None,
             dry_run: false,
             observe_only: false,
+            taken: &crate::policy::NONE_TAKEN,
             observed: &BTreeMap::new(),
         },
     )

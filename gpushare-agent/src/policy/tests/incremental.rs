@@ -57,6 +57,7 @@ impl Steady {
                 agent_pid: None,
                 dry_run: false,
                 observe_only: false,
+                taken: &crate::policy::NONE_TAKEN,
                 observed: &self.kernel,
             },
         );
@@ -407,6 +408,7 @@ fn check_world(
                     agent_pid: w.agent,
                     dry_run: false,
                     observe_only: false,
+                    taken: &crate::policy::NONE_TAKEN,
                     observed: &kernel,
                 },
             );

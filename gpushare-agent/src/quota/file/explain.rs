@@ -87,6 +87,7 @@ pub(super) fn explain_toml_message(message: &str) -> String {
                 "gpushare_memory_unit",
                 "env_quotas",
                 "context_overhead",
+                "take_unheld",
             ]
             .contains(field)
         {

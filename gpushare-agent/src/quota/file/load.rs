@@ -20,6 +20,7 @@ impl QuotaSet {
             defaults.elastic_reserve = patch.elastic_reserve.unwrap_or(defaults.elastic_reserve);
             defaults.gpushare_unit = patch.gpushare_unit.unwrap_or(defaults.gpushare_unit);
             defaults.env_quotas = patch.env_quotas.unwrap_or(defaults.env_quotas);
+            defaults.take_unheld = patch.take_unheld.unwrap_or(defaults.take_unheld);
             if let Some(o) = &patch.context_overhead {
                 defaults.context_overhead.clone_from(o);
             }

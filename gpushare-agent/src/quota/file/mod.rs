@@ -26,6 +26,7 @@
 //! elastic_reserve = "1GiB"
 //! gpushare_memory_unit = "GiB"   # or "MiB": unit of ALIYUN_COM_GPU_MEM_* values
 //! env_quotas = true              # honour GPUShare/HAMi env quotas
+//! take_unheld = false            # a dry run takes the grants no other mechanism holds
 //!
 //! [kubernetes]              # main file only; every key optional
 //! pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock"   # absent: not read
@@ -123,6 +124,8 @@ pub struct DefaultsPatch {
     pub env_quotas: Option<bool>,
     /// `context_overhead`.
     pub context_overhead: Option<crate::quota::OverheadSetting>,
+    /// `take_unheld`.
+    pub take_unheld: Option<bool>,
 }
 
 /// A validated `[kubernetes]` table: only the keys written.
@@ -242,6 +245,10 @@ pub fn parse_str(text: &str, origin: &str) -> Result<QuotaFile, Vec<LocatedError
                 .context_overhead
                 .as_ref()
                 .and_then(|v| validate::overhead_value(&mut cx, v)),
+            take_unheld: s
+                .take_unheld
+                .as_ref()
+                .and_then(|v| validate::take_unheld_value(&mut cx, v)),
         };
         (at, patch)
     });

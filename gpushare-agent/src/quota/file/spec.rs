@@ -41,6 +41,7 @@ pub(super) struct DefaultsSpec {
     pub(super) gpushare_memory_unit: Option<Spanned<Value>>,
     pub(super) env_quotas: Option<Spanned<bool>>,
     pub(super) context_overhead: Option<Spanned<Value>>,
+    pub(super) take_unheld: Option<Spanned<Value>>,
 }
 
 #[derive(Deserialize)]

@@ -309,6 +309,25 @@ pub(super) fn unit_value(cx: &mut Cx, v: &Spanned<Value>) -> Option<GpuShareUnit
     }
 }
 
+/// `take_unheld`: `true` or `false`, nothing else (a string "true" or a number is a mistake
+/// worth naming: the setting lets an auditor act).
+pub(super) fn take_unheld_value(cx: &mut Cx, v: &Spanned<Value>) -> Option<bool> {
+    match v.get_ref() {
+        Value::Boolean(b) => Some(*b),
+        other => {
+            cx.err(
+                &v.span(),
+                format!(
+                    "`take_unheld` must be true or false (unquoted), not {}: write `take_unheld = true` \
+                     to let a dry run take the grants no other mechanism holds",
+                    value_words(other)
+                ),
+            );
+            None
+        }
+    }
+}
+
 pub(super) fn ladder_value(
     cx: &mut Cx,
     ladder: &Spanned<Vec<Spanned<StepSpec>>>,
