@@ -368,7 +368,7 @@ impl Enforcer {
             warn!("pid {pid} of {workload} (Xid {xid}): {e:#}");
             return vec![(id, super::Outcome::Refused)];
         }
-        if self.dry_run {
+        if self.dry(workload) {
             info!(
                 "dry run: would checkpoint pid {pid} of {workload} again and end it: its restored \
                  context faulted (Xid {xid}; {FAULTED})"

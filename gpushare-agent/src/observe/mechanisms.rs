@@ -5,8 +5,12 @@
 //!
 //! Cost: only what a grant claims is read. A process's maps where a HAMi variable claims the
 //! in-process limiter: when it is new (a pid with another start time is another process) and,
-//! while no limiter was seen in it, again every [`RECHECK`] (a library loaded after start); its
-//! pipe directory once where an MPS variable claims MPS. The `dmem` capability is probed once.
+//! while no limiter was seen in it, again when its mapping changed (a library loaded after
+//! start): its size in `/proc/<pid>/statm` (a few dozen bytes) is looked at every [`RECHECK`],
+//! the maps read only when it differs from the size they were read at (an unmap and a map of
+//! the same size between two looks is missed: the limiter then reads "not mapped", never a false
+//! "in force"). Its pipe directory once where an MPS variable claims MPS. The `dmem` capability
+//! is probed once.
 
 use std::{
     collections::HashMap,
@@ -29,7 +33,7 @@ use crate::{
 pub const LIMITER_LIBRARY: &[u8] = b"libvgpu.so";
 /// MPS's pipe directory when `CUDA_MPS_PIPE_DIRECTORY` is not set.
 pub const DEFAULT_MPS_PIPE: &str = "/tmp/nvidia-mps";
-/// How often a process without a limiter is looked at again.
+/// How often a process without a limiter is looked at again (its mapping's size).
 pub const RECHECK: Duration = Duration::from_secs(10);
 
 /// What was read of one process.
@@ -44,8 +48,9 @@ pub struct ProcessMechanisms {
 
 struct Cached {
     start_ticks: u64,
-    /// When its maps were read, and what they said (`None`: not read).
-    limiter: Option<(Instant, Option<bool>)>,
+    /// When its mapping was last looked at, what its maps said (`None`: unreadable), and its
+    /// size when they were read (`None`: unreadable); `None`: not read.
+    limiter: Option<(Instant, Option<bool>, Option<u64>)>,
     /// Its pipe directory, when looked at.
     pipe: Option<Option<bool>>,
 }
@@ -77,8 +82,8 @@ impl MechanismReader {
     }
 
     /// What `id`'s process shows of what is asked: its maps (`limiter`) read when it is new, or
-    /// has no limiter and was read over [`RECHECK`] ago; its MPS pipe directory (`pipe`) looked at
-    /// once. Nothing is read for a process no grant asks about (a node without HAMi or MPS reads
+    /// has no limiter and its mapping's size, looked at every [`RECHECK`], changed; its MPS pipe
+    /// directory (`pipe`) looked at once. Nothing is read for a process no grant asks about (a node without HAMi or MPS reads
     /// no maps and no pipe directory).
     pub fn process(
         &mut self,
@@ -101,23 +106,35 @@ impl MechanismReader {
             };
         }
         let dir = self.proc_root.join(id.pid.to_string());
-        let stale = |l: &Option<(Instant, Option<bool>)>| match l {
-            None => true,
-            Some((_, Some(true))) => false,
-            Some((at, _)) => now.duration_since(*at) >= RECHECK,
-        };
-        if limiter && stale(&c.limiter) {
-            self.reads += 1;
-            let mapped = std::fs::read(dir.join("maps"))
-                .ok()
-                .map(|m| proc_maps::maps_library(&m, LIMITER_LIBRARY));
-            c.limiter = Some((now, mapped));
+        if limiter {
+            let read = match c.limiter {
+                None => true,
+                Some((_, Some(true), _)) => false,
+                Some((at, _, _)) if now.duration_since(at) < RECHECK => false,
+                Some((_, mapped, read_at)) => {
+                    let changed = vm_size(&dir).is_none_or(|size| Some(size) != read_at);
+                    if !changed {
+                        // The same mapping: nothing to read until the next look.
+                        c.limiter = Some((now, mapped, read_at));
+                    }
+                    changed
+                }
+            };
+            if read {
+                self.reads += 1;
+                // The size first: a mapping that changes after it is seen at the next look.
+                let size = vm_size(&dir);
+                let mapped = std::fs::read(dir.join("maps"))
+                    .ok()
+                    .map(|m| proc_maps::maps_library(&m, LIMITER_LIBRARY));
+                c.limiter = Some((now, mapped, size));
+            }
         }
         if pipe && c.pipe.is_none() {
             c.pipe = Some(pipe_present(&dir));
         }
         ProcessMechanisms {
-            limiter_mapped: c.limiter.and_then(|(_, m)| m),
+            limiter_mapped: c.limiter.and_then(|(_, m, _)| m),
             mps_pipe_present: c.pipe.flatten(),
         }
     }
@@ -182,6 +199,14 @@ pub const PIPE_LOOK: Duration = Duration::from_millis(200);
 /// Looks still blocked (each on a thread of its own); while this many are, no new one starts.
 const STUCK_MAX: usize = 4;
 static STUCK: AtomicUsize = AtomicUsize::new(0);
+
+/// The size of the process at `dir` (a `/proc/<pid>` directory), in pages: the first field of
+/// its `statm`, which any mapping or unmapping changes. `None`: unreadable.
+fn vm_size(dir: &Path) -> Option<u64> {
+    let statm = std::fs::read(dir.join("statm")).ok()?;
+    let first = statm.split(|b| b.is_ascii_whitespace()).next()?;
+    std::str::from_utf8(first).ok()?.parse().ok()
+}
 
 /// Whether the MPS pipe directory of the process at `dir` (`/proc/<pid>`) has its `control`
 /// pipe, as the process sees it (through its root); `None` when its environment is unreadable or
@@ -329,25 +354,72 @@ mod tests {
         assert_eq!(r.reads(), 1);
         r.process(me, now + Duration::from_secs(1), true, false);
         assert_eq!(r.reads(), 1);
-        r.process(me, now + RECHECK, true, false);
-        assert_eq!(
-            r.reads(),
-            2,
-            "a process without the limiter is looked at again"
-        );
         let other = ProcessIdentity {
             start_ticks: 2,
             ..me
         };
         r.process(other, now + RECHECK, true, false);
-        assert_eq!(r.reads(), 3, "another start time is another process");
+        assert_eq!(r.reads(), 2, "another start time is another process");
         // No MPS server here: /tmp/nvidia-mps/control is not there (unless one runs).
         let seen = r.process(other, now + RECHECK, true, true);
         assert_eq!(
             seen.mps_pipe_present,
             Some(Path::new("/tmp/nvidia-mps/control").exists())
         );
-        assert_eq!(r.reads(), 3);
+        assert_eq!(r.reads(), 2);
         assert_eq!(r.dmem("/x", None), DmemFact::NoController);
+    }
+
+    /// A process without the limiter: its maps are read again only when its mapping's size
+    /// changed (looked at every [`RECHECK`]), never every step (issue 42's cost).
+    #[test]
+    fn maps_are_read_again_only_when_the_mapping_changed() {
+        let proc = tempfile::tempdir().unwrap();
+        let dir = proc.path().join("4711");
+        std::fs::create_dir(&dir).unwrap();
+        let lib = "7f00-7f10 r-xp 0 08:01 12 /usr/lib/libc.so.6\n";
+        let vgpu = "7f20-7f30 r-xp 0 08:01 13 /usr/local/vgpu/libvgpu.so\n";
+        let write = |statm: &str, maps: &str| {
+            std::fs::write(dir.join("statm"), statm).unwrap();
+            std::fs::write(dir.join("maps"), maps).unwrap();
+        };
+        write("1000 200 100 1 0 50 0\n", lib);
+        let mut r = MechanismReader::new(proc.path().into(), "/nonexistent".into());
+        let id = ProcessIdentity {
+            pid: 4711,
+            start_ticks: 9,
+        };
+        let t0 = Instant::now();
+        let at = |n: u32| t0 + RECHECK * n;
+        assert_eq!(
+            r.process(id, at(0), true, false).limiter_mapped,
+            Some(false)
+        );
+        assert_eq!(r.reads(), 1);
+        // Looked at for ten RECHECKs, the same size: the maps are not read again.
+        for n in 1..=10 {
+            r.process(id, at(n), true, false);
+        }
+        assert_eq!(r.reads(), 1, "the same mapping, not read again");
+        // The limiter loaded after start: the size changed, read at the next look.
+        write("1400 200 100 1 0 50 0\n", &format!("{lib}{vgpu}"));
+        let seen = r.process(id, at(10) + RECHECK / 2, true, false);
+        assert_eq!(
+            (seen.limiter_mapped, r.reads()),
+            (Some(false), 1),
+            "within RECHECK"
+        );
+        let seen = r.process(id, at(11), true, false);
+        assert_eq!((seen.limiter_mapped, r.reads()), (Some(true), 2));
+        // Mapped: never read again.
+        write("1500 200 100 1 0 50 0\n", lib);
+        r.process(id, at(20), true, false);
+        assert_eq!(r.reads(), 2);
+        // An unreadable size is a change: read each look.
+        let other = ProcessIdentity { pid: 4712, ..id };
+        std::fs::create_dir(proc.path().join("4712")).unwrap();
+        r.process(other, at(0), true, false);
+        r.process(other, at(1), true, false);
+        assert_eq!(r.reads(), 4);
     }
 }
