@@ -1,29 +1,20 @@
-//! Prometheus metrics (prometheus-client). Gauges and totals are encoded at scrape time from the
-//! latest [`Snapshot`], so series of exited processes and removed workloads disappear with them
-//! and label cardinality stays bounded by what is alive. Histograms are kept here. The families
-//! are grouped by subject, one file each, in the order they are exported: `gpus.rs`,
-//! `workloads.rs`, `processes.rs`, `enforcement.rs`, `observation.rs`, `quotas.rs`, `health.rs`,
-//! `grants.rs`, then `compat.rs`.
+//! Prometheus metrics (prometheus-client), encoded at scrape time from the latest [`Snapshot`]
+//! and from nothing else: gauges, totals and the histograms of how long things took
+//! ([`crate::snapshot::Timings`]) all travel in it, so series of exited processes and removed
+//! workloads disappear with them and label cardinality stays bounded by what is alive. The
+//! families are grouped by subject, one file each, in the order they are exported: `timings.rs`,
+//! `gpus.rs`, `workloads.rs`, `processes.rs`, `enforcement.rs`, `observation.rs`, `quotas.rs`,
+//! `health.rs`, `grants.rs`, then `compat.rs`.
 //!
 //! A scrape re-encodes only what changed since the last one (per format): the series of each
 //! workload and process row are cached and copied while the row's fields stay the same
 //! (`cache.rs`); GPUs, counters and totals are encoded on every scrape.
 
-use std::sync::{Arc, Mutex, RwLock, atomic::AtomicU64, atomic::Ordering};
-
-use prometheus_client::{metrics::histogram::Histogram, registry::Registry};
+use std::sync::{Arc, Mutex, atomic::AtomicU64, atomic::Ordering};
 
 use self::cache::{RowCache, Series, Value};
 use self::rows::{ProcessRow, WorkloadRow};
-use crate::snapshot::Snapshot;
-
-/// The latest snapshot, shared between the agent loop (writer) and readers.
-pub type SharedSnapshot = Arc<RwLock<Arc<Snapshot>>>;
-
-/// The latest published snapshot (an empty one if a writer panicked while holding the lock).
-pub fn latest(shared: &SharedSnapshot) -> Arc<Snapshot> {
-    shared.read().map(|s| Arc::clone(&s)).unwrap_or_default()
-}
+use crate::snapshot::{SharedSnapshot, Snapshot, latest};
 
 /// Every isolation state a workload can be in; one series per state.
 pub const ISOLATION_STATES: &[&str] = &[
@@ -49,6 +40,7 @@ mod observation;
 mod processes;
 mod quotas;
 mod rows;
+mod timings;
 mod workloads;
 
 /// Which other systems' metric names to add (`--compat`).
@@ -75,9 +67,8 @@ struct FormatCache {
     last_output: usize,
 }
 
-/// The registry and the histograms the agent loop observes into.
+/// `/metrics` over the shared snapshot, with its scrape cache.
 pub struct Metrics {
-    registry: Registry,
     snapshot: SharedSnapshot,
     compat: Arc<Compat>,
     process_series: bool,
@@ -85,14 +76,6 @@ pub struct Metrics {
     /// Prometheus text, OpenMetrics.
     caches: [Mutex<FormatCache>; 2],
     rows_encoded: AtomicU64,
-    /// Time of one NVML sample.
-    pub sample_duration: Histogram,
-    /// From the sample (or allocation event) that showed a workload over quota to the action.
-    pub enforcement_latency: Histogram,
-    /// How long a suspend (lock, checkpoint, freeze) took.
-    pub suspend_duration: Histogram,
-    /// How long a resume (thaw, restore, unlock) took.
-    pub resume_duration: Histogram,
 }
 
 impl Metrics {
@@ -105,53 +88,16 @@ impl Metrics {
     /// (a series per GPU process, labelled with its pid and name: off unless the operator turns
     /// it on, since `/metrics` is served to whoever reaches the listener).
     pub fn with_options(snapshot: SharedSnapshot, compat: Compat, process_series: bool) -> Self {
-        let mut registry = Registry::default();
-        let sample_duration = Histogram::new([
-            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-        ]);
-        let enforcement_latency = Histogram::new([
-            0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-        ]);
-        registry.register(
-            "gpushare_sample_duration_seconds",
-            "Time to read every GPU and its processes through NVML",
-            sample_duration.clone(),
-        );
-        registry.register(
-            "gpushare_enforcement_latency_seconds",
-            "From the observation that put a workload over quota to the enforcement action",
-            enforcement_latency.clone(),
-        );
-        let suspend_buckets = [
-            0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-        ];
-        let suspend_duration = Histogram::new(suspend_buckets);
-        let resume_duration = Histogram::new(suspend_buckets);
-        registry.register(
-            "gpushare_suspend_duration_seconds",
-            "How long a suspend took: lock every GPU process, checkpoint each, freeze",
-            suspend_duration.clone(),
-        );
-        registry.register(
-            "gpushare_resume_duration_seconds",
-            "How long a resume took: thaw, restore and unlock every checkpointed process",
-            resume_duration.clone(),
-        );
         let mut families = families();
         families.extend(grants::families());
         families.extend(compat::families(&compat));
         Self {
-            registry,
             snapshot,
             compat: Arc::new(compat),
             process_series,
             families: families.into(),
             caches: Default::default(),
             rows_encoded: AtomicU64::new(0),
-            sample_duration,
-            enforcement_latency,
-            suspend_duration,
-            resume_duration,
         }
     }
 
@@ -193,11 +139,7 @@ impl Metrics {
         let snap = latest(&self.snapshot);
         let mut cache = lock(&self.caches[usize::from(openmetrics)]);
         let mut out = String::with_capacity(cache.last_output.max(64 * 1024));
-        let _ = if openmetrics {
-            prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)
-        } else {
-            prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
-        };
+        timings::encode(&snap.timings, openmetrics, &mut out);
         self.encode_snapshot(&snap, &mut cache, openmetrics, &mut out);
         if openmetrics {
             let _ = prometheus_client::encoding::text::encode_eof(&mut out);
@@ -438,14 +380,14 @@ fn process_labels(p: &ProcessRow) -> Labels {
     ]
 }
 
-/// A counter family of a `kind -> count` map, labelled `label`.
-fn by_kind<'a>(
+/// A counter family of `kind -> count` pairs, labelled `label`.
+fn by_kind<K: ToString, N: std::borrow::Borrow<u64>>(
     s: &mut Series,
     label: &'static str,
-    map: impl IntoIterator<Item = (&'a String, &'a u64)>,
+    pairs: impl IntoIterator<Item = (K, N)>,
 ) {
-    for (k, v) in map {
-        push(s, vec![(label, k.clone())], *v);
+    for (k, n) in pairs {
+        push(s, vec![(label, k.to_string())], *n.borrow());
     }
 }
 

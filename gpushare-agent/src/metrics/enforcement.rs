@@ -11,13 +11,12 @@ pub(super) fn families() -> Vec<Family> {
             "Enforcement actions by action and result",
         )
         .each(|snap, _, s| {
-            for (k, v) in &snap.counters.enforcement_actions {
-                let (action, result) = k.split_once('/').unwrap_or((k.as_str(), ""));
+            for (k, n) in snap.counters.enforcement_actions.iter() {
                 let labels = vec![
-                    ("action", action.to_string()),
-                    ("result", result.to_string()),
+                    ("action", k.action.to_string()),
+                    ("result", k.result.to_string()),
                 ];
-                push(s, labels, *v);
+                push(s, labels, n);
             }
         }),
         Family::counter(

@@ -19,7 +19,7 @@ pub(super) fn families() -> Vec<Family> {
             "gpushare_kubernetes",
             "The API server's reads and Kubernetes Events, by what (api_reads, api_errors, annotation_edits_ignored, events_created, events_patched, events_skipped, events_dropped, events_errors)",
         )
-        .each(|snap, _, s| by_kind(s, "what", &snap.counters.kubernetes)),
+        .each(|snap, _, s| by_kind(s, "what", snap.counters.kubernetes.labelled())),
         Family::gauge(
             "gpushare_env_quota_unit_mismatch",
             "1 for a workload whose ALIYUN_COM_GPU_MEM_DEV says the device plugin's unit is not gpushare_memory_unit",
