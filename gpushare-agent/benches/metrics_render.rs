@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use gpushare_agent::{
-    metrics::{Compat, Metrics, SharedSnapshot},
-    snapshot::{GpuView, ProcessView, Snapshot, WorkloadView},
+    metrics::{Compat, Metrics},
+    snapshot::{GpuView, ProcessView, SharedSnapshot, Snapshot, WorkloadView},
 };
 
 const WORKLOADS: usize = 1_000;

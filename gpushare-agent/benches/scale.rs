@@ -350,7 +350,7 @@ fn bench_agent(
     dir: &Path,
 ) -> (
     gpushare_agent::agent::Agent,
-    gpushare_agent::metrics::SharedSnapshot,
+    gpushare_agent::snapshot::SharedSnapshot,
 ) {
     use std::sync::Arc;
 
@@ -358,18 +358,16 @@ fn bench_agent(
         agent::{Agent, AgentOptions},
         enforce::Enforcer,
         grants::quota_store::{QuotaPaths, QuotaStore},
-        metrics::{Compat, Metrics, SharedSnapshot},
         nvml::NvmlSampler,
+        snapshot::SharedSnapshot,
     };
     let tracker = Tracker::procfs_only(CgroupResolver::new(root.to_path_buf()), "bench".into());
     let snapshot: SharedSnapshot = Arc::default();
-    let metrics = Arc::new(Metrics::new(snapshot.clone(), Compat::default()));
     let agent = Agent::new(
         tracker,
         NvmlSampler::open(Some(lib)),
         QuotaStore::load(QuotaPaths::new(dir.join("quotas.toml"), None)),
         Enforcer::new(root.to_path_buf(), &dir.join("state"), true).unwrap(),
-        metrics,
         snapshot.clone(),
         AgentOptions {
             dry_run: true,

@@ -22,7 +22,10 @@ use axum::{
 use log::{info, warn};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::metrics::{Metrics, SharedSnapshot, latest};
+use crate::{
+    metrics::Metrics,
+    snapshot::{SharedSnapshot, latest},
+};
 
 /// Default TCP address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9402";

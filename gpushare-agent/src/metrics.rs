@@ -1,26 +1,20 @@
-//! Prometheus metrics (prometheus-client). Gauges and totals are encoded at scrape time from the
-//! latest [`Snapshot`], so series of exited processes and removed workloads disappear with them
-//! and label cardinality stays bounded by what is alive. Histograms are kept here.
+//! Prometheus metrics (prometheus-client), encoded at scrape time from the latest [`Snapshot`]
+//! and from nothing else: gauges, totals and the histograms of how long things took
+//! ([`crate::snapshot::Timings`]) all travel in it, so series of exited processes and removed
+//! workloads disappear with them and label cardinality stays bounded by what is alive. The
+//! families are grouped by subject, one file each, in the order they are exported: `timings.rs`,
+//! `gpus.rs`, `workloads.rs`, `processes.rs`, `enforcement.rs`, `observation.rs`, `quotas.rs`,
+//! `health.rs`, `grants.rs`, then `compat.rs`.
 //!
 //! A scrape re-encodes only what changed since the last one (per format): the series of each
 //! workload and process row are cached and copied while the row's fields stay the same
 //! (`cache.rs`); GPUs, counters and totals are encoded on every scrape.
 
-use std::sync::{Arc, Mutex, RwLock, atomic::AtomicU64, atomic::Ordering};
-
-use prometheus_client::{metrics::histogram::Histogram, registry::Registry};
+use std::sync::{Arc, Mutex, atomic::AtomicU64, atomic::Ordering};
 
 use self::cache::{RowCache, Series, Value};
 use self::rows::{ProcessRow, WorkloadRow};
-use crate::snapshot::Snapshot;
-
-/// The latest snapshot, shared between the agent loop (writer) and readers.
-pub type SharedSnapshot = Arc<RwLock<Arc<Snapshot>>>;
-
-/// The latest published snapshot (an empty one if a writer panicked while holding the lock).
-pub fn latest(shared: &SharedSnapshot) -> Arc<Snapshot> {
-    shared.read().map(|s| Arc::clone(&s)).unwrap_or_default()
-}
+use crate::snapshot::{SharedSnapshot, Snapshot, latest};
 
 /// Every isolation state a workload can be in; one series per state.
 pub const ISOLATION_STATES: &[&str] = &[
@@ -38,8 +32,16 @@ pub const ISOLATION_STATES: &[&str] = &[
 
 mod cache;
 pub mod compat;
+mod enforcement;
+mod gpus;
 mod grants;
+mod health;
+mod observation;
+mod processes;
+mod quotas;
 mod rows;
+mod timings;
+mod workloads;
 
 /// Which other systems' metric names to add (`--compat`).
 pub use self::compat::Compat;
@@ -65,9 +67,8 @@ struct FormatCache {
     last_output: usize,
 }
 
-/// The registry and the histograms the agent loop observes into.
+/// `/metrics` over the shared snapshot, with its scrape cache.
 pub struct Metrics {
-    registry: Registry,
     snapshot: SharedSnapshot,
     compat: Arc<Compat>,
     process_series: bool,
@@ -75,14 +76,6 @@ pub struct Metrics {
     /// Prometheus text, OpenMetrics.
     caches: [Mutex<FormatCache>; 2],
     rows_encoded: AtomicU64,
-    /// Time of one NVML sample.
-    pub sample_duration: Histogram,
-    /// From the sample (or allocation event) that showed a workload over quota to the action.
-    pub enforcement_latency: Histogram,
-    /// How long a suspend (lock, checkpoint, freeze) took.
-    pub suspend_duration: Histogram,
-    /// How long a resume (thaw, restore, unlock) took.
-    pub resume_duration: Histogram,
 }
 
 impl Metrics {
@@ -95,53 +88,16 @@ impl Metrics {
     /// (a series per GPU process, labelled with its pid and name: off unless the operator turns
     /// it on, since `/metrics` is served to whoever reaches the listener).
     pub fn with_options(snapshot: SharedSnapshot, compat: Compat, process_series: bool) -> Self {
-        let mut registry = Registry::default();
-        let sample_duration = Histogram::new([
-            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-        ]);
-        let enforcement_latency = Histogram::new([
-            0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-        ]);
-        registry.register(
-            "gpushare_sample_duration_seconds",
-            "Time to read every GPU and its processes through NVML",
-            sample_duration.clone(),
-        );
-        registry.register(
-            "gpushare_enforcement_latency_seconds",
-            "From the observation that put a workload over quota to the enforcement action",
-            enforcement_latency.clone(),
-        );
-        let suspend_buckets = [
-            0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-        ];
-        let suspend_duration = Histogram::new(suspend_buckets);
-        let resume_duration = Histogram::new(suspend_buckets);
-        registry.register(
-            "gpushare_suspend_duration_seconds",
-            "How long a suspend took: lock every GPU process, checkpoint each, freeze",
-            suspend_duration.clone(),
-        );
-        registry.register(
-            "gpushare_resume_duration_seconds",
-            "How long a resume took: thaw, restore and unlock every checkpointed process",
-            resume_duration.clone(),
-        );
         let mut families = families();
         families.extend(grants::families());
         families.extend(compat::families(&compat));
         Self {
-            registry,
             snapshot,
             compat: Arc::new(compat),
             process_series,
             families: families.into(),
             caches: Default::default(),
             rows_encoded: AtomicU64::new(0),
-            sample_duration,
-            enforcement_latency,
-            suspend_duration,
-            resume_duration,
         }
     }
 
@@ -183,11 +139,7 @@ impl Metrics {
         let snap = latest(&self.snapshot);
         let mut cache = lock(&self.caches[usize::from(openmetrics)]);
         let mut out = String::with_capacity(cache.last_output.max(64 * 1024));
-        let _ = if openmetrics {
-            prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)
-        } else {
-            prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
-        };
+        timings::encode(&snap.timings, openmetrics, &mut out);
         self.encode_snapshot(&snap, &mut cache, openmetrics, &mut out);
         if openmetrics {
             let _ = prometheus_client::encoding::text::encode_eof(&mut out);
@@ -428,359 +380,31 @@ fn process_labels(p: &ProcessRow) -> Labels {
     ]
 }
 
-/// A counter family of a `kind -> count` map, labelled `label`.
-fn by_kind<'a>(
+/// A counter family of `kind -> count` pairs, labelled `label`.
+fn by_kind<K: ToString, N: std::borrow::Borrow<u64>>(
     s: &mut Series,
     label: &'static str,
-    map: impl IntoIterator<Item = (&'a String, &'a u64)>,
+    pairs: impl IntoIterator<Item = (K, N)>,
 ) {
-    for (k, v) in map {
-        push(s, vec![(label, k.clone())], *v);
+    for (k, n) in pairs {
+        push(s, vec![(label, k.to_string())], *n.borrow());
     }
 }
 
-/// The GPUs' own families (memory, health, backend, utilization), in the order they are exported.
-fn gpu_families() -> Vec<Family> {
-    vec![
-        Family::gauge("gpushare_gpu_memory_total_bytes", "GPU memory in total, bytes").each(
-            |snap, _, s| {
-                for g in &snap.gpus {
-                    push(s, gpu_labels(g), g.memory_total_bytes as f64);
-                }
-            },
-        ),
-        Family::gauge("gpushare_gpu_memory_used_bytes", "GPU memory in use, bytes").each(
-            |snap, _, s| {
-                for g in &snap.gpus {
-                    push(s, gpu_labels(g), g.memory_used_bytes as f64);
-                }
-            },
-        ),
-        Family::gauge(
-            "gpushare_gpu_context_overhead_bytes",
-            "The driver's memory (a CUDA context) allowed beyond every quota on a GPU, once per \
-             workload, bytes; source: learned, set, learning or none",
-        )
-        .each(|snap, _, s| {
-            for g in &snap.gpus {
-                let mut labels = gpu_labels(g);
-                labels.push(("source", g.context_overhead_source.clone()));
-                push(s, labels, g.context_overhead_bytes as f64);
-            }
-        }),
-        Family::gauge(
-            "gpushare_gpu_healthy",
-            "1 when the last NVML sample read the GPU completely",
-        )
-        .each(|snap, _, s| {
-            for g in &snap.gpus {
-                push(s, gpu_labels(g), g.healthy as u8 as f64);
-            }
-        }),
-        Family::gauge(
-            "gpushare_gpu_isolation_backend",
-            "How quotas are enforced on a GPU: soft (the agent's ladder) or driver_limits (also the \
-             NVIDIA driver's per-cgroup limits, r615+); 1 for the one in force",
-        )
-        .each(|snap, _, s| {
-            for g in &snap.gpus {
-                let mut l = gpu_labels(g);
-                let backend = if g.isolation_backend.is_empty() {
-                    "soft".to_string()
-                } else {
-                    g.isolation_backend.clone()
-                };
-                l.push(("backend", backend));
-                push(s, l, 1.0);
-            }
-        }),
-        Family::gauge(
-            "gpushare_gpu_utilization_ratio",
-            "Share of NVML's last sample period in which a kernel ran on the GPU, 0-1 (absent where \
-             NVML does not report it: not supported, MIG)",
-        )
-        .each(|snap, _, s| {
-            for g in &snap.gpus {
-                if let Some(u) = g.utilization {
-                    push(s, gpu_labels(g), u);
-                }
-            }
-        }),
-        Family::gauge(
-            "gpushare_gpu_memory_utilization_ratio",
-            "Share of NVML's last sample period in which GPU memory was read or written, 0-1 \
-             (absent where not reported)",
-        )
-        .each(|snap, _, s| {
-            for g in &snap.gpus {
-                if let Some(u) = g.memory_utilization {
-                    push(s, gpu_labels(g), u);
-                }
-            }
-        }),
-    ]
-}
-
-/// gpushare's own families, in the order they are exported.
+/// gpushare's own families, subject by subject, in the order they are exported.
 fn families() -> Vec<Family> {
-    let mut families = gpu_families();
-    families.extend(vec![
-        Family::gauge(
-            "gpushare_workload_gpu_utilization_ratio",
-            "SM utilization of a workload's processes on a GPU over its last sample window, summed, \
-             0-1 (absent where unknown: not supported, MIG, or no process verified for the window)",
-        )
-        .workloads(|w, _, s| {
-            if let Some(u) = w.utilization {
-                push(s, workload_labels(w), u.0);
-            }
-        }),
-        Family::gauge(
-            "gpushare_workload_gpu_memory_utilization_ratio",
-            "Memory-controller utilization of a workload's processes on a GPU, summed, 0-1 (absent \
-             where unknown)",
-        )
-        .workloads(|w, _, s| {
-            if let Some(u) = w.memory_utilization {
-                push(s, workload_labels(w), u.0);
-            }
-        }),
-        Family::gauge(
-            "gpushare_driver_limit_bytes",
-            "Driver-enforced GPU memory limits (nvmlDeviceSetMemoryLimits_v1) on the cgroups of \
-             workloads under a quota, bytes, by kind (soft, hard) and source (agent: set by gpushare; \
-             other: set by someone else, e.g. NVIDIA's container hook, and left as it is)",
-        )
-        .each(|snap, _, s| {
-            for l in snap.driver_limits.iter() {
-                let labels = |kind: &'static str| {
-                    vec![
-                        ("gpu_uuid", l.gpu_uuid.clone()),
-                        ("cgroup", l.cgroup_path.clone()),
-                        ("kind", kind.to_string()),
-                        ("source", l.source.clone()),
-                    ]
-                };
-                if l.soft_bytes > 0 {
-                    push(s, labels("soft"), l.soft_bytes as f64);
-                }
-                if l.hard_bytes != u64::MAX {
-                    push(s, labels("hard"), l.hard_bytes as f64);
-                }
-            }
-        }),
-        Family::gauge(
-            "gpushare_workload_gpu_memory_used_bytes",
-            "GPU memory used by a workload, bytes",
-        )
-        .workloads(|w, _, s| push(s, workload_labels(w), w.used_bytes as f64)),
-        Family::gauge(
-            "gpushare_workload_gpu_memory_quota_bytes",
-            "GPU memory quota of a workload, bytes",
-        )
-        .workloads(|w, _, s| {
-            if let Some(q) = w.quota_bytes {
-                push(s, workload_with(w, "quota_trust", &w.quota_trust), q as f64);
-            }
-        }),
-        Family::gauge(
-            "gpushare_workload_identity",
-            "What a container's or pod's identity rests on, 1 per workload row: identity=runtime (its \
-             runtime's record names its group), degraded (its runtime's place alone), conflict \
-             (two groups claimed it; a plain cgroup now)",
-        )
-        .workloads(|w, _, s| {
-            if !w.identity.is_empty() {
-                push(s, workload_with(w, "identity", &w.identity), 1.0);
-            }
-        }),
-        Family::gauge(
-            "gpushare_workload_isolation_state",
-            "Isolation state of a workload: one series per state, 1 for the current one",
-        )
-        .workloads(|w, _, s| {
-            let other = (!ISOLATION_STATES.contains(&&*w.state)).then_some(&*w.state);
-            for state in ISOLATION_STATES.iter().copied().chain(other) {
-                push(s, workload_with(w, "state", state), (state == w.state) as u8 as f64);
-            }
-        }),
-        Family::gauge(
-            "gpushare_process_gpu_memory_used_bytes",
-            "GPU memory used by a process, bytes (with --process-metrics only)",
-        )
-        .processes(|p, s| {
-            if let Some(b) = p.used_bytes {
-                push(s, process_labels(p), b as f64);
-            }
-        }),
-        Family::gauge(
-            "gpushare_process_gpu_utilization_ratio",
-            "SM utilization of a process over its GPU's last sample window, 0-1 (0: no sample, \
-             idle; absent where unknown; with --process-metrics only)",
-        )
-        .processes(|p, s| {
-            if let Some(u) = p.utilization {
-                push(s, process_labels(p), u.0);
-            }
-        }),
-        Family::gauge(
-            "gpushare_unattributed_gpu_memory_bytes",
-            "GPU memory of processes no workload was found for, bytes",
-        )
-        .each(|snap, _, s| {
-            for g in &snap.gpus {
-                let b = *snap.unattributed_bytes.get(&g.uuid).unwrap_or(&0);
-                push(s, vec![("gpu_uuid", g.uuid.clone())], b as f64);
-            }
-        }),
-        Family::counter(
-            "gpushare_enforcement_actions",
-            "Enforcement actions by action and result",
-        )
-        .each(|snap, _, s| {
-            for (k, v) in &snap.counters.enforcement_actions {
-                let (action, result) = k.split_once('/').unwrap_or((k.as_str(), ""));
-                let labels = vec![
-                    ("action", action.to_string()),
-                    ("result", result.to_string()),
-                ];
-                push(s, labels, *v);
-            }
-        }),
-        Family::counter(
-            "gpushare_enforcement_external_changes",
-            "Changes found made behind the agent's back to groups it froze (thawed, gone, replaced: \
-             recreated under the same path) and earlier runs' freezes taken over (adopted)",
-        )
-        .each(|snap, _, s| by_kind(s, "change", &snap.counters.external_changes)),
-        Family::counter(
-            "gpushare_suspend_fallthroughs",
-            "Suspend steps that fell through to the next step, by reason (unavailable: no driver \
-             with the checkpoint API; host_memory; lock_timeout; not_supported; failed_state; error)",
-        )
-        .each(|snap, _, s| by_kind(s, "reason", &snap.counters.suspend_fallthroughs)),
-        Family::counter(
-            "gpushare_suspended_gpu_memory_moved_bytes",
-            "GPU memory moved to host memory by suspends since the agent started",
-        )
-        .each(|snap, _, s| push(s, Labels::new(), snap.counters.suspended_bytes_total)),
-        Family::gauge(
-            "gpushare_workload_suspended_bytes",
-            "GPU memory of a suspended workload held in host memory, bytes",
-        )
-        .workloads(|w, _, s| {
-            if w.suspended_bytes > 0 {
-                push(s, workload_labels(w), w.suspended_bytes as f64);
-            }
-        }),
-        Family::gauge(
-            "gpushare_workloads_suspended",
-            "Workloads suspended (their GPU memory in host memory)",
-        )
-        .each(|snap, _, s| {
-            let n = snap
-                .workloads
-                .iter()
-                .filter(|w| w.state == "suspended")
-                .map(|w| w.workload.as_str())
-                .collect::<std::collections::BTreeSet<_>>()
-                .len();
-            push(s, Labels::new(), n as f64);
-        }),
-        Family::counter(
-            "gpushare_workload_identity_events",
-            "Workload-identity events: two groups claiming one container or pod identity \
-             (conflict), a container's runtime record naming another group (record_mismatch)",
-        )
-        .each(|snap, _, s| by_kind(s, "kind", &snap.counters.workload_identity)),
-        Family::counter(
-            "gpushare_identity_checks",
-            "GPU tasks dropped because they exited (exited), sampled pids whose tracked process had \
-             exited and were attributed afresh (stale_identity), sample records left unknown \
-             because their pid's process started after the sample (unverifiable), pids rejected \
-             at attribution (rejected)",
-        )
-        .each(|snap, _, s| by_kind(s, "kind", &snap.counters.identity)),
-        Family::counter(
-            "gpushare_attribution_work",
-            "Work attribution did whose amount processes choose: unconfirmed nvidia opens checked \
-             in /proc (open_checks) and found failed (failed_opens), /proc/<pid>/fd entries read \
-             (fd_entries_read), cgroup ids resolved by opening the group (cgroup_id_lookups), \
-             walks of the cgroup hierarchy (cgroup_rescans) and the directories they read \
-             (cgroup_dirs_walked)",
-        )
-        .each(|snap, _, s| by_kind(s, "kind", &snap.counters.attribution_work)),
-        Family::counter(
-            "gpushare_gpu_ioctls",
-            "ioctls issued by the GPU tasks of a workload",
-        )
-        .each(|snap, _, s| by_kind(s, "workload", snap.counters.gpu_ioctls.iter())),
-        Family::counter("gpushare_ebpf_events", "Kernel events received by kind")
-            .each(|snap, _, s| by_kind(s, "kind", &snap.counters.ebpf_events)),
-        Family::counter(
-            "gpushare_ebpf_events_lost",
-            "Kernel events lost because the ring buffer was full",
-        )
-        .each(|snap, _, s| push(s, Labels::new(), snap.counters.ebpf_events_lost)),
-        Family::counter("gpushare_nvml_errors", "NVML calls that failed, by call")
-            .each(|snap, _, s| by_kind(s, "call", &snap.counters.nvml_errors)),
-        Family::counter(
-            "gpushare_env_quota_errors",
-            "Malformed environment-quota variables and unreadable runtime specs (each ignored)",
-        )
-        .each(|snap, _, s| push(s, Labels::new(), snap.counters.env_quota_errors)),
-        Family::counter(
-            "gpushare_env_quota_disagreements",
-            "Environment-quota variables that disagree with the devices the runtime gave, or hold a value no plugin writes, by kind",
-        )
-        .each(|snap, _, s| by_kind(s, "kind", &snap.counters.env_quota_disagreements)),
-        Family::counter(
-            "gpushare_kubernetes",
-            "The API server's reads and Kubernetes Events, by what (api_reads, api_errors, annotation_edits_ignored, events_created, events_patched, events_skipped, events_dropped, events_errors)",
-        )
-        .each(|snap, _, s| by_kind(s, "what", &snap.counters.kubernetes)),
-        Family::gauge(
-            "gpushare_env_quota_unit_mismatch",
-            "1 for a workload whose ALIYUN_COM_GPU_MEM_DEV says the device plugin's unit is not gpushare_memory_unit",
-        )
-        .each(|snap, _, s| {
-            for k in snap.counters.env_quota_unit_mismatch.keys() {
-                push(s, vec![("workload", k.clone())], 1.0);
-            }
-        }),
-        Family::gauge(
-            "gpushare_quota_config_valid",
-            "1 when the quota files loaded cleanly; 0 while the last good configuration is kept",
-        )
-        .each(|snap, _, s| {
-            push(s, Labels::new(), snap.counters.quota_config_valid as u8 as f64)
-        }),
-        Family::gauge(
-            "gpushare_quota_config_last_reload_timestamp_seconds",
-            "When the quota configuration was last loaded",
-        )
-        .each(|snap, _, s| push(s, Labels::new(), snap.counters.quota_config_last_reload_unix)),
-        Family::gauge(
-            "gpushare_agent_ready",
-            "1 once the programs are loaded and the first sample is done",
-        )
-        .each(|snap, _, s| push(s, Labels::new(), snap.health.ready as u8 as f64)),
-        Family::gauge(
-            "gpushare_agent_degraded",
-            "1 while the agent runs in a degraded mode (see /healthz)",
-        )
-        .each(|snap, _, s| {
-            push(s, Labels::new(), (!snap.health.degraded.is_empty()) as u8 as f64)
-        }),
-        Family::gauge("gpushare_build_info", "Build information").each(|_, _, s| {
-            let labels = vec![
-                ("version", env!("CARGO_PKG_VERSION").to_string()),
-                ("commit", env!("GPUSHARE_COMMIT").to_string()),
-            ];
-            push(s, labels, 1.0)
-        }),
-    ]);
-    families
+    [
+        gpus::families(),
+        workloads::families(),
+        processes::families(),
+        enforcement::families(),
+        observation::families(),
+        quotas::families(),
+        health::families(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 #[cfg(test)]

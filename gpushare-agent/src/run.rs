@@ -26,8 +26,9 @@ use crate::{
     ebpf::LoadOptions,
     enforce::Enforcer,
     grants::quota_store::{QuotaPaths, QuotaStore},
-    metrics::{Compat, Metrics, SharedSnapshot},
+    metrics::{Compat, Metrics},
     nvml::NvmlSampler,
+    snapshot::SharedSnapshot,
     ticker::Ticker,
 };
 
@@ -124,15 +125,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             Err(e.reason)
         }
     };
-    let mut agent = Agent::new(
-        tracker,
-        sampler,
-        quotas,
-        enforcer,
-        metrics.clone(),
-        snapshot.clone(),
-        opts,
-    );
+    let mut agent = Agent::new(tracker, sampler, quotas, enforcer, snapshot.clone(), opts);
 
     use_checkpointer(&mut agent, cuda, &args.kernel_log);
     // The API server (`[kubernetes]`, read at start): grants and Events, never waited on.

@@ -38,9 +38,9 @@ impl Agent {
             if matches!(outcome, ExecOutcome::Ok | ExecOutcome::DryRun)
                 && !matches!(a.kind, ActionKind::Thaw)
             {
-                self.metrics
+                self.timings
                     .enforcement_latency
-                    .observe(obs.trigger.elapsed().as_secs_f64());
+                    .observe(obs.trigger.elapsed());
             }
             self.counters.action(a.kind, outcome);
         }

@@ -1,7 +1,7 @@
 //! The agent's monotonic totals, typed: executed actions by (action kind, executor result),
 //! changes found made behind the agent's back, suspend steps that fell through, and the GPU
-//! memory suspends moved. [`Totals::render`] turns them into the snapshot's label values
-//! (`freeze/ok`, `thawed`, `unavailable`, ...).
+//! memory suspends moved. [`Totals::render`] hands them to the snapshot: actions as typed
+//! (action, result) pairs, the others by their label values (`thawed`, `unavailable`, ...).
 
 use std::collections::BTreeMap;
 
@@ -109,14 +109,12 @@ impl Totals {
         }
     }
 
-    /// The totals as the snapshot labels them: actions by `action/result`, the others by kind.
+    /// The totals as the snapshot holds them: actions by (action, result), the others by kind.
     pub fn render(&self, into: &mut snapshot::Counters) {
-        into.enforcement_actions = BTreeMap::new();
+        into.enforcement_actions = snapshot::ActionCounts::default();
         for (kind, result, n) in &self.actions {
-            *into
-                .enforcement_actions
-                .entry(format!("{}/{}", kind.name(), result.as_str()))
-                .or_default() += n;
+            into.enforcement_actions
+                .add(kind.name(), result.as_str(), *n);
         }
         into.external_changes = self
             .external
@@ -182,8 +180,13 @@ mod tests {
         let want = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
             v.iter().map(|(k, n)| (k.to_string(), *n)).collect()
         };
+        let actions: Vec<(String, u64)> = s
+            .enforcement_actions
+            .iter()
+            .map(|(k, n)| (format!("{}/{}", k.action, k.result), n))
+            .collect();
         assert_eq!(
-            pairs(&s.enforcement_actions),
+            actions,
             want(&[
                 ("freeze/ok", 2),
                 ("freeze/pending", 1),

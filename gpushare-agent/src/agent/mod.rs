@@ -14,8 +14,10 @@
 //!   refused at once) is folded into the policy state by [`crate::policy::fold_reports`] in the
 //!   same step; the driver limits go to the driver
 //!   ([`crate::enforce::driver_limits`]); the totals are counted
-//!   ([`counters`]);
-//! - **publish**: an immutable snapshot for every reader ([`crate::snapshot::Publisher`]).
+//!   ([`counters`]) and the durations measured ([`Timings`]);
+//! - **publish**: an immutable snapshot for every reader ([`crate::snapshot::Publisher`]), the
+//!   one door to them: totals and durations travel in it as typed fields, and nothing here
+//!   names `metrics` (`cargo xtask structure`).
 //!
 //! One file a part of the step: `tick.rs` (the step and what it observes and decides), `act.rs`,
 //! `publish.rs` (with the agent's health), `shutdown.rs`; this file holds the agent's parts and
@@ -48,12 +50,11 @@ use crate::{
         driver_limits::{Behind, DriverLimiter},
     },
     grants::quota_store::QuotaStore,
-    metrics::{Metrics, SharedSnapshot},
     nvml::NvmlSampler,
     observe::workloads::Observer,
     policy::{self, AttributedProcess, ObservedGroup, PolicyState},
     sample::GpuSample,
-    snapshot::Publisher,
+    snapshot::{Publisher, SharedSnapshot, Timings},
 };
 
 /// Options that change what the agent does (not where it reads from).
@@ -87,7 +88,8 @@ pub struct Agent {
     /// The CUDA context's memory learned per GPU model.
     overheads: crate::observe::overhead::Overheads,
     counters: Totals,
-    metrics: Arc<Metrics>,
+    /// How long things took, published with each snapshot.
+    timings: Timings,
     snapshot: SharedSnapshot,
     publisher: Publisher,
     pending_releases: Vec<String>,
@@ -128,7 +130,6 @@ impl Agent {
         sampler: NvmlSampler,
         quotas: QuotaStore,
         enforcer: Enforcer,
-        metrics: Arc<Metrics>,
         snapshot: SharedSnapshot,
         opts: AgentOptions,
     ) -> Self {
@@ -148,7 +149,7 @@ impl Agent {
             workloads: Observer::new(v2_root),
             overheads: Default::default(),
             counters: Totals::default(),
-            metrics,
+            timings: Timings::default(),
             snapshot,
             publisher: Publisher::default(),
             pending_releases: Vec::new(),

@@ -1,38 +1,40 @@
-//! Publish: the immutable snapshot every reader uses, with the agent's health and counters.
+//! Publish: the immutable snapshot every reader uses, with the agent's health, counters and
+//! timings: the one door to `/metrics`, `/api/v1/state` and `status`.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::sync::Arc;
 
 use super::{Agent, Observation};
 use crate::{
     enforce::driver_limits::DriverLimiter,
     nvml::DriverStatus,
     sample::GpuSample,
-    snapshot::{self, Health, StepReport},
+    snapshot::{self, ApiCounters, EventCounters, Health, KubeCounters, StepReport},
 };
 
 impl Agent {
     /// The API server's and the Event poster's counters, when they run.
-    fn kube_counters(&self) -> BTreeMap<String, u64> {
+    fn kube_counters(&self) -> KubeCounters {
         use std::sync::atomic::Ordering::Relaxed;
-        let mut out = BTreeMap::new();
-        if let Some(w) = self.workloads.kube_watch() {
-            let s = w.stats();
-            out.insert("api_reads".into(), s.reads_total.load(Relaxed));
-            out.insert("api_errors".into(), s.errors_total.load(Relaxed));
-            out.insert(
-                "annotation_edits_ignored".into(),
-                s.annotation_edits_total.load(Relaxed),
-            );
+        KubeCounters {
+            api: self.workloads.kube_watch().map(|w| {
+                let s = w.stats();
+                ApiCounters {
+                    reads: s.reads_total.load(Relaxed),
+                    errors: s.errors_total.load(Relaxed),
+                    annotation_edits_ignored: s.annotation_edits_total.load(Relaxed),
+                }
+            }),
+            events: self.events.as_ref().map(|e| {
+                let s = e.stats();
+                EventCounters {
+                    created: s.created_total.load(Relaxed),
+                    patched: s.patched_total.load(Relaxed),
+                    skipped: s.skipped_total.load(Relaxed),
+                    dropped: s.dropped_total.load(Relaxed),
+                    errors: s.errors_total.load(Relaxed),
+                }
+            }),
         }
-        if let Some(e) = &self.events {
-            let s = e.stats();
-            out.insert("events_created".into(), s.created_total.load(Relaxed));
-            out.insert("events_patched".into(), s.patched_total.load(Relaxed));
-            out.insert("events_skipped".into(), s.skipped_total.load(Relaxed));
-            out.insert("events_dropped".into(), s.dropped_total.load(Relaxed));
-            out.insert("events_errors".into(), s.errors_total.load(Relaxed));
-        }
-        out
     }
 
     fn health(&self, sample: &GpuSample) -> Health {
@@ -173,6 +175,7 @@ impl Agent {
             identity: self.workloads.identity_notes(),
             health: self.health(&obs.sample),
             counters,
+            timings: self.timings,
             quotas: (self.quotas.current(), self.quotas.generation()),
             now: self.started.elapsed(),
             backends: obs

@@ -45,13 +45,13 @@ impl Agent {
         for e in &ended {
             let (kind, result) = match e {
                 SuspendEnded::Suspended { bytes, took, .. } => {
-                    self.metrics.suspend_duration.observe(took.as_secs_f64());
+                    self.timings.suspend.observe(*took);
                     self.counters.suspended_bytes += bytes;
                     self.measured(*bytes, *took);
                     (ActionKind::Suspend, ExecOutcome::Ok)
                 }
                 SuspendEnded::Resumed { bytes, took, .. } => {
-                    self.metrics.resume_duration.observe(took.as_secs_f64());
+                    self.timings.resume.observe(*took);
                     self.measured(*bytes, *took);
                     (ActionKind::Resume, ExecOutcome::Ok)
                 }
@@ -64,9 +64,7 @@ impl Agent {
         for s in &settled {
             let kind = match s.transition {
                 ActionKind::Freeze => {
-                    self.metrics
-                        .enforcement_latency
-                        .observe(s.latency.as_secs_f64());
+                    self.timings.enforcement_latency.observe(s.latency);
                     ActionKind::Freeze
                 }
                 _ => ActionKind::Thaw,
@@ -101,9 +99,7 @@ impl Agent {
         let mut sample = self
             .sampler
             .sample_knowing(&|pid| table.get(pid).is_some_and(|t| t.pidfd.is_some()));
-        self.metrics
-            .sample_duration
-            .observe(t0.elapsed().as_secs_f64());
+        self.timings.sample.observe(t0.elapsed());
         for pid in self.tracker.table_mut().drop_exited() {
             if let Some(k) = self.tracker.kernel_mut() {
                 k.forget_gpu_task(pid);

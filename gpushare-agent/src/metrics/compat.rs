@@ -401,8 +401,8 @@ mod tests {
     use std::sync::{Arc, RwLock};
 
     use super::*;
-    use crate::metrics::{Metrics, SharedSnapshot};
     use crate::snapshot::{Snapshot, WorkloadView};
+    use crate::{metrics::Metrics, snapshot::SharedSnapshot};
 
     fn render(snap: Snapshot, compat: Compat) -> String {
         let shared: SharedSnapshot = Arc::new(RwLock::new(Arc::new(snap)));

@@ -3,8 +3,10 @@
 
 mod cache;
 
+use std::sync::RwLock;
+
 use super::*;
-use crate::snapshot::{GpuView, ProcessView, WorkloadView};
+use crate::snapshot::{GpuView, ProcessView, SharedSnapshot, WorkloadView};
 
 fn snapshot(workloads: &[(&str, u64, Option<u64>, &str)]) -> Snapshot {
     let mut s = Snapshot::default();
@@ -40,7 +42,7 @@ fn snapshot(workloads: &[(&str, u64, Option<u64>, &str)]) -> Snapshot {
             ..Default::default()
         }));
     }
-    s.counters.enforcement_actions.insert("freeze/ok".into(), 2);
+    s.counters.enforcement_actions.add("freeze", "ok", 2);
     s
 }
 

@@ -987,6 +987,7 @@ mod tests {
                     identity: w.identity_notes(),
                     health: Health::default(),
                     counters: Counters::default(),
+                    timings: Default::default(),
                     // The sets live as long as the test: each one's address names it.
                     quotas: (quotas, std::ptr::from_ref(quotas) as u64),
                     now,

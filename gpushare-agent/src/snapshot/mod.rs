@@ -15,7 +15,7 @@
 use std::{
     collections::BTreeMap,
     ops::{Deref, DerefMut},
-    sync::Arc,
+    sync::{Arc, RwLock},
 };
 
 use crate::{
@@ -26,11 +26,25 @@ use crate::{
     verify::{GrantVerdict, MechanismCheck},
 };
 
+mod counters;
 mod publish;
 #[cfg(test)]
 mod tests;
+mod timings;
 
+pub use counters::{
+    ActionCounts, ActionResult, ApiCounters, Counters, EventCounters, KubeCounters,
+};
 pub use publish::Publisher;
+pub use timings::{Observations, Timings};
+
+/// The latest snapshot, shared between the agent loop (its one writer) and the readers.
+pub type SharedSnapshot = Arc<RwLock<Arc<Snapshot>>>;
+
+/// The latest published snapshot (an empty one if a writer panicked while holding the lock).
+pub fn latest(shared: &SharedSnapshot) -> Arc<Snapshot> {
+    shared.read().map(|s| Arc::clone(&s)).unwrap_or_default()
+}
 
 /// Everything a reader can ask about.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -51,6 +65,9 @@ pub struct Snapshot {
     pub unattributed_bytes: BTreeMap<String, u64>,
     /// Monotonic totals since the agent started.
     pub counters: Counters,
+    /// How long things took since the agent started (`/metrics` only: not in the JSON).
+    #[serde(skip)]
+    pub timings: Timings,
     /// The effective quotas, for `check`-like listings.
     pub quotas: Arc<[QuotaView]>,
     /// Driver-enforced limits on the groups of workloads under a quota: the agent's, and those
@@ -279,64 +296,6 @@ pub struct QuotaView {
     pub gpu_memory_bytes: u64,
 }
 
-/// Monotonic totals.
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct Counters {
-    /// Enforcement actions by `action/result`.
-    pub enforcement_actions: BTreeMap<String, u64>,
-    /// Kernel events by kind.
-    pub ebpf_events: BTreeMap<String, u64>,
-    /// Events the kernel could not put in the ring buffer.
-    pub ebpf_events_lost: u64,
-    /// NVML errors by call.
-    pub nvml_errors: BTreeMap<String, u64>,
-    /// ioctls by workload (of live GPU tasks); shared with the last snapshot while no total
-    /// changed.
-    pub gpu_ioctls: Arc<BTreeMap<String, u64>>,
-    /// Whether the last quota configuration loaded cleanly.
-    pub quota_config_valid: bool,
-    /// When the quota configuration was last (re)loaded, seconds since the epoch.
-    pub quota_config_last_reload_unix: f64,
-    /// Changes the agent found made behind its back, by kind (`thawed`, `gone`, `replaced`,
-    /// `adopted`: an earlier run's freeze taken over).
-    #[serde(default)]
-    pub external_changes: BTreeMap<String, u64>,
-    /// Attribution's identity checks, by kind (`exited`, `stale_identity`, `unverifiable`).
-    #[serde(default)]
-    pub identity: BTreeMap<String, u64>,
-    /// Work attribution did whose amount processes choose, by kind (`fd_entries_read`,
-    /// `cgroup_rescans`, ...: `attribution::tracker::Work`).
-    #[serde(default)]
-    pub attribution_work: BTreeMap<String, u64>,
-    /// Malformed environment-quota variables and unreadable runtime specs seen.
-    #[serde(default)]
-    pub env_quota_errors: u64,
-    /// Workloads whose `ALIYUN_COM_GPU_MEM_DEV` disagrees with `gpushare_memory_unit`, and what
-    /// it says.
-    #[serde(default)]
-    pub env_quota_unit_mismatch: BTreeMap<String, String>,
-    /// Workload-identity events: `conflict` (two roots claimed one container or pod identity),
-    /// `record_mismatch` (a container's runtime record names another group).
-    #[serde(default)]
-    pub workload_identity: BTreeMap<String, u64>,
-    /// Where workloads' quota variables and the devices their runtime gave disagree, or hold a
-    /// value no plugin writes, by kind (`not_granted`, `other_granted`, `beyond_granted`,
-    /// `no_plugin_value`).
-    #[serde(default)]
-    pub env_quota_disagreements: BTreeMap<String, u64>,
-    /// Suspend steps that fell through, by reason.
-    #[serde(default)]
-    pub suspend_fallthroughs: BTreeMap<String, u64>,
-    /// GPU memory moved off the GPU by suspends since the agent started, bytes.
-    #[serde(default)]
-    pub suspended_bytes_total: u64,
-    /// The API server's reads and Events: `api_reads`, `api_errors`, `annotation_edits_ignored`,
-    /// `events_created`, `events_patched`, `events_skipped` (spam filter), `events_dropped`
-    /// (queue full), `events_errors`.
-    #[serde(default)]
-    pub kubernetes: BTreeMap<String, u64>,
-}
-
 /// What a workload's identity rests on and the containers nested in it, as the agent found them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IdentityNote {
@@ -367,6 +326,8 @@ pub struct StepReport<'a> {
     pub health: Health,
     /// Monotonic totals kept by the agent (this builder adds the ioctl totals).
     pub counters: Counters,
+    /// How long things took, as the agent measured them.
+    pub timings: Timings,
     /// The quota set in force, and a number that changes whenever it is replaced (its views
     /// are rebuilt only then).
     pub quotas: (&'a QuotaSet, u64),

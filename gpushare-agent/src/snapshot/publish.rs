@@ -742,8 +742,7 @@ impl Publisher {
     /// The snapshot of one step taken at `now` (how long rows have been in their state is
     /// counted to it).
     pub(super) fn build_at(&mut self, r: StepReport, now: Instant) -> Snapshot {
-        let sample = r.sample;
-        let table = r.table;
+        let (sample, table) = (r.sample, r.table);
         let dry_run = |key: &str| r.health.dry_run && !r.taken.contains(key);
         let uuid_of = |i: u32| -> &str {
             sample
@@ -1060,6 +1059,7 @@ impl Publisher {
             processes,
             unattributed_bytes: unattributed,
             counters,
+            timings: r.timings,
             quotas,
             driver_limits: self.limits_of(&r.driver_limits, uuid_of),
             grants: Arc::default(), // the agent's, from these rows ([`crate::verify`])

@@ -58,6 +58,7 @@ fn build_with(
         identity: &Default::default(),
         health: Health::default(),
         counters: Counters::default(),
+        timings: Default::default(),
         quotas: (&QuotaSet::empty(), 0),
         now: Duration::ZERO,
         backends: BTreeMap::new(),
@@ -605,6 +606,7 @@ impl World {
                 ..Health::default()
             },
             counters: Counters::default(),
+            timings: Default::default(),
             quotas: (&quotas[usize::from(*q)], u64::from(*q)),
             now,
             backends: (0..3u32)
@@ -779,6 +781,7 @@ fn an_unchanged_step_shares_every_row_and_a_change_renews_only_its_rows() {
             identity: &notes,
             health: Health::default(),
             counters: Counters::default(),
+            timings: Default::default(),
             quotas: (&quotas, 1),
             now: Duration::ZERO,
             backends: BTreeMap::new(),

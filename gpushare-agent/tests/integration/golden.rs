@@ -130,8 +130,8 @@ impl Fixture {
                 && row(&self.under.0, "GPU-golden-1").is_some()
                 && row(&self.protected.0, "GPU-golden-1").is_some_and(|w| w.used_bytes == 6 * GIB)
                 && row(&self.free.0, "GPU-golden-1").is_some_and(|w| w.used_bytes == 2 * GIB)
-                && s.counters.enforcement_actions.contains_key("alert/ok")
-                && s.counters.enforcement_actions.contains_key("freeze/ok")
+                && s.counters.enforcement_actions.get("alert", "ok") > 0
+                && s.counters.enforcement_actions.get("freeze", "ok") > 0
                 && s.gpus
                     .iter()
                     .all(|g| g.isolation_backend == "driver_limits")

@@ -8,9 +8,10 @@ use std::sync::{Arc, RwLock};
 
 use proptest::prelude::*;
 
-use crate::metrics::{Compat, Metrics, SharedSnapshot};
+use crate::metrics::{Compat, Metrics};
 use crate::snapshot::{
-    Counters, DriverLimitView, GpuView, ProcessView, Snapshot, WorkloadEntry, WorkloadView,
+    ActionCounts, Counters, DriverLimitView, GpuView, ProcessView, SharedSnapshot, Snapshot,
+    WorkloadEntry, WorkloadView,
 };
 
 /// Strings from a small set (so that rows collide and repeat), with what the encoders escape.
@@ -162,8 +163,25 @@ fn counts() -> impl Strategy<Value = BTreeMap<String, u64>> {
     )
 }
 
+/// Actions by (action, result), label values needing escapes among them.
+fn actions() -> impl Strategy<Value = ActionCounts> {
+    let pair = prop::sample::select(vec![
+        ("freeze", "ok"),
+        ("kill", ""),
+        ("a/b", "c"),
+        ("x\"y", "ok"),
+    ]);
+    prop::collection::vec((pair, 0u64..5), 0..3).prop_map(|v| {
+        let mut a = ActionCounts::default();
+        for ((action, result), n) in v {
+            a.add(action, result, n);
+        }
+        a
+    })
+}
+
 fn counters() -> impl Strategy<Value = Counters> {
-    (counts(), counts(), any::<bool>(), 0u64..3).prop_map(|(actions, ioctls, valid, lost)| {
+    (actions(), counts(), any::<bool>(), 0u64..3).prop_map(|(actions, ioctls, valid, lost)| {
         Counters {
             enforcement_actions: actions,
             gpu_ioctls: Arc::new(ioctls.clone()),
