@@ -1246,6 +1246,11 @@ mod tests {
         assert_eq!(r.quota, None, "{r:?}");
         assert_eq!(kinds(&r), vec![DisagreementKind::MpsDropped]);
         assert!(r.disagreements[0].said.contains("device 1"), "{r:?}");
+        let r = report_on(&[(MPS, "0=1G,2=2G")], &[G1]);
+        assert_eq!(
+            (r.quota.clone(), kinds(&r)),
+            (None, vec![DisagreementKind::MpsDropped])
+        );
         // A UUID no GPU here has.
         let r = report(&[(MPS, "2G,GPU-999=1G")], GpuShareUnit::GiB);
         assert_eq!(
