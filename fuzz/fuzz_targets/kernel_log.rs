@@ -18,7 +18,10 @@ fuzz_target!(|data: &[u8]| {
         let prio: u32 = std::str::from_utf8(prio).unwrap().parse().unwrap();
         assert_eq!(prio >> 3, 0, "{data:?}");
     }
-    let rest = data.iter().position(|&b| b == b',').map_or(data, |i| &data[i..]);
+    let rest = data
+        .iter()
+        .position(|&b| b == b',')
+        .map_or(data, |i| &data[i..]);
     let forged = [b"14".as_slice(), rest].concat();
     assert_eq!(parse(&forged), None, "{forged:?}");
 });
