@@ -5,7 +5,12 @@
 use log::debug;
 
 use super::{Agent, Observation, act::summarize};
-use crate::{enforce::Target, observe::faults::KernelLog, policy::ActionKind, quota::Signal};
+use crate::{
+    enforce::Target,
+    observe::faults::{Fault, KernelLog},
+    policy::{ActionKind, AttributedProcess},
+    quota::Signal,
+};
 
 impl Agent {
     /// Reads the driver's reports of faulted contexts from `log` from now on.
@@ -14,7 +19,7 @@ impl Agent {
     }
 
     /// The faults reported since the last step.
-    pub(super) fn take_faults(&mut self) -> Vec<crate::observe::faults::Fault> {
+    pub(super) fn take_faults(&mut self) -> Vec<Fault> {
         self.kernel_log
             .as_ref()
             .map(KernelLog::take)
@@ -24,8 +29,18 @@ impl Agent {
     /// Ends each faulted process of `obs` that the ledger records as restored; counts it as a
     /// kill. A fault naming any other process changes nothing.
     pub(super) fn end_faulted(&mut self, obs: &Observation) {
-        for f in &obs.faults {
-            let Some(p) = obs.processes.iter().find(|p| p.identity.pid == f.pid) else {
+        if obs.faults.is_empty() {
+            return;
+        }
+        // A process faulting again and again is looked at once a step.
+        let faulted: std::collections::BTreeMap<u32, &Fault> =
+            obs.faults.iter().map(|f| (f.pid, f)).collect();
+        let by_pid: std::collections::HashMap<u32, &AttributedProcess> = (obs.processes.iter())
+            .filter(|p| faulted.contains_key(&p.identity.pid))
+            .map(|p| (p.identity.pid, p))
+            .collect();
+        for f in faulted.into_values() {
+            let Some(p) = by_pid.get(&f.pid) else {
                 debug!(
                     "Xid {} names pid {}: no GPU process of a workload",
                     f.xid, f.pid

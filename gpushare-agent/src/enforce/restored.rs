@@ -360,7 +360,7 @@ impl Enforcer {
         sample: &mut dyn FnMut() -> GpuSample,
     ) -> Vec<(ProcessIdentity, super::Outcome)> {
         let id = target.identity;
-        if !self.was_restored(id) || !self.restored_in(rel).contains(&id) {
+        if !self.restored_in(rel).contains(&id) {
             return Vec::new();
         }
         let pid = id.pid;
