@@ -1,9 +1,7 @@
-//! The agent's monotonic totals, typed: executed actions by (action kind, executor result),
-//! changes found made behind the agent's back, suspend steps that fell through, and the GPU
-//! memory suspends moved. [`Totals::render`] hands them to the snapshot: actions as typed
-//! (action, result) pairs, the others by their label values (`thawed`, `unavailable`, ...).
-
-use std::collections::BTreeMap;
+//! The agent's monotonic totals: executed actions by (action kind, executor result), changes
+//! found made behind the agent's back, suspend steps that fell through, and the GPU memory
+//! suspends moved, kept in the snapshot's own types ([`snapshot::ActionCounts`],
+//! [`snapshot::Tally`]), so that [`Totals::render`] is a copy.
 
 use log::info;
 
@@ -46,42 +44,37 @@ impl External {
     }
 }
 
-/// Monotonic totals since the agent started.
+/// Monotonic totals since the agent started, kept as the snapshot holds them: the step adds to
+/// them as it acts, and [`Totals::render`] hands a copy to the snapshot.
 #[derive(Debug, Default)]
 pub struct Totals {
-    /// Executed actions by (kind, executor result); a few dozen at most.
-    actions: Vec<(ActionKind, ExecOutcome, u64)>,
-    external: BTreeMap<External, u64>,
+    /// Executed actions by (action, executor result); a few dozen at most.
+    actions: snapshot::ActionCounts,
+    /// Changes made behind the agent's back, by [`External`] kind.
+    external: snapshot::Tally,
     /// Suspend steps that fell through, by the executor's cause (its label value).
-    fallthroughs: BTreeMap<String, u64>,
+    fallthroughs: snapshot::Tally,
     /// GPU memory moved off the GPU by suspends, bytes.
     pub suspended_bytes: u64,
-    /// Workload-identity conflicts and record mismatches.
-    identity: BTreeMap<IdentityEvent, u64>,
+    /// Workload-identity conflicts and record mismatches, by [`IdentityEvent`] kind.
+    identity: snapshot::Tally,
 }
 
 impl Totals {
     /// One action of `kind` the executor answered with `result`.
     pub fn action(&mut self, kind: ActionKind, result: ExecOutcome) {
-        match self
-            .actions
-            .iter_mut()
-            .find(|(k, r, _)| *k == kind && *r == result)
-        {
-            Some((_, _, n)) => *n += 1,
-            None => self.actions.push((kind, result, 1)),
-        }
+        self.actions.add(kind.name(), result.as_str(), 1);
     }
 
     /// A change made behind the agent's back that the step did not count itself.
     pub fn external(&mut self, kind: External) {
-        *self.external.entry(kind).or_default() += 1;
+        self.external.add(kind.as_str(), 1);
     }
 
     /// A workload-identity event (two roots claiming one identity, a record naming another
     /// group).
     pub fn identity(&mut self, event: IdentityEvent) {
-        *self.identity.entry(event).or_default() += 1;
+        self.identity.add(event.as_str(), 1);
     }
 
     /// What one step's decision counted, and the suspends refused at once in it.
@@ -93,7 +86,7 @@ impl Totals {
             (External::Adopted, stats.adopted),
         ] {
             if n > 0 {
-                *self.external.entry(kind).or_default() += n as u64;
+                self.external.add(kind.as_str(), n as u64);
                 if kind == External::Adopted {
                     info!("took over {n} freeze(s) recorded by an earlier run");
                 }
@@ -101,32 +94,20 @@ impl Totals {
         }
         for r in reports {
             if let Report::SuspendRefused { cause, .. } = r {
-                *self.fallthroughs.entry(cause.clone()).or_default() += 1;
+                self.fallthroughs.add(cause.clone(), 1);
             }
         }
         for (cause, n) in &stats.suspend_fallthroughs {
-            *self.fallthroughs.entry(cause.clone()).or_default() += *n as u64;
+            self.fallthroughs.add(cause.clone(), *n as u64);
         }
     }
 
-    /// The totals as the snapshot holds them: actions by (action, result), the others by kind.
+    /// The totals into the snapshot's counters.
     pub fn render(&self, into: &mut snapshot::Counters) {
-        into.enforcement_actions = snapshot::ActionCounts::default();
-        for (kind, result, n) in &self.actions {
-            into.enforcement_actions
-                .add(kind.name(), result.as_str(), *n);
-        }
-        into.external_changes = self
-            .external
-            .iter()
-            .map(|(k, n)| (k.as_str().to_string(), *n))
-            .collect();
+        into.enforcement_actions = self.actions.clone();
+        into.external_changes = self.external.clone();
         into.suspend_fallthroughs = self.fallthroughs.clone();
-        into.workload_identity = self
-            .identity
-            .iter()
-            .map(|(k, n)| (k.as_str().to_string(), *n))
-            .collect();
+        into.workload_identity = self.identity.clone();
         into.suspended_bytes_total = self.suspended_bytes;
     }
 }
@@ -167,16 +148,16 @@ mod tests {
         c.identity(IdentityEvent::Conflict);
         let mut s = snapshot::Counters::default();
         c.render(&mut s);
+        let pairs = |m: &snapshot::Tally| -> Vec<(String, u64)> {
+            m.iter().map(|(k, v)| (k.to_string(), v)).collect()
+        };
         assert_eq!(
-            s.workload_identity.into_iter().collect::<Vec<_>>(),
+            pairs(&s.workload_identity),
             vec![
                 ("conflict".to_string(), 2),
                 ("record_mismatch".to_string(), 1)
             ]
         );
-        let pairs = |m: &BTreeMap<String, u64>| -> Vec<(String, u64)> {
-            m.iter().map(|(k, v)| (k.clone(), *v)).collect()
-        };
         let want = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
             v.iter().map(|(k, n)| (k.to_string(), *n)).collect()
         };

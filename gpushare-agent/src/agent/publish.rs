@@ -117,17 +117,13 @@ impl Agent {
         let kc = self.tracker.kernel_counters();
         let stats = self.tracker.table().stats();
         let mut counters = snapshot::Counters {
-            ebpf_events: stats
-                .events
-                .iter()
-                .map(|(k, v)| (k.to_string(), *v))
-                .collect(),
+            ebpf_events: stats.events.iter().map(|(k, v)| (*k, *v)).collect(),
             ebpf_events_lost: kc.events_lost,
             nvml_errors: self
                 .sampler
                 .errors()
                 .iter()
-                .map(|(k, v)| (k.to_string(), *v))
+                .map(|(k, v)| (*k, *v))
                 .collect(),
             quota_config_valid: self.quotas.valid(),
             quota_config_last_reload_unix: self.quotas.last_reload_unix(),
@@ -138,22 +134,14 @@ impl Agent {
                 ("rejected", stats.identity_rejected),
             ]
             .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
             .collect(),
-            attribution_work: self
-                .tracker
-                .work()
-                .pairs()
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect(),
+            attribution_work: self.tracker.work().pairs().into_iter().collect(),
             env_quota_errors: self.workloads.env_quotas().problems_total(),
             env_quota_disagreements: self
                 .workloads
                 .env_quotas()
                 .disagreements_total()
                 .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
                 .collect(),
             env_quota_unit_mismatch: self
                 .workloads

@@ -1,7 +1,8 @@
 //! The snapshot's monotonic totals, typed where the agent knows them as types: enforcement
-//! actions by (action, result), the Kubernetes clients' counts by name. Each reader labels them
-//! from these fields; a counter added is a field here and its series in one family of
-//! `metrics/families/`.
+//! actions by (action, result), the Kubernetes clients' counts by name, and totals by kind as a
+//! [`Tally`] of the label values the counting module names (`thawed`, `exited`, ...). Each reader
+//! labels them from these fields; a counter added is a field here and its series in one family
+//! of `metrics/` (one file a subject).
 
 use std::{borrow::Cow, collections::BTreeMap, sync::Arc};
 
@@ -13,11 +14,11 @@ pub struct Counters {
     /// Enforcement actions by action and the executor's result.
     pub enforcement_actions: ActionCounts,
     /// Kernel events by kind.
-    pub ebpf_events: BTreeMap<String, u64>,
+    pub ebpf_events: Tally,
     /// Events the kernel could not put in the ring buffer.
     pub ebpf_events_lost: u64,
     /// NVML errors by call.
-    pub nvml_errors: BTreeMap<String, u64>,
+    pub nvml_errors: Tally,
     /// ioctls by workload (of live GPU tasks); shared with the last snapshot while no total
     /// changed.
     pub gpu_ioctls: Arc<BTreeMap<String, u64>>,
@@ -28,14 +29,14 @@ pub struct Counters {
     /// Changes the agent found made behind its back, by kind (`thawed`, `gone`, `replaced`,
     /// `adopted`: an earlier run's freeze taken over).
     #[serde(default)]
-    pub external_changes: BTreeMap<String, u64>,
+    pub external_changes: Tally,
     /// Attribution's identity checks, by kind (`exited`, `stale_identity`, `unverifiable`).
     #[serde(default)]
-    pub identity: BTreeMap<String, u64>,
+    pub identity: Tally,
     /// Work attribution did whose amount processes choose, by kind (`fd_entries_read`,
     /// `cgroup_rescans`, ...: `attribution::tracker::Work`).
     #[serde(default)]
-    pub attribution_work: BTreeMap<String, u64>,
+    pub attribution_work: Tally,
     /// Malformed environment-quota variables and unreadable runtime specs seen.
     #[serde(default)]
     pub env_quota_errors: u64,
@@ -46,21 +47,67 @@ pub struct Counters {
     /// Workload-identity events: `conflict` (two roots claimed one container or pod identity),
     /// `record_mismatch` (a container's runtime record names another group).
     #[serde(default)]
-    pub workload_identity: BTreeMap<String, u64>,
+    pub workload_identity: Tally,
     /// Where workloads' quota variables and the devices their runtime gave disagree, or hold a
     /// value no plugin writes, by kind (`not_granted`, `other_granted`, `beyond_granted`,
     /// `no_plugin_value`).
     #[serde(default)]
-    pub env_quota_disagreements: BTreeMap<String, u64>,
+    pub env_quota_disagreements: Tally,
     /// Suspend steps that fell through, by reason.
     #[serde(default)]
-    pub suspend_fallthroughs: BTreeMap<String, u64>,
+    pub suspend_fallthroughs: Tally,
     /// GPU memory moved off the GPU by suspends since the agent started, bytes.
     #[serde(default)]
     pub suspended_bytes_total: u64,
     /// The API server's reads and the Kubernetes Events posted, when they run.
     #[serde(default)]
     pub kubernetes: KubeCounters,
+}
+
+/// Totals by kind: each kind a label value the module that counts it names (`thawed`,
+/// `exited`, `open_checks`, an NVML call, a suspend's cause), filled from its `(kind, total)`
+/// pairs as they come (`collect()`), with no name copied when it is `&'static str`. Serialized as
+/// an object keyed by label value, in label order, as the string maps it replaces were.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Tally(BTreeMap<Cow<'static, str>, u64>);
+
+impl Tally {
+    /// Adds `n` to `kind`'s total.
+    pub fn add(&mut self, kind: impl Into<Cow<'static, str>>, n: u64) {
+        *self.0.entry(kind.into()).or_default() += n;
+    }
+
+    /// `kind`'s total, `None` when it was never counted.
+    pub fn get(&self, kind: &str) -> Option<u64> {
+        self.0.get(kind).copied()
+    }
+
+    /// Each kind and its total, in label order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.into_iter()
+    }
+}
+
+impl<K: Into<Cow<'static, str>>> FromIterator<(K, u64)> for Tally {
+    fn from_iter<I: IntoIterator<Item = (K, u64)>>(pairs: I) -> Self {
+        let mut out = Self::default();
+        for (k, n) in pairs {
+            out.add(k, n);
+        }
+        out
+    }
+}
+
+impl<'t> IntoIterator for &'t Tally {
+    type Item = (&'t str, u64);
+    type IntoIter = std::iter::Map<
+        std::collections::btree_map::Iter<'t, Cow<'static, str>, u64>,
+        fn((&'t Cow<'static, str>, &'t u64)) -> (&'t str, u64),
+    >;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter().map(|(k, n)| (k.as_ref(), *n))
+    }
 }
 
 /// An action and what its executor answered, as labels (`freeze`, `ok`).
@@ -244,6 +291,14 @@ mod tests {
         assert_eq!(back.enforcement_actions, c.enforcement_actions);
         assert_eq!(back.enforcement_actions.get("freeze", "ok"), 3);
         assert_eq!(back.kubernetes, c.kubernetes);
+        let mut t: Tally = [("thawed", 1), ("adopted", 2)].into_iter().collect();
+        t.add("thawed", 2);
+        t.add(String::from("host_memory"), 1);
+        let text = serde_json::to_string(&t).unwrap();
+        assert_eq!(text, r#"{"adopted":2,"host_memory":1,"thawed":3}"#);
+        let back: Tally = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, t);
+        assert_eq!((back.get("thawed"), back.get("gone")), (Some(3), None));
         let none: KubeCounters = serde_json::from_str("{}").unwrap();
         assert_eq!(none, KubeCounters::default());
         assert_eq!(serde_json::to_string(&none).unwrap(), "{}");

@@ -33,7 +33,7 @@ mod tests;
 mod timings;
 
 pub use counters::{
-    ActionCounts, ActionResult, ApiCounters, Counters, EventCounters, KubeCounters,
+    ActionCounts, ActionResult, ApiCounters, Counters, EventCounters, KubeCounters, Tally,
 };
 pub use publish::Publisher;
 pub use timings::{Observations, Timings};

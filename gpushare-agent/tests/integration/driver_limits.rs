@@ -248,8 +248,8 @@ fn a_driver_limit_cleared_behind_the_agents_back_is_set_again_and_one_changed_is
     std::fs::write(&tmp, all.to_string()).unwrap();
     std::fs::rename(&tmp, &path).unwrap();
     let s = agent.wait_for(WAIT, |s| {
-        s.counters.external_changes.get("driver_limit_cleared") == Some(&1)
-            && s.counters.external_changes.get("driver_limit_changed") == Some(&1)
+        s.counters.external_changes.get("driver_limit_cleared") == Some(1)
+            && s.counters.external_changes.get("driver_limit_changed") == Some(1)
     });
     drop(s);
     wait_driver_limit(&sc, &cleared, Some(2 * GIB), &agent);

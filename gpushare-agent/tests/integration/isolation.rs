@@ -695,7 +695,7 @@ fn keep_frozen_on_exit_leaves_the_freeze_to_the_next_start_which_takes_it_over()
     agent.restart();
     agent.wait_for(Duration::from_secs(10), |s| {
         workload(s, &key(&cg), "all").is_some_and(|w| w.state == "frozen")
-            && s.counters.external_changes.get("adopted") == Some(&1)
+            && s.counters.external_changes.get("adopted") == Some(1)
     });
     assert!(cg.is_frozen());
     sc.write(&scenario(&[(a.pid(), GIB)])).unwrap();

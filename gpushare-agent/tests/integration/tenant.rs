@@ -81,7 +81,7 @@ fn a_flood_of_failed_nvidia_opens_from_fd_heavy_tenants_costs_the_agent_a_bounde
     let elapsed = t0.elapsed();
     let steps = samples(&agent) - samples0;
     let after = s.counters.attribution_work;
-    let d = |k: &str| after.get(k).copied().unwrap_or(0) - before.get(k).copied().unwrap_or(0);
+    let d = |k: &str| after.get(k).unwrap_or(0) - before.get(k).unwrap_or(0);
     let tries: u64 = flooders.iter().map(Flooder::tries).sum();
     let share = steps / (elapsed.as_secs_f64() / 0.2);
     eprintln!(
