@@ -27,6 +27,9 @@
 //! - Tests in one kind of place: a module's unit tests are inline (`mod tests { .. }`) or in its
 //!   own `tests.rs` (and `tests/`); no `*_tests.rs` beside it, no `#[path]` (issue 40: four kinds
 //!   of place once).
+//! - The walk from one NVML sample to a freeze and to `/metrics`, kept in `docs/architecture.md`,
+//!   names functions that exist, states its counts, and crosses no more rooms and makes no more
+//!   returns than it did: see [`walk`].
 //! - One build: the agent's build and the whole workspace's resolve every package the agent uses
 //!   with the same features (see [`crate::one_build`]).
 //!
@@ -43,6 +46,7 @@ mod dupes;
 mod files;
 mod functions;
 mod reporting;
+mod walk;
 
 /// Lines a file of `policy/` (tests aside) may have.
 pub const POLICY_FILE_MAX: usize = 350;
@@ -152,6 +156,8 @@ pub fn check(root: &Path) -> Result<()> {
     problems.extend(over);
     problems.extend(crate::one_build::check(root)?);
     problems.extend(test_places(root)?);
+    let (walk_problems, walked) = walk::check(root)?;
+    problems.extend(walk_problems);
     for (name, at) in same_names(&src)? {
         problems.push(format!(
             "the public type `{name}` is defined in {}: one name a type (rename one for what it \
@@ -168,11 +174,24 @@ pub fn check(root: &Path) -> Result<()> {
              enforce/mod.rs <= {ENFORCE_MOD_MAX}, agent/ files <= {AGENT_FILE_MAX}, {} modules without an import cycle, no two \
              files importing each other, quota/ and grants/ pure, agent/ reporting through the snapshot, \
              prometheus_client in metrics/ alone, grants combined in {MERGE_FILE} alone, one name a type, tests in their places, one build, functions <= {} lines ({} \
-             listed exceptions), {copies} pairs of files sharing a copy (budget {})",
+             listed exceptions), {copies} pairs of files sharing a copy (budget {}), {}",
             graph.len(),
             functions::FN_MAX,
             functions::EXCEPTIONS.len(),
-            dupes::BUDGET
+            dupes::BUDGET,
+            walked.map_or(String::new(), |(now, then)| format!(
+                "the walk from an NVML sample to a freeze and /metrics: {} files in {} rooms with \
+                 {} returns (at most {} and {}; the base of issue 40, 6b536f4: {} files, {} rooms, \
+                 {} returns)",
+                now.files,
+                now.rooms,
+                now.returns,
+                walk::ROOMS_MAX,
+                walk::RETURNS_MAX,
+                then.files,
+                then.rooms,
+                then.returns
+            ))
         );
         Ok(())
     } else {
