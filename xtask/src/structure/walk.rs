@@ -46,9 +46,19 @@ pub struct Counts {
     pub returns: usize,
 }
 
-/// A fenced block of `doc` opened with ```` ```tag ````: its steps, and the `# files F, rooms R,
-/// returns T` line it states (with its line number), if any. An error names a malformed line.
-pub fn block(doc: &str, tag: &str) -> Result<Option<(Vec<Step>, Option<(usize, Counts)>)>> {
+/// A walk as a document holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Walk {
+    pub steps: Vec<Step>,
+    /// The `# files F, rooms R, returns T` line, read, and its line number.
+    pub stated: Option<(usize, Counts)>,
+}
+
+/// What [`check`] found: the problems, and the counts of the walk and of the base's.
+pub type Checked = (Vec<String>, Option<(Counts, Counts)>);
+
+/// A fenced block of `doc` opened with ```` ```tag ````, if any. An error names a malformed line.
+pub fn block(doc: &str, tag: &str) -> Result<Option<Walk>> {
     let mut lines = doc.lines().enumerate();
     let open = format!("```{tag}");
     if !lines.any(|(_, l)| l.trim_end() == open) {
@@ -58,7 +68,7 @@ pub fn block(doc: &str, tag: &str) -> Result<Option<(Vec<Step>, Option<(usize, C
     for (i, l) in lines {
         let l = l.trim();
         if l.starts_with("```") {
-            return Ok(Some((steps, stated)));
+            return Ok(Some(Walk { steps, stated }));
         }
         if let Some(c) = l.strip_prefix('#') {
             stated = stated_counts(c).map(|c| (i + 1, c)).or(stated);
@@ -135,19 +145,17 @@ pub fn count(steps: &[Step]) -> Counts {
 }
 
 /// The problems of the walks in `root`'s [`DOC`], and the counts of the walk and of the base's.
-pub fn check(root: &Path) -> Result<(Vec<String>, Option<(Counts, Counts)>)> {
+pub fn check(root: &Path) -> Result<Checked> {
     let doc = std::fs::read_to_string(root.join(DOC)).with_context(|| format!("reading {DOC}"))?;
     let mut problems = Vec::new();
-    let (Some((steps, stated)), Some((base, base_stated))) =
-        (block(&doc, "walk")?, block(&doc, "walk-base")?)
-    else {
+    let (Some(walk), Some(base)) = (block(&doc, "walk")?, block(&doc, "walk-base")?) else {
         problems.push(format!(
             "{DOC}: no ```walk block and ```walk-base block: the walk from one NVML sample to a \
              freeze and to /metrics is kept there"
         ));
         return Ok((problems, None));
     };
-    for s in &steps {
+    for s in &walk.steps {
         let code = std::fs::read_to_string(root.join(&s.path)).unwrap_or_default();
         if !functions(&strip_comments(&code))
             .iter()
@@ -160,8 +168,8 @@ pub fn check(root: &Path) -> Result<(Vec<String>, Option<(Counts, Counts)>)> {
             ));
         }
     }
-    let (now, then) = (count(&steps), count(&base));
-    for (tag, counts, stated) in [("walk", now, stated), ("walk-base", then, base_stated)] {
+    let (now, then) = (count(&walk.steps), count(&base.steps));
+    for (tag, counts, stated) in [("walk", now, walk.stated), ("walk-base", then, base.stated)] {
         match stated {
             Some((_, c)) if c == counts => {}
             Some((line, _)) => problems.push(format!(
@@ -202,7 +210,7 @@ mod tests {
 
     #[test]
     fn counts_visits_files_rooms_and_returns_as_documented() {
-        let (steps, stated) = block(DOC_TEXT, "walk").unwrap().unwrap();
+        let Walk { steps, stated } = block(DOC_TEXT, "walk").unwrap().unwrap();
         assert_eq!(steps.len(), 7);
         assert_eq!(
             (
