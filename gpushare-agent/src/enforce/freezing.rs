@@ -13,12 +13,11 @@ use anyhow::{Result, bail};
 use log::{info, warn};
 
 use super::{
-    Enforcer, Outcome,
+    Enforcer, Outcome, checkpoint,
     freeze::{self, Freezer},
     ledger::FreezeRecord,
     marks::{self, Mark},
     ours::unix_now,
-    suspend,
 };
 use crate::policy::{ActionKind, GpuScope, GroupState};
 
@@ -309,8 +308,8 @@ impl Enforcer {
                 done.left_suspended.push((entry.0, entry.1, why));
                 continue;
             }
-            match suspend::resume_now(&cuda, &rec.cgroup_dir, rec.freezer, &targets) {
-                suspend::JobResult::ResumeFailed { reason } => {
+            match checkpoint::resume_now(&cuda, &rec.cgroup_dir, rec.freezer, &targets) {
+                checkpoint::JobResult::ResumeFailed { reason } => {
                     done.failed
                         .push((entry.0, entry.1, format!("resume failed: {reason}")));
                 }

@@ -33,6 +33,7 @@
 //! - a dry run writes nothing: no cgroup file, no ledger, no mark;
 //! - one agent per state directory ([`lock`]).
 
+pub mod checkpoint;
 pub mod driver_limits;
 pub mod freeze;
 mod freezing;
@@ -45,7 +46,6 @@ mod offline;
 mod ours;
 pub mod restored;
 pub mod signal;
-pub mod suspend;
 mod suspension;
 mod v1;
 
@@ -142,9 +142,9 @@ pub struct Enforcer {
     pending: BTreeMap<PathBuf, Pending>,
     _lock: Option<StateLock>,
     cuda: Result<Arc<Checkpointer>, String>,
-    jobs: BTreeMap<String, suspend::Job>,
+    jobs: BTreeMap<String, checkpoint::Job>,
     /// Suspends that failed since the last observation: (cause, reason) by workload.
-    suspend_failures: BTreeMap<String, (suspend::Cause, String)>,
+    suspend_failures: BTreeMap<String, (checkpoint::Cause, String)>,
     /// Kills refused, by reason (see [`restored`]).
     kill_refusals: BTreeMap<&'static str, u64>,
     /// The restored processes of each workload whose kill was refused (not tried again).

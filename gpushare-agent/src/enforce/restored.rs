@@ -15,8 +15,9 @@ use std::collections::BTreeMap;
 use log::{info, warn};
 
 use super::{
-    Enforcer, Target, To, freeze,
-    suspend::{LOCK_TIMEOUT_MS, PinnedProcess, settle},
+    Enforcer, Target, To,
+    checkpoint::{LOCK_TIMEOUT_MS, PinnedProcess, settle},
+    freeze,
 };
 use crate::{
     attribution::{ProcessIdentity, cgroupfs, procinfo},

@@ -1,5 +1,5 @@
 //! The suspend and resume executors: the job manager above the checkpoint worker of
-//! [`super::suspend`]. A suspension is recorded (ledger and mark) before its worker starts; one job
+//! [`super::checkpoint`]. A suspension is recorded (ledger and mark) before its worker starts; one job
 //! runs per workload; the event loop collects finished jobs ([`Enforcer::poll_jobs`]), and a
 //! suspend that could not start or failed is reported to the policy at the next observation, so
 //! the step falls through.
@@ -9,11 +9,12 @@ use std::{collections::BTreeMap, time::Duration};
 use log::{info, warn};
 
 use super::{
-    Enforcer, Outcome, Target, freeze,
+    Enforcer, Outcome, Target,
+    checkpoint::{self, Cause, JobResult},
+    freeze,
     ledger::{FreezeRecord, SuspendRecord},
     marks::{self, Mark},
     ours::unix_now,
-    suspend::{self, Cause, JobResult},
 };
 use crate::{
     policy::{GpuScope, GroupState, Suspension},
@@ -100,7 +101,7 @@ impl Enforcer {
             Err(e) => return refuse(self, Cause::Error, format!("{e:#}")),
         };
         let bytes: u64 = per_gpu.values().sum();
-        if let Err(why) = suspend::check_host_memory(&self.v2_dir(rel), pid_hint, bytes) {
+        if let Err(why) = checkpoint::check_host_memory(&self.v2_dir(rel), pid_hint, bytes) {
             return refuse(self, Cause::HostMemory, why);
         }
         if self.dry(workload) {
@@ -154,7 +155,7 @@ impl Enforcer {
             dir.display(),
             ByteSize(bytes).approx()
         );
-        let job = suspend::start_suspend(
+        let job = checkpoint::start_suspend(
             cuda,
             dir,
             freezer,
@@ -204,7 +205,7 @@ impl Enforcer {
         }
         let targets = sr.processes.iter().copied().map(Target::from).collect();
         info!("resuming {workload} ({})", rec.cgroup_dir.display());
-        let job = suspend::start_resume(
+        let job = checkpoint::start_resume(
             cuda,
             rec.cgroup_dir.clone(),
             rec.freezer,
@@ -318,7 +319,7 @@ impl Enforcer {
         };
         let pids = sr.live_pids();
         let held = match &self.cuda {
-            Ok(cuda) => suspend::any_held(cuda, &pids),
+            Ok(cuda) => checkpoint::any_held(cuda, &pids),
             // Cannot ask the driver: trust the record while its processes live.
             Err(_) => !pids.is_empty(),
         };
