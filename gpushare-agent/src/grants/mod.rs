@@ -5,8 +5,8 @@
 //! doc says what it reads and what it grants per GPU with its source ([`GrantSource`]), and its
 //! code marks each grant with that source.
 //!
-//! - [`env`]: the vendors' environment conventions (declared in `env/conventions.rs`) read into a
-//!   grant, pure;
+//! - [`env`](mod@env): the vendors' environment conventions (declared in `env/conventions.rs`)
+//!   read into a grant, pure;
 //! - [`env_quotas`]: the grants a container carries (its environment, read from its runtime spec
 //!   or its init process, joined with the kubelet's), cached per container;
 //! - [`kubelet`]: the kubelet's pod-resources view (its client and background task in
