@@ -7,7 +7,8 @@
 
 use crate::{
     attribution::WorkloadKind,
-    kube::{claims::KubeView, events::PodEvent},
+    grants::claims::KubeView,
+    kube::events::PodEvent,
     policy::{Action, ActionKind},
     quota::{ByteSize, WorkloadMeta},
     snapshot::GrantView,
@@ -20,7 +21,7 @@ fn pod_of(
     meta: Option<&WorkloadMeta>,
     view: Option<&KubeView>,
 ) -> Option<(String, String, String, Option<String>)> {
-    let from_view = |pred: &dyn Fn(&str, &crate::kube::claims::KubeContainer) -> bool| {
+    let from_view = |pred: &dyn Fn(&str, &crate::grants::claims::KubeContainer) -> bool| {
         let (_, c) = view?.containers.iter().find(|(id, c)| pred(id, c))?;
         let (ns, name) = c.pod.split_once('/')?;
         Some((

@@ -18,7 +18,6 @@
 //! [`runtime_spec`]. Malformed variables and unreadable spec files are counted
 //! ([`EnvQuotaReader::problems_total`]) and logged when they change, never fatal.
 
-pub mod kubelet;
 pub mod runtime_spec;
 
 use std::{
@@ -37,7 +36,7 @@ use super::{
 use crate::sys::file_stamp::FileStamp;
 use crate::{
     attribution::{WorkloadId, WorkloadKind, procinfo},
-    kube::{devices::devices_disagree, podresources::PodResourcesView},
+    grants::kubelet::{self, PodResourcesView, devices::devices_disagree},
     quota::{DeviceRef, EnvQuota, GpuInfo, GpuShareUnit, GrantSource, Trust, resolve_device},
 };
 
@@ -585,9 +584,8 @@ mod tests {
     const POD: &str = "0d3a8c2e-5f3b-4c1e-9a7d-2b6e8f1c4a90";
 
     fn view(ids: &[(&str, &[&str])]) -> PodResourcesView {
-        use crate::kube::{
-            devices::container_grant,
-            podresources::{ContainerAssignment, KubeletStatus, PodAssignment},
+        use crate::grants::kubelet::{
+            ContainerAssignment, KubeletStatus, PodAssignment, devices::container_grant,
         };
         let mut v = PodResourcesView::empty(
             KubeletStatus::Answering,

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use crate::{
-    kube::claims::KubeView,
+    grants::claims::KubeView,
     quota::{DeviceRef, EnvQuota, Sources},
 };
 
@@ -301,7 +301,7 @@ mod tests {
 
         use super::super::{kube_container, kube_pod, smallest};
         use crate::{
-            kube::claims::{
+            grants::claims::{
                 NVIDIA_DRA_DRIVER, describe,
                 tests::{GI, UID, ann, cid, claim, dra, one, pod},
                 view,

@@ -39,8 +39,9 @@ use std::{path::Path, sync::Arc, time::Duration};
 use log::info;
 use tokio::sync::watch;
 
+use super::auth;
 pub use super::watch::{CLAIM_TIMEOUT, MAX_BACKOFF, PAGE, WatchStats};
-use super::{auth, claims::KubeView};
+use crate::grants::claims::KubeView;
 use crate::quota::{GpuShareUnit, KubernetesSettings};
 
 /// How long the API server may be unreachable before it is said (once): running containers keep

@@ -27,7 +27,7 @@ use k8s_openapi::api::{
 use log::{info, warn};
 use tokio::sync::watch;
 
-use super::claims::{self, KubeView, Pinned};
+use crate::grants::claims::{self, KubeView, Pinned};
 use crate::quota::GpuShareUnit;
 
 /// The longest wait between retries of a claim that fails.

@@ -25,14 +25,12 @@ pub use crate::attribution::names::{NameCache, WorkloadNames};
 use crate::{
     attribution::{GpuTaskEntry, WorkloadId, WorkloadKind, docker::DAEMON_JSON},
     grants::{
+        claims::KubeView,
         env_quotas::{EnvQuotaReader, runtime_spec::SpecRoots},
+        kubelet::{PodResourcesView, watch::PodResourcesSource},
         merge,
     },
-    kube::{
-        api::KubeWatch,
-        claims::KubeView,
-        podresources::{PodResourcesSource, PodResourcesView},
-    },
+    kube::api::KubeWatch,
     policy::AttributedProcess,
     quota::{EnvQuota, GpuInfo, KubeletSettings, QuotaSet, ResolvedFrom, Selector, WorkloadMeta},
     snapshot::IdentityNote,
@@ -170,7 +168,7 @@ struct Leaf {
 }
 
 /// A container that shares a DRA claim with another container of its pod belongs to the pod: the
-/// claim bounds their union (see [`crate::kube::claims`]). Only a container at its runtime's place
+/// claim bounds their union (see [`crate::grants::claims`]). Only a container at its runtime's place
 /// in that very pod.
 fn sharing_pod(found: Found, view: &KubeView) -> Found {
     let (w, identity) = &found;

@@ -10,10 +10,8 @@ use std::{
 };
 
 use gpushare_agent::{
-    kube::{
-        api::{self, KubeWatch},
-        claims::KubeView,
-    },
+    grants::claims::KubeView,
+    kube::api::{self, KubeWatch},
     quota::{GpuShareUnit, KubernetesSettings},
 };
 use serde_json::{Value, json};

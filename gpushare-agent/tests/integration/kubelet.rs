@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use gpushare_agent::kube::proto::{
+use gpushare_agent::grants::kubelet::proto::{
     self,
     pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
 };

@@ -1,6 +1,13 @@
-//! What the API server grants the containers of this node: DRA consumed capacity and pod
-//! annotations, from pods and ResourceClaims as the API server returns them. Pure: objects in,
-//! a [`KubeView`] out; the watcher ([`super::api`]) publishes it, the step reads it.
+//! The API server as a grant source: what it grants the containers of this node.
+//!
+//! - Reads: this node's pods and the ResourceClaims they reference, as the API server returns
+//!   them. Pure: objects in, a [`KubeView`] out ([`view`]); the watcher in `kube/`
+//!   ([`crate::kube::api`]) fetches them, publishes the view, and the step reads it.
+//! - Grants, per GPU: a claim's DRA consumed capacity, with source [`DRA_SOURCE`]
+//!   ([`GrantSource::Dra`]), and the pod's annotations, with source [`ANNOTATION_SOURCE`]
+//!   ([`GrantSource::Annotation`]), per running container ([`KubeContainer`]) and, for a claim
+//!   shared by containers of one pod, per pod ([`KubeView::pod_of`]); where a container has both,
+//!   [`crate::grants::merge`] combines them (`kube_container`, `kube_pod`).
 //!
 //! **DRA.** A ResourceClaim's `status.allocation.devices.results[].consumedCapacity["memory"]` is
 //! the memory granted on the result's device. NVIDIA's DRA driver names a GPU `gpu-<minor>` and a
@@ -36,8 +43,15 @@ use k8s_openapi::api::{
     resource::v1::ResourceClaim,
 };
 
-use super::quantity::parse_quantity;
+use self::quantity::parse_quantity;
 use crate::quota::{DeviceRef, EnvQuota, GpuShareUnit, GrantSource, Limits, Sources};
+
+pub mod quantity;
+
+/// What a claim's grants are marked with.
+pub const DRA_SOURCE: GrantSource = GrantSource::Dra;
+/// What the annotations' grants are marked with.
+pub const ANNOTATION_SOURCE: GrantSource = GrantSource::Annotation;
 
 /// NVIDIA's DRA driver for GPUs.
 pub const NVIDIA_DRA_DRIVER: &str = "gpu.nvidia.com";
@@ -66,9 +80,9 @@ pub struct KubeContainer {
     pub pod: String,
     /// The container's name in the pod.
     pub name: String,
-    /// What its claims grant it alone (`sources` [`GrantSource::Dra`]).
+    /// What its claims grant it alone (`sources` [`DRA_SOURCE`]).
     pub dra: Option<EnvQuota>,
-    /// What the pod's annotations say now (`sources` [`GrantSource::Annotation`]); pinned by the
+    /// What the pod's annotations say now (`sources` [`ANNOTATION_SOURCE`]); pinned by the
     /// watcher to the value first seen while the container ran.
     pub annotation: Option<EnvQuota>,
 }
@@ -277,7 +291,7 @@ pub fn annotation_quota(
             )),
         }
     }
-    limits.into_quota(GrantSource::Annotation.into())
+    limits.into_quota(ANNOTATION_SOURCE.into())
 }
 
 /// The containers of a pod whose claims bound them: its containers, its native sidecars (init
@@ -388,12 +402,12 @@ pub fn view(pods: &[Pod], claims: &[ResourceClaim], unit: GpuShareUnit) -> KubeV
                     name: c.name.clone(),
                     dra: own
                         .remove(c.name.as_str())
-                        .and_then(|g| g.quota(GrantSource::Dra.into())),
+                        .and_then(|g| g.quota(DRA_SOURCE.into())),
                     annotation: annotation_quota(pod, &c.name, unit, &mut v.problems),
                 },
             );
         }
-        if let Some(q) = union.quota(GrantSource::Dra.into()) {
+        if let Some(q) = union.quota(DRA_SOURCE.into()) {
             let ids: Vec<String> = sharers
                 .iter()
                 .filter_map(|n| ids.get(n).map(|i| (*i).to_string()))
