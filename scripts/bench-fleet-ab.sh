@@ -4,9 +4,11 @@
 # served, the view latency after a change and after dropped watches, and the Event writes of a
 # node whose workloads all turn bad at once.
 #
-# The base gets the working tree's bench and fake API server (tests/integration/fake_api.rs):
-# a base from before issue 43 had neither (the bench keeps to what the polling agent had:
-# `kube::api::connect`, `spawn_watcher`, `KubeWatch::current`, `kube::events::spawn_poster`).
+# The base gets the working tree's bench and fake API server (the gpushare-fake-kube crate, a
+# dev-dependency of the agent): a base from before issue 43 had neither (the bench keeps to what the
+# polling agent had: `kube::api::connect`, `spawn_watcher`, `KubeWatch::current`,
+# `kube::events::spawn_poster`). A base from before the crate gets it beside its agent, named in
+# the agent's dev-dependencies (a path dependency inside the workspace is a member of it).
 # Each side is built in a target directory of its own under target/bench-fleet-ab/ (cargo keys a
 # workspace's packages by their path, so two checkouts sharing one would take each other's
 # build-script output). No root, no GPU.
@@ -41,7 +43,12 @@ else
     git -C "$ROOT" worktree add -q --detach "$WT" "$base_rev"
   fi
   cp "$ROOT/gpushare-agent/benches/fleet.rs" "$WT/gpushare-agent/benches/fleet.rs"
-  cp "$ROOT/gpushare-agent/tests/integration/fake_api.rs" "$WT/gpushare-agent/tests/integration/fake_api.rs"
+  rm -rf "$WT/gpushare-fake-kube"
+  cp -R "$ROOT/gpushare-fake-kube" "$WT/gpushare-fake-kube"
+  if ! grep -q '^gpushare-fake-kube = ' "$WT/gpushare-agent/Cargo.toml"; then
+    sed -i '/^\[dev-dependencies\]$/a gpushare-fake-kube = { path = "../gpushare-fake-kube" }' \
+      "$WT/gpushare-agent/Cargo.toml"
+  fi
   if ! grep -q '^name = "fleet"' "$WT/gpushare-agent/Cargo.toml"; then
     printf '\n[[bench]]\nname = "fleet"\nharness = false\n' >>"$WT/gpushare-agent/Cargo.toml"
   fi

@@ -1,6 +1,6 @@
 //! A fleet of agents against one API server (issue 43): N watchers (the agent's
 //! `kube::api::spawn_watcher`, each with its own client and TLS connection, as tasks in one
-//! process) against the fake API server of the integration tests (`tests/integration/fake_api.rs`:
+//! process) against the fake API server of the integration tests (the `gpushare-fake-kube` crate:
 //! resourceVersions, bookmarks, 410, dropped connections, requests counted by kind). Each node
 //! runs 10 pods with a claim each. Prints, for the fleet:
 //! 1. the start (a rollout): lists, claim GETs and watches per node;
@@ -20,13 +20,8 @@
 //! `api::connect`, `api::spawn_watcher`, `KubeWatch::current`, `events::spawn_poster`), so it
 //! must keep to that.
 
-#[allow(dead_code)]
-#[path = "../tests/integration/fake_api.rs"]
-mod fake_api;
-
 use std::time::{Duration, Instant};
 
-use fake_api::{FakeApi, NODE, State, claim, pod};
 use gpushare_agent::{
     kube::{
         api::{self, KubeWatch},
@@ -34,6 +29,7 @@ use gpushare_agent::{
     },
     quota::{GpuShareUnit, KubernetesSettings},
 };
+use gpushare_fake_kube::{FakeApi, NODE, State, claim, pod};
 use serde_json::{Value, json};
 
 fn id(i: usize) -> String {

@@ -1,20 +1,17 @@
 //! The API server as a source (issue 22): DRA consumed capacity and pod annotations become
 //! quotas, and isolation steps become Events on the pod. Real cgroups shaped like a pod's
 //! (`kubepods/pod<uid>/<container id>`), real processes, the fake GPU, and a fake API server
-//! over TLS ([`crate::fake_api`]) that the agent reaches with the service account the test wrote.
+//! over TLS ([`gpushare_fake_kube`]) that the agent reaches with the service account the test wrote.
 
 use std::time::Duration;
 
 use gpushare_agent::snapshot::{Snapshot, WorkloadView};
+use gpushare_fake_kube::{FakeApi, claim, pod};
 use gpushare_testkit::nvml::Scenario;
 use serde_json::json;
 
-use crate::{
-    fake_api::{FakeApi, claim, pod},
-    util::{
-        AgentProcess, PlacedGroup, container_id, counter_value, needs_root, one_gpu, pod_uid,
-        sleeping,
-    },
+use crate::util::{
+    AgentProcess, PlacedGroup, container_id, counter_value, needs_root, one_gpu, pod_uid, sleeping,
 };
 
 const GIB: u64 = 1 << 30;

@@ -1,5 +1,5 @@
 //! The API server watched, not polled (issue 43): the agent's Kubernetes view against a fake API
-//! server with watch semantics ([`crate::fake_api`]: resourceVersions, bookmarks, 410, dropped
+//! server with watch semantics ([`gpushare_fake_kube`]: resourceVersions, bookmarks, 410, dropped
 //! connections, requests counted by kind). These drive the library's watcher directly (no root,
 //! no GPU): what the step reads is [`KubeWatch::current`]. Every wait has a deadline; nothing is
 //! slept and then asserted, but for the at-rest window, whose length is the point.
@@ -14,12 +14,10 @@ use gpushare_agent::{
     kube::api::{self, KubeWatch},
     quota::{GpuShareUnit, KubernetesSettings},
 };
+use gpushare_fake_kube::{FakeApi, NODE, claim, pod};
 use serde_json::{Value, json};
 
-use crate::{
-    fake_api::{FakeApi, NODE, claim, pod},
-    util::{container_id, pod_uid},
-};
+use crate::util::{container_id, pod_uid};
 
 fn settings(api: &FakeApi) -> KubernetesSettings {
     KubernetesSettings {
@@ -90,7 +88,7 @@ async fn wait_view(
 }
 
 /// Waits (up to 30 s) for the fake's state to satisfy `ok`.
-async fn wait_api(api: &FakeApi, what: &str, ok: impl Fn(&crate::fake_api::State) -> bool) {
+async fn wait_api(api: &FakeApi, what: &str, ok: impl Fn(&gpushare_fake_kube::State) -> bool) {
     let end = Instant::now() + Duration::from_secs(30);
     while !api.with(|s| ok(s)) {
         assert!(

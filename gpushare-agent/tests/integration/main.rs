@@ -8,7 +8,6 @@ mod docker;
 mod driver_limits;
 mod enforce;
 mod enforce_loop;
-mod fake_api;
 mod faults;
 mod forged;
 mod golden;

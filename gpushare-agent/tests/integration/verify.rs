@@ -499,8 +499,8 @@ fn over_a_grant_an_enforcing_agent_holds_it_by_isolating_else_it_is_violated() {
 #[test]
 fn a_grant_turning_unenforced_gets_an_event_on_its_pod() {
     needs_root!("a_grant_turning_unenforced_gets_an_event_on_its_pod");
-    use crate::fake_api::FakeApi;
     use crate::util::one_gpu;
+    use gpushare_fake_kube::FakeApi;
     let api = FakeApi::start();
     let (uid, a, _ga, pa) = crate::kube::one_pod_with_a_claim(&api, "audited-0");
     let sc = Scenario::create(&one_gpu(&[(pa.pid(), 512 << 20)])).unwrap();

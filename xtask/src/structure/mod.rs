@@ -26,7 +26,8 @@
 //!
 //! - Tests in one kind of place: a module's unit tests are inline (`mod tests { .. }`) or in its
 //!   own `tests.rs` (and `tests/`); no `*_tests.rs` beside it, no `#[path]` (issue 40: four kinds
-//!   of place once).
+//!   of place once), in any crate's `src/`, `tests/`, `benches/`, `examples/`, fuzz targets and
+//!   build script (a bench once compiled the integration tests' fake API server with `#[path]`).
 //! - The walk from one NVML sample to a freeze and to `/metrics`, kept in `docs/architecture.md`,
 //!   names functions that exist, states its counts, and crosses no more rooms and makes no more
 //!   returns than it did: see [`walk`].
@@ -322,16 +323,43 @@ pub fn combinator_lines(code: &str) -> Vec<usize> {
         .collect()
 }
 
-/// Unit tests out of their places in the workspace's crates: files named `*_tests.rs`, and
-/// `#[path]` attributes (a file compiled as a module it is not beside).
+/// Where a crate keeps its Rust files: library and binaries, integration tests, benches,
+/// examples, fuzz targets (the build script aside, see [`crate_rust_files`]).
+const RUST_PLACES: [&str; 5] = ["src", "tests", "benches", "examples", "fuzz_targets"];
+
+/// The `.rs` files of the crate at `krate`: below each of [`RUST_PLACES`] it has, and its
+/// `build.rs`.
+fn crate_rust_files(krate: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for place in RUST_PLACES {
+        let dir = krate.join(place);
+        if dir.is_dir() {
+            out.extend(rust_files(&dir)?);
+        }
+    }
+    let build = krate.join("build.rs");
+    if build.is_file() {
+        out.push(build);
+    }
+    Ok(out)
+}
+
+/// Unit tests out of their places in the workspace's crates (each folder of `root` with a
+/// `Cargo.toml`, every file of [`crate_rust_files`]: `src/`, and `tests/`, `benches/`... too, where
+/// a bench once compiled the integration tests' fake API server with `#[path]`): files named
+/// `*_tests.rs`, and `#[path]` attributes (a file compiled as a module it is not beside).
 fn test_places(root: &Path) -> Result<Vec<String>> {
     let mut problems = Vec::new();
-    for krate in std::fs::read_dir(root)? {
-        let src = krate?.path().join("src");
-        if !src.is_dir() {
-            continue;
+    let mut crates = Vec::new();
+    for e in std::fs::read_dir(root)? {
+        let krate = e?.path();
+        if krate.join("Cargo.toml").is_file() {
+            crates.push(krate);
         }
-        for f in rust_files(&src)? {
+    }
+    crates.sort();
+    for krate in crates {
+        for f in crate_rust_files(&krate)? {
             let shown = rel(root, &f);
             if f.file_stem()
                 .and_then(|s| s.to_str())
@@ -349,7 +377,7 @@ fn test_places(root: &Path) -> Result<Vec<String>> {
             {
                 problems.push(format!(
                     "{shown}:{}: `#[path]`: a module is the file of its name (move the file, or \
-                     share it through a crate such as gpushare-base)",
+                     share it through a crate such as gpushare-base or gpushare-fake-kube)",
                     n + 1
                 ));
             }
@@ -773,5 +801,63 @@ mod tests {
         assert!(is_test_file(Path::new("tests/ladder.rs")));
         assert!(is_test_file(Path::new("claims_tests.rs")));
         assert!(!is_test_file(Path::new("ladder.rs")));
+    }
+
+    #[test]
+    fn tests_out_of_place_are_found_in_every_crate_folder_but_not_in_comments() {
+        let dir = std::env::temp_dir().join(format!("xtask-places-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in [
+            "a/src",
+            "a/tests/integration",
+            "a/benches",
+            "a/examples",
+            "fz/fuzz_targets",
+        ] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        std::fs::create_dir_all(dir.join("loose/src")).unwrap();
+        for (f, text) in [
+            ("a/Cargo.toml", ""),
+            ("fz/Cargo.toml", ""),
+            ("a/src/lib.rs", "// #[path = \"x.rs\"]\nmod x;\n"),
+            ("a/src/x.rs", "fn x() {}\n"),
+            ("a/src/x_tests.rs", "fn t() {}\n"),
+            (
+                "a/tests/integration/main.rs",
+                "mod util;\n    #[path = \"../f.rs\"]\nmod f;\n",
+            ),
+            (
+                "a/benches/fleet.rs",
+                "#[allow(dead_code)]\n#[path = \"../tests/f.rs\"]\nmod f;\n",
+            ),
+            ("a/examples/e.rs", "#[path=\"y.rs\"] mod y;\n"),
+            ("a/build.rs", "fn main() {}\n"),
+            (
+                "fz/fuzz_targets/t.rs",
+                "#[path = \"../../a/src/x.rs\"]\nmod x;\n",
+            ),
+            // Not a crate: not looked at.
+            ("loose/src/l.rs", "#[path = \"m.rs\"]\nmod m;\n"),
+        ] {
+            std::fs::write(dir.join(f), text).unwrap();
+        }
+        let found = test_places(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let at: Vec<&str> = found
+            .iter()
+            .map(|p| p.split(": ").next().unwrap())
+            .collect();
+        assert_eq!(
+            at,
+            [
+                "a/src/x_tests.rs",
+                "a/tests/integration/main.rs:2",
+                "a/benches/fleet.rs:2",
+                "a/examples/e.rs:1",
+                "fz/fuzz_targets/t.rs:1",
+            ],
+            "{found:#?}"
+        );
     }
 }

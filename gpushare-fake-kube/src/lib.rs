@@ -15,6 +15,10 @@
 //! The test drops every open watch with [`FakeApi::drop_watches`], takes the server down
 //! ([`State::down`]: 503 to everything), fails single claims, rotates the token, and counts
 //! requests by kind ([`State::lists`], [`State::gets`], [`State::watches`]).
+//!
+//! A crate of its own (issue 40), a dev-dependency of the agent: its integration tests
+//! (`tests/integration/kube.rs`, `kube_watch.rs`, `verify.rs`) and the fleet bench
+//! (`benches/fleet.rs`) use it; the agent itself never does.
 
 use std::{
     collections::BTreeMap,
