@@ -44,6 +44,7 @@ use super::{
     Decision, PolicyState, Stats, evaluate,
     input::{AttributedProcess, ObservedGroup, PolicyInput},
     outcome::DriverLimits,
+    revision::Revision,
     state::WorkloadState,
 };
 use crate::{
@@ -85,6 +86,8 @@ struct Carried {
     dry_run: bool,
     observe_only: bool,
     taken: BTreeSet<String>,
+    /// The revisions of `processes` and `sample`.
+    revision: Revision,
 }
 
 /// How a step compares with the carried one.
@@ -102,8 +105,9 @@ impl Incremental {
     /// The decision for `input` from `prev`, the same as [`evaluate`]`(&prev, input)`. Takes
     /// the state by value so a carried step moves it back out without a copy.
     pub fn evaluate(&mut self, prev: PolicyState, input: &PolicyInput) -> Decision {
+        let revision = Revision::of(input.processes, input.sample);
         let delta = match &self.last {
-            Some(c) => c.delta(&prev, input),
+            Some(c) => c.delta(&prev, input, &revision),
             None => Delta::All,
         };
         match (delta, &self.last) {
@@ -118,17 +122,22 @@ impl Incremental {
             }
             (Delta::Some(split), Some(_)) => {
                 self.partial += 1;
-                self.evaluate_some(prev, input, &split)
+                self.evaluate_some(prev, input, &split, revision)
             }
             _ => {
                 self.evaluated += 1;
-                self.evaluate_all(prev, input)
+                self.evaluate_all(prev, input, revision)
             }
         }
     }
 
     /// Evaluates in full; keeps the outcome when it can be carried.
-    fn evaluate_all(&mut self, prev: PolicyState, input: &PolicyInput) -> Decision {
+    fn evaluate_all(
+        &mut self,
+        prev: PolicyState,
+        input: &PolicyInput,
+        revision: Revision,
+    ) -> Decision {
         let d = evaluate(&prev, input);
         // A release counts in its own step's stats only: such a step is not carried.
         self.last =
@@ -161,6 +170,7 @@ impl Incremental {
                         dry_run: input.dry_run,
                         observe_only: input.observe_only,
                         taken: input.taken.clone(),
+                        revision,
                     }
                 });
         d
@@ -283,6 +293,7 @@ fn same_device(a: &DeviceSample, b: &DeviceSample, memory: bool) -> bool {
         && *context_overhead == b.context_overhead
 }
 
+#[cfg(test)]
 fn same_process(a: &ProcessSample, b: &ProcessSample) -> bool {
     let ProcessSample {
         pid,

@@ -40,6 +40,7 @@ mod plan;
 mod pressure;
 mod reconcile;
 mod report;
+mod revision;
 mod room;
 mod state;
 mod usage;

@@ -211,8 +211,12 @@ fn every_input_the_policy_reads_decides_whether_a_step_is_carried() {
     let state = inc.evaluate(d.state, &input).state;
     assert_eq!((inc.evaluated, inc.carried), (2, 1));
     let c = inc.last.as_ref().unwrap();
-    let same =
-        |state: &PolicyState, input: &PolicyInput| matches!(c.delta(state, input), Delta::Same);
+    let same = |state: &PolicyState, input: &PolicyInput| {
+        matches!(
+            c.delta(state, input, &Revision::of(input.processes, input.sample)),
+            Delta::Same
+        )
+    };
     assert!(same(
         &state,
         &PolicyInput {
@@ -317,7 +321,14 @@ fn every_input_the_policy_reads_decides_whether_a_step_is_carried() {
         .values_mut()
         .for_each(|w| w.quota = "moved".into());
     assert!(
-        matches!(c.delta(&changed, &input), Delta::All),
+        matches!(
+            c.delta(
+                &changed,
+                &input,
+                &Revision::of(input.processes, input.sample)
+            ),
+            Delta::All
+        ),
         "another state: evaluated again"
     );
 }
