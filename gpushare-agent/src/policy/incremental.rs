@@ -44,7 +44,6 @@ use super::{
     Decision, PolicyState, Stats, evaluate,
     input::{AttributedProcess, ObservedGroup, PolicyInput},
     outcome::DriverLimits,
-    revision::Revision,
     state::WorkloadState,
 };
 use crate::{
@@ -86,8 +85,6 @@ struct Carried {
     dry_run: bool,
     observe_only: bool,
     taken: BTreeSet<String>,
-    /// The revisions of `processes` and `sample`.
-    revision: Revision,
 }
 
 /// How a step compares with the carried one.
@@ -105,9 +102,8 @@ impl Incremental {
     /// The decision for `input` from `prev`, the same as [`evaluate`]`(&prev, input)`. Takes
     /// the state by value so a carried step moves it back out without a copy.
     pub fn evaluate(&mut self, prev: PolicyState, input: &PolicyInput) -> Decision {
-        let revision = Revision::of(input.processes, input.sample);
         let delta = match &self.last {
-            Some(c) => c.delta(&prev, input, &revision),
+            Some(c) => c.delta(&prev, input),
             None => Delta::All,
         };
         match (delta, &self.last) {
@@ -122,22 +118,17 @@ impl Incremental {
             }
             (Delta::Some(split), Some(_)) => {
                 self.partial += 1;
-                self.evaluate_some(prev, input, &split, revision)
+                self.evaluate_some(prev, input, &split)
             }
             _ => {
                 self.evaluated += 1;
-                self.evaluate_all(prev, input, revision)
+                self.evaluate_all(prev, input)
             }
         }
     }
 
     /// Evaluates in full; keeps the outcome when it can be carried.
-    fn evaluate_all(
-        &mut self,
-        prev: PolicyState,
-        input: &PolicyInput,
-        revision: Revision,
-    ) -> Decision {
+    fn evaluate_all(&mut self, prev: PolicyState, input: &PolicyInput) -> Decision {
         let d = evaluate(&prev, input);
         // A release counts in its own step's stats only: such a step is not carried.
         self.last =
@@ -170,7 +161,6 @@ impl Incremental {
                         dry_run: input.dry_run,
                         observe_only: input.observe_only,
                         taken: input.taken.clone(),
-                        revision,
                     }
                 });
         d
@@ -293,7 +283,6 @@ fn same_device(a: &DeviceSample, b: &DeviceSample, memory: bool) -> bool {
         && *context_overhead == b.context_overhead
 }
 
-#[cfg(test)]
 fn same_process(a: &ProcessSample, b: &ProcessSample) -> bool {
     let ProcessSample {
         pid,

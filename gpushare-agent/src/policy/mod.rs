@@ -40,7 +40,6 @@ mod plan;
 mod pressure;
 mod reconcile;
 mod report;
-mod revision;
 mod room;
 mod state;
 mod usage;

@@ -6,12 +6,11 @@ use std::{
     sync::Arc,
 };
 
-use super::{Carried, Delta, Incremental, calm, listed, same_gpus};
+use super::{Carried, Delta, Incremental, calm, listed, same_gpus, same_process};
 use crate::{
     policy::{
         Decision, PolicyState, Stats, evaluate,
         input::{AttributedProcess, ObservedGroup, PolicyInput},
-        revision::Revision,
     },
     sample::GpuSample,
 };
@@ -23,12 +22,13 @@ pub(super) struct Split {
     /// Whether each process of the step is one of theirs (of the last step too: a process that
     /// moved was theirs then and is now).
     inside: Vec<bool>,
-    /// The process samples of their pids, then or now, by position (the same in both steps):
-    /// every sample that changed is one of them.
-    sampled: Vec<usize>,
-    /// Whether their evaluations read `sampled` only; else all of them (a process sample on a
-    /// GPU the sample does not list: a quota naming that GPU's UUID finds its index there).
-    only_sampled: bool,
+    /// The processes (by position) that differ from the last step's: theirs, then and now.
+    moved: Vec<usize>,
+    /// The process samples their evaluations read, by position (the same in both steps): those
+    /// of their pids, then or now, and those that changed. `None`: all of them (a process
+    /// sample on a GPU the sample does not list: a quota naming that GPU's UUID finds its index
+    /// there).
+    samples: Option<Vec<usize>>,
 }
 
 impl Incremental {
@@ -39,7 +39,6 @@ impl Incremental {
         mut prev: PolicyState,
         input: &PolicyInput,
         split: &Split,
-        revision: Revision,
     ) -> Decision {
         let Some(c) = self.last.as_mut() else {
             return evaluate(&prev, input);
@@ -57,15 +56,11 @@ impl Incremental {
         let procs_was = theirs(&c.processes, &split.inside);
         let procs_is = theirs(input.processes, &split.inside);
         let read = |all: &GpuSample| -> Option<GpuSample> {
-            split.only_sampled.then(|| GpuSample {
+            split.samples.as_ref().map(|at| GpuSample {
                 taken_at: None,
                 devices: all.devices.clone(),
                 health: all.health.clone(),
-                processes: split
-                    .sampled
-                    .iter()
-                    .map(|&i| all.processes[i].clone())
-                    .collect(),
+                processes: at.iter().map(|&i| all.processes[i].clone()).collect(),
                 problems: all.problems.clone(),
             })
         };
@@ -161,15 +156,15 @@ impl Incremental {
             c.stats.clone_from(&stats);
             c.driver_limits.clone_from(&driver_limits);
             c.sample.devices.clone_from(&input.sample.devices);
-            for &i in &split.sampled {
-                let b = &input.sample.processes[i];
-                c.listed &= listed(input.sample, b);
-                c.sample.processes[i] = b.clone();
+            for (a, b) in c.sample.processes.iter_mut().zip(&input.sample.processes) {
+                if !same_process(a, b) {
+                    c.listed &= listed(input.sample, b);
+                    *a = b.clone();
+                }
             }
-            for (i, _) in split.inside.iter().enumerate().filter(|(_, i)| **i) {
+            for &i in &split.moved {
                 c.processes[i] = input.processes[i].clone();
             }
-            c.revision = revision;
         } else {
             self.last = None;
         }
@@ -185,12 +180,7 @@ impl Incremental {
 impl Carried {
     /// How `input` from `prev` compares with the step this outcome came from (see the module
     /// note).
-    pub(super) fn delta(
-        &self,
-        prev: &PolicyState,
-        input: &PolicyInput,
-        revision: &Revision,
-    ) -> Delta {
+    pub(super) fn delta(&self, prev: &PolicyState, input: &PolicyInput) -> Delta {
         let (s, c) = (input.sample, &self.sample);
         let frame = input.releases.is_empty()
             && input.agent_pid == self.agent_pid
@@ -207,42 +197,62 @@ impl Carried {
         {
             return Delta::All;
         }
-        // The workloads whose processes or samples changed (a sample no process has: all).
-        let Some(changed) = revision.changed(&self.revision) else {
-            return Delta::All;
-        };
         // Nothing over: nothing outside what changed reads the GPUs' free memory.
         let uncoupled = self.stats.over_quota == 0;
         let memory = same_gpus(s, c, true);
-        if self.before.is_empty() && changed.is_empty() && (memory || uncoupled) {
+        let moved: Vec<usize> = (0..self.processes.len())
+            .filter(|&i| self.processes[i] != input.processes[i])
+            .collect();
+        let mut pids: foldhash::HashSet<u32> = foldhash::HashSet::default();
+        let mut changed = Vec::new();
+        for (i, (a, b)) in c.processes.iter().zip(&s.processes).enumerate() {
+            if !same_process(a, b) {
+                pids.insert(a.pid);
+                pids.insert(b.pid);
+                changed.push(i);
+            }
+        }
+        if self.before.is_empty() && moved.is_empty() && pids.is_empty() && (memory || uncoupled) {
             return Delta::Same;
         }
         if !uncoupled {
             return Delta::All;
         }
         let mut k: BTreeSet<String> = self.before.keys().cloned().collect();
-        k.extend(changed);
+        let was = |i: &usize| &self.processes[*i];
+        for p in moved
+            .iter()
+            .map(was)
+            .chain(moved.iter().map(|&i| &input.processes[i]))
+        {
+            k.insert(p.key().to_string());
+        }
+        if !pids.is_empty() {
+            for p in input.processes.iter().chain(moved.iter().map(was)) {
+                if pids.contains(&p.identity.pid) && !k.contains(p.key()) {
+                    k.insert(p.key().to_string());
+                }
+            }
+        }
         // Evaluating more than half the workloads twice costs more than all of them once.
         if k.len() * 2 > self.stats.workloads.max(1) {
             return Delta::All;
         }
-        // Theirs, then or now (a process that moved changed both workloads' revisions).
+        // No pid on both sides of the split.
         let members: foldhash::HashSet<&str> = k.iter().map(String::as_str).collect();
         let inside: Vec<bool> = input
             .processes
             .iter()
-            .zip(&self.processes)
-            .map(|(p, was)| members.contains(p.key()) || members.contains(was.key()))
+            .map(|p| members.contains(p.key()))
             .collect();
         let k_pids: foldhash::HashSet<u32> = input
             .processes
             .iter()
-            .zip(&self.processes)
             .zip(&inside)
             .filter(|(_, i)| **i)
-            .flat_map(|((p, was), _)| [p.identity.pid, was.identity.pid])
+            .map(|(p, _)| p.identity.pid)
+            .chain(moved.iter().map(|i| was(i).identity.pid))
             .collect();
-        // No pid on both sides of the split.
         if input
             .processes
             .iter()
@@ -251,20 +261,24 @@ impl Carried {
         {
             return Delta::All;
         }
-        // Their samples, then or now: every sample that changed is one (its pid's workloads'
-        // revisions changed), so the samples left out are the same in both steps.
-        let sampled: Vec<usize> = (0..s.processes.len())
-            .filter(|&i| {
-                k_pids.contains(&s.processes[i].pid) || k_pids.contains(&c.processes[i].pid)
-            })
-            .collect();
-        let only_sampled = self.listed && sampled.iter().all(|&i| listed(s, &s.processes[i]));
+        // Their samples, and those that changed (so that the samples left out are the same in
+        // both steps, each attributed to a workload outside or to none in both).
+        let samples =
+            (self.listed && changed.iter().all(|&i| listed(s, &s.processes[i]))).then(|| {
+                let mut at: Vec<usize> = (0..s.processes.len())
+                    .filter(|&i| k_pids.contains(&s.processes[i].pid))
+                    .collect();
+                at.extend(changed);
+                at.sort_unstable();
+                at.dedup();
+                at
+            });
         drop(members);
         Delta::Some(Split {
             k,
             inside,
-            sampled,
-            only_sampled,
+            moved,
+            samples,
         })
     }
 }

@@ -211,12 +211,8 @@ fn every_input_the_policy_reads_decides_whether_a_step_is_carried() {
     let state = inc.evaluate(d.state, &input).state;
     assert_eq!((inc.evaluated, inc.carried), (2, 1));
     let c = inc.last.as_ref().unwrap();
-    let same = |state: &PolicyState, input: &PolicyInput| {
-        matches!(
-            c.delta(state, input, &Revision::of(input.processes, input.sample)),
-            Delta::Same
-        )
-    };
+    let same =
+        |state: &PolicyState, input: &PolicyInput| matches!(c.delta(state, input), Delta::Same);
     assert!(same(
         &state,
         &PolicyInput {
@@ -321,14 +317,7 @@ fn every_input_the_policy_reads_decides_whether_a_step_is_carried() {
         .values_mut()
         .for_each(|w| w.quota = "moved".into());
     assert!(
-        matches!(
-            c.delta(
-                &changed,
-                &input,
-                &Revision::of(input.processes, input.sample)
-            ),
-            Delta::All
-        ),
+        matches!(c.delta(&changed, &input), Delta::All),
         "another state: evaluated again"
     );
 }
