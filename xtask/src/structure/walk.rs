@@ -146,6 +146,11 @@ pub fn count(steps: &[Step]) -> Counts {
 
 /// The problems of the walks in `root`'s [`DOC`], and the counts of the walk and of the base's.
 pub fn check(root: &Path) -> Result<Checked> {
+    check_within(root, ROOMS_MAX, RETURNS_MAX)
+}
+
+/// [`check`] against limits of rooms and returns.
+fn check_within(root: &Path, rooms_max: usize, returns_max: usize) -> Result<Checked> {
     let doc = std::fs::read_to_string(root.join(DOC)).with_context(|| format!("reading {DOC}"))?;
     let mut problems = Vec::new();
     let (Some(walk), Some(base)) = (block(&doc, "walk")?, block(&doc, "walk-base")?) else {
@@ -182,14 +187,14 @@ pub fn check(root: &Path) -> Result<Checked> {
             )),
         }
     }
-    if now.rooms > ROOMS_MAX || now.returns > RETURNS_MAX {
+    if now.rooms > rooms_max || now.returns > returns_max {
         problems.push(format!(
-            "{DOC}: the walk crosses {} rooms and makes {} returns, over {ROOMS_MAX} and \
-             {RETURNS_MAX}: a change on the path from a sample to a freeze and to /metrics sends \
+            "{DOC}: the walk crosses {} rooms and makes {} returns, over {rooms_max} and \
+             {returns_max}: a change on the path from a sample to a freeze and to /metrics sends \
              the reader through more rooms or back more often; keep a job's steps together",
             now.rooms, now.returns
         ));
-    } else if now.rooms < ROOMS_MAX || now.returns < RETURNS_MAX {
+    } else if now.rooms < rooms_max || now.returns < returns_max {
         problems.push(format!(
             "xtask/src/structure/walk.rs: the walk now crosses {} rooms with {} returns: lower \
              ROOMS_MAX and RETURNS_MAX to them, so the limit keeps what was won",
@@ -256,5 +261,93 @@ mod tests {
         assert_eq!(room("gpushare-agent/src/metrics.rs"), "metrics");
         assert_eq!(room("gpushare-agent/src/metrics/cache.rs"), "metrics");
         assert_eq!(room("gpushare-base/src/sys/mod.rs"), "gpushare-base");
+    }
+
+    /// A workspace at a scratch root with `doc` as its architecture document.
+    fn scratch(name: &str, doc: &str) -> std::path::PathBuf {
+        let root = std::env::temp_dir().join(format!("xtask-walk-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for (path, text) in [
+            ("gpushare-agent/src/run.rs", "fn run() {}\n"),
+            (
+                "gpushare-agent/src/agent/tick.rs",
+                "pub fn tick() {\n}\n#[cfg(test)]\nmod tests {\n    fn hidden() {}\n}\n",
+            ),
+            (DOC, doc),
+        ] {
+            std::fs::create_dir_all(root.join(path).parent().unwrap()).unwrap();
+            std::fs::write(root.join(path), text).unwrap();
+        }
+        root
+    }
+
+    const BASE: &str =
+        "```walk-base\ngpushare-agent/src/mod.rs tick\n# files 1, rooms 1, returns 0\n```\n";
+
+    #[test]
+    fn check_keeps_the_walk_true_and_its_counts_from_growing() {
+        let walk = |f: &str, stated: &str| {
+            format!(
+                "# doc\n```walk\ngpushare-agent/src/run.rs run\ngpushare-agent/src/agent/tick.rs {f}\n\
+                 gpushare-agent/src/run.rs run  # (return)\n# {stated}\n```\n{BASE}"
+            )
+        };
+        let good = scratch("good", &walk("tick", "files 2, rooms 2, returns 1"));
+        let (problems, counts) = check_within(&good, 2, 1).unwrap();
+        assert_eq!(problems, Vec::<String>::new());
+        let (now, then) = counts.unwrap();
+        assert_eq!((now.files, now.rooms, now.returns), (2, 2, 1));
+        assert_eq!((then.files, then.rooms, then.returns), (1, 1, 0));
+        let over = check_within(&good, 2, 0).unwrap().0;
+        assert!(
+            over.len() == 1 && over[0].contains("over 2 and 0"),
+            "{over:?}"
+        );
+        let over = check_within(&good, 1, 1).unwrap().0;
+        assert!(
+            over.len() == 1 && over[0].contains("over 1 and 1"),
+            "{over:?}"
+        );
+        for (rooms, returns) in [(3, 1), (2, 2)] {
+            let lower = check_within(&good, rooms, returns).unwrap().0;
+            assert!(
+                lower.len() == 1 && lower[0].contains("lower ROOMS_MAX"),
+                "{lower:?}"
+            );
+        }
+        // A function only its tests define, and counts the lines do not give.
+        let bad = scratch("bad", &walk("hidden", "files 2, rooms 2, returns 0"));
+        let problems = check_within(&bad, 2, 1).unwrap().0;
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains(":4:") && problems[0].contains("`fn hidden`"));
+        assert!(problems[1].contains(":6:") && problems[1].contains("returns 1"));
+        // No base block, and a base block with no stated counts.
+        let alone = scratch("alone", "```walk\ngpushare-agent/src/run.rs run\n```\n");
+        let (problems, counts) = check_within(&alone, 1, 0).unwrap();
+        assert!(counts.is_none() && problems[0].contains("no ```walk block"));
+        let unstated = scratch(
+            "unstated",
+            &format!(
+                "```walk\ngpushare-agent/src/run.rs run\n```\n{}",
+                BASE.replace("# files 1, rooms 1, returns 0\n", "")
+            ),
+        );
+        let problems = check_within(&unstated, 1, 0).unwrap().0;
+        assert!(
+            problems.len() == 2 && problems.iter().all(|p| p.contains("ends without")),
+            "{problems:?}"
+        );
+        for root in [good, bad, alone, unstated] {
+            std::fs::remove_dir_all(root).unwrap();
+        }
+    }
+
+    #[test]
+    fn this_workspaces_walk_is_true_and_within_its_limits() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let (problems, counts) = check(root).unwrap();
+        assert_eq!(problems, Vec::<String>::new());
+        let (now, _) = counts.expect("the walk and the base's are in docs/architecture.md");
+        assert_eq!((now.rooms, now.returns), (ROOMS_MAX, RETURNS_MAX));
     }
 }
