@@ -1,7 +1,6 @@
 //! The agent's monotonic totals: executed actions by (action kind, executor result), changes
 //! found made behind the agent's back, suspend steps that fell through, and the GPU memory
-//! suspends moved, kept in the snapshot's own types ([`snapshot::ActionCounts`],
-//! [`snapshot::Tally`]), so that [`Totals::render`] is a copy.
+//! suspends moved, kept in the snapshot's own counters, so that a publish starts from a copy.
 
 use log::info;
 
@@ -44,37 +43,39 @@ impl External {
     }
 }
 
-/// Monotonic totals since the agent started, kept as the snapshot holds them: the step adds to
-/// them as it acts, and [`Totals::render`] hands a copy to the snapshot.
+/// Monotonic totals since the agent started, kept in the snapshot's own counters (the fields
+/// the step does not count left at their defaults): the step adds to them as it acts, and a
+/// publish starts the snapshot's counters from a copy ([`Totals::counters`]).
 #[derive(Debug, Default)]
 pub struct Totals {
-    /// Executed actions by (action, executor result); a few dozen at most.
-    actions: snapshot::ActionCounts,
-    /// Changes made behind the agent's back, by [`External`] kind.
-    external: snapshot::Tally,
-    /// Suspend steps that fell through, by the executor's cause (its label value).
-    fallthroughs: snapshot::Tally,
-    /// GPU memory moved off the GPU by suspends, bytes.
-    pub suspended_bytes: u64,
-    /// Workload-identity conflicts and record mismatches, by [`IdentityEvent`] kind.
-    identity: snapshot::Tally,
+    /// `enforcement_actions` by (action, executor result), a few dozen at most;
+    /// `external_changes` by [`External`] kind; `suspend_fallthroughs` by the executor's cause;
+    /// `suspended_bytes_total`; `workload_identity` by [`IdentityEvent`] kind.
+    kept: snapshot::Counters,
 }
 
 impl Totals {
     /// One action of `kind` the executor answered with `result`.
     pub fn action(&mut self, kind: ActionKind, result: ExecOutcome) {
-        self.actions.add(kind.name(), result.as_str(), 1);
+        self.kept
+            .enforcement_actions
+            .add(kind.name(), result.as_str(), 1);
     }
 
     /// A change made behind the agent's back that the step did not count itself.
     pub fn external(&mut self, kind: External) {
-        self.external.add(kind.as_str(), 1);
+        self.kept.external_changes.add(kind.as_str(), 1);
     }
 
     /// A workload-identity event (two roots claiming one identity, a record naming another
     /// group).
     pub fn identity(&mut self, event: IdentityEvent) {
-        self.identity.add(event.as_str(), 1);
+        self.kept.workload_identity.add(event.as_str(), 1);
+    }
+
+    /// GPU memory a suspend moved off the GPU.
+    pub fn suspended(&mut self, bytes: u64) {
+        self.kept.suspended_bytes_total += bytes;
     }
 
     /// What one step's decision counted, and the suspends refused at once in it.
@@ -86,7 +87,7 @@ impl Totals {
             (External::Adopted, stats.adopted),
         ] {
             if n > 0 {
-                self.external.add(kind.as_str(), n as u64);
+                self.kept.external_changes.add(kind.as_str(), n as u64);
                 if kind == External::Adopted {
                     info!("took over {n} freeze(s) recorded by an earlier run");
                 }
@@ -94,21 +95,17 @@ impl Totals {
         }
         for r in reports {
             if let Report::SuspendRefused { cause, .. } = r {
-                self.fallthroughs.add(cause.clone(), 1);
+                self.kept.suspend_fallthroughs.add(cause.clone(), 1);
             }
         }
         for (cause, n) in &stats.suspend_fallthroughs {
-            self.fallthroughs.add(cause.clone(), *n as u64);
+            self.kept.suspend_fallthroughs.add(cause.clone(), *n as u64);
         }
     }
 
-    /// The totals into the snapshot's counters.
-    pub fn render(&self, into: &mut snapshot::Counters) {
-        into.enforcement_actions = self.actions.clone();
-        into.external_changes = self.external.clone();
-        into.suspend_fallthroughs = self.fallthroughs.clone();
-        into.workload_identity = self.identity.clone();
-        into.suspended_bytes_total = self.suspended_bytes;
+    /// The totals, as the snapshot's counters: the rest of them at their defaults.
+    pub fn counters(&self) -> &snapshot::Counters {
+        &self.kept
     }
 }
 
@@ -118,7 +115,7 @@ mod tests {
     use crate::quota::Signal;
 
     #[test]
-    fn render_gives_todays_label_values() {
+    fn the_totals_are_the_snapshots_counters_with_todays_label_values() {
         let mut c = Totals::default();
         c.action(ActionKind::Freeze, ExecOutcome::Ok);
         c.action(ActionKind::Freeze, ExecOutcome::Ok);
@@ -142,12 +139,12 @@ mod tests {
             reason: "no libcuda".into(),
         };
         c.step(&stats, &[refused]);
-        c.suspended_bytes = 7;
+        c.suspended(4);
+        c.suspended(3);
         c.identity(IdentityEvent::Conflict);
         c.identity(IdentityEvent::Mismatch);
         c.identity(IdentityEvent::Conflict);
-        let mut s = snapshot::Counters::default();
-        c.render(&mut s);
+        let s = c.counters().clone();
         let pairs = |m: &snapshot::Tally| -> Vec<(String, u64)> {
             m.iter().map(|(k, v)| (k.to_string(), v)).collect()
         };

@@ -86,7 +86,6 @@ pub struct Agent {
     started: Instant,
     workloads: Observer,
     /// The CUDA context's memory learned per GPU model.
-    overheads: crate::observe::overhead::Overheads,
     counters: Totals,
     /// How long things took, published with each snapshot.
     timings: Timings,
@@ -147,7 +146,6 @@ impl Agent {
             verifier: verify::Verifier::new(v2_root.clone()),
             kernel_log: None,
             workloads: Observer::new(v2_root),
-            overheads: Default::default(),
             counters: Totals::default(),
             timings: Timings::default(),
             snapshot,

@@ -116,7 +116,7 @@ impl Agent {
         self.ready = true;
         let kc = self.tracker.kernel_counters();
         let stats = self.tracker.table().stats();
-        let mut counters = snapshot::Counters {
+        let counters = snapshot::Counters {
             ebpf_events: stats.events.iter().map(|(k, v)| (*k, *v)).collect(),
             ebpf_events_lost: kc.events_lost,
             nvml_errors: self
@@ -150,9 +150,9 @@ impl Agent {
                 .into_iter()
                 .collect(),
             kubernetes: self.kube_counters(),
-            ..snapshot::Counters::default()
+            // What the step counted as it acted, kept as the snapshot's counters.
+            ..self.counters.counters().clone()
         };
-        self.counters.render(&mut counters);
         let mut snap = self.publisher.build(StepReport {
             sample: &obs.sample,
             table: self.tracker.table(),

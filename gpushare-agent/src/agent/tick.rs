@@ -11,7 +11,6 @@ use crate::{
     ebpf::boot_time_ns,
     enforce::{Outcome as ExecOutcome, SuspendEnded},
     policy::{self, ActionKind, Decision, Report},
-    quota::GpuInfo,
     sample::Utilization,
 };
 
@@ -46,7 +45,7 @@ impl Agent {
             let (kind, result) = match e {
                 SuspendEnded::Suspended { bytes, took, .. } => {
                     self.timings.suspend.observe(*took);
-                    self.counters.suspended_bytes += bytes;
+                    self.counters.suspended(*bytes);
                     self.measured(*bytes, *took);
                     (ActionKind::Suspend, ExecOutcome::Ok)
                 }
@@ -148,23 +147,11 @@ impl Agent {
             keep.push(p);
         }
         sample.processes = keep;
-        self.overheads.fill(
+        let processes = self.workloads.observe(
             &mut sample,
-            &self.quotas.current().defaults().context_overhead,
+            self.tracker.table().tasks(),
+            self.quotas.current(),
         );
-        let gpus: Vec<GpuInfo> = sample
-            .devices
-            .iter()
-            .map(|d| GpuInfo {
-                index: d.index,
-                uuid: d.uuid.clone(),
-                memory_total: d.memory_total,
-                minor: d.minor,
-            })
-            .collect();
-        let processes =
-            self.workloads
-                .attribute(self.tracker.table().tasks(), self.quotas.current(), &gpus);
         for e in self.workloads.take_events() {
             self.counters.identity(e);
         }

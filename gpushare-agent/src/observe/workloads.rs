@@ -20,7 +20,10 @@ use std::{
 
 use log::warn;
 
-use super::identity::{self, Identity, RuntimeRecords, Verdict};
+use super::{
+    identity::{self, Identity, RuntimeRecords, Verdict},
+    overhead::Overheads,
+};
 pub use crate::attribution::names::{NameCache, WorkloadNames};
 use crate::{
     attribution::{GpuTaskEntry, WorkloadId, WorkloadKind, docker::DAEMON_JSON},
@@ -33,6 +36,7 @@ use crate::{
     kube::api::KubeWatch,
     policy::AttributedProcess,
     quota::{EnvQuota, GpuInfo, KubeletSettings, QuotaSet, ResolvedFrom, Selector, WorkloadMeta},
+    sample::GpuSample,
     snapshot::IdentityNote,
     workload::{Placement, nested_container, parse_cgroup_path_in, parse_without_runtime},
 };
@@ -147,6 +151,8 @@ pub struct Observer {
     rooted_under: Option<QuotaSet>,
     /// The API server's grants (DRA claims, pod annotations), when `[kubernetes] api` is on.
     kube: Option<KubeWatch>,
+    /// What a CUDA context takes per GPU model, learned from the samples.
+    overheads: Overheads,
 }
 
 /// The workload a leaf group belongs to (shared with the leaf's memo), and what its identity
@@ -236,6 +242,7 @@ impl Observer {
             leaves: FastMap::default(),
             rooted_under: None,
             kube: None,
+            overheads: Overheads::default(),
         }
     }
 
@@ -349,6 +356,31 @@ impl Observer {
     /// runtime's place and the quotas alone: how an earlier version's freezes are taken over.
     pub fn key_of_group(&self, path: &str, quotas: &QuotaSet) -> String {
         path_rooted(parse_cgroup_path_in(path, &self.placement), path, quotas).key()
+    }
+
+    /// The step's observation of `sample` (its processes' identities verified): each task of
+    /// `tasks` at its workload ([`Self::attribute`], over the sample's GPUs), then each GPU's
+    /// context overhead, learned from the sample and written into it.
+    pub fn observe<'a>(
+        &mut self,
+        sample: &mut GpuSample,
+        tasks: impl Iterator<Item = &'a GpuTaskEntry>,
+        quotas: &QuotaSet,
+    ) -> Vec<AttributedProcess> {
+        let gpus: Vec<GpuInfo> = sample
+            .devices
+            .iter()
+            .map(|d| GpuInfo {
+                index: d.index,
+                uuid: d.uuid.clone(),
+                memory_total: d.memory_total,
+                minor: d.minor,
+            })
+            .collect();
+        let processes = self.attribute(tasks, quotas, &gpus);
+        self.overheads
+            .fill(sample, &quotas.defaults().context_overhead);
+        processes
     }
 
     /// One [`AttributedProcess`] per task with a known workload, each workload at its root, with

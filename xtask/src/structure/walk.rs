@@ -27,7 +27,7 @@ pub const DOC: &str = "docs/architecture.md";
 pub const ROOMS_MAX: usize = 13;
 
 /// Returns the walk may make: today's, and it may only shrink.
-pub const RETURNS_MAX: usize = 31;
+pub const RETURNS_MAX: usize = 27;
 
 /// One line of a walk.
 #[derive(Clone, Debug, PartialEq, Eq)]
