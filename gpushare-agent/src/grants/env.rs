@@ -1,5 +1,11 @@
 //! Quotas a container carries in its environment, as GPUShare's and HAMi's device plugins set them.
 //!
+//! - Reads: `(name, value)` pairs, pure ([`env_quota_on`]; where they come from is
+//!   [`crate::grants::env_quotas`]'s).
+//! - Grants, per GPU, with source the convention's vendor ([`GrantSource::GpuShare`],
+//!   [`GrantSource::Hami`], [`GrantSource::Nvidia`], [`GrantSource::Mps`]): a limit per device
+//!   ordinal, placed on the GPUs the runtime gave, or one for each GPU, as below.
+//!
 //! Design note: pure functions over `(name, value)` pairs. Where the pairs come from (the
 //! container's runtime spec, else its init process) is [`crate::grants::env_quotas::runtime_spec`]'s job
 //! and how far they are trusted is reported beside the quota ([`crate::quota::Trust`]); this module only turns

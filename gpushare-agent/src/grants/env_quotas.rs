@@ -1,6 +1,13 @@
-//! Environment quotas per workload: the agent asks once per workload per step
-//! ([`EnvQuotaReader::quota_for`]) and gets the quota its runtime gave it, with how far that can be
-//! trusted.
+//! The node as a grant source: what a container's runtime gave it, in its environment and its
+//! devices, with the kubelet's grant joined.
+//!
+//! - Reads: a container's environment variables and devices, from its runtime spec, else its
+//!   init process ([`runtime_spec`]), cached per workload; the kubelet's last view, when
+//!   `[kubernetes] kubelet` is on ([`crate::grants::kubelet`]).
+//! - Grants, per GPU, with the vendor's source ([`crate::grants::env`]: GPUShare, HAMi, NVIDIA,
+//!   MPS) placed on the devices the runtime gave, joined with the kubelet's grant (source
+//!   `kubelet`, the smallest per GPU: [`crate::grants::merge`]), with how far it is trusted
+//!   ([`EnvQuotaReader::quota_with`]: `(EnvQuota, Trust)`, asked once per workload per step).
 //!
 //! Design note: what is cached is the raw quota variables per workload, keyed by where they were
 //! read (the spec file's inode, size and mtime, or the init process's pid and start time), so a

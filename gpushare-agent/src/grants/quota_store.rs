@@ -1,6 +1,13 @@
 //! The quota configuration in force: loaded from the main file and drop-in directories, reloaded
 //! when they change, with the last good configuration kept when a new one is invalid.
 //!
+//! - Reads: the operator's quota file and its `quotas.d/` drop-ins, `launch`'s runtime drop-ins,
+//!   watched ([`QuotaStore`]); what they say is parsed and checked in [`crate::quota`] (pure).
+//! - Grants, per GPU, with source the entry that names the workload (its file, line, selector and
+//!   name: `QuotaSource::File`): an entry's `gpu_memory` on the GPU it names, on each GPU, or over
+//!   all in total, with its enforcement; the most specific selector wins, and a file entry wins
+//!   over every other source (`QuotaSet::resolve`, which falls back on the grants of this room).
+//!
 //! Nothing the operator said is forgotten:
 //! - a reload that fails keeps the last good configuration in force (in memory);
 //! - every successful load also keeps the operator's files (the main file and its `quotas.d/`) in

@@ -16,6 +16,8 @@
 //! - Grants are combined in one place: no file of the agent but `grants/merge.rs` names the
 //!   smallest-wins combinator (`smallest`, `smallest_of`) outside tests; the others call the
 //!   combination `merge.rs` names (issue 40: it was called from three rooms).
+//! - Every grant source in one shape: each file of `grants/` but `mod.rs` and `merge.rs` says in
+//!   its module doc what it reads and what it grants per GPU with which source: see [`grants`].
 //! - No two files of the agent import each other (a parent module and its child aside): see
 //!   [`files`].
 //! - No function over [`functions::FN_MAX`] lines outside tests, but a list of exceptions that
@@ -46,6 +48,7 @@ use anyhow::{Context, Result, bail};
 mod dupes;
 mod files;
 mod functions;
+mod grants;
 mod reporting;
 mod walk;
 
@@ -145,6 +148,7 @@ pub fn check(root: &Path) -> Result<()> {
     }
     problems.extend(reporting::encoders_elsewhere(root, &src)?);
     problems.extend(merges_elsewhere(root, &src)?);
+    problems.extend(grants::check(root, &src.join("grants"))?);
     problems.extend(files::mutual_imports(&src)?.into_iter().map(|(a, b)| {
         format!(
             "{} and {} import each other: move what both need below both",
@@ -174,7 +178,7 @@ pub fn check(root: &Path) -> Result<()> {
             "xtask: structure: policy files <= {POLICY_FILE_MAX} lines, evaluate <= {EVALUATE_MAX}, \
              enforce/mod.rs <= {ENFORCE_MOD_MAX}, agent/ files <= {AGENT_FILE_MAX}, {} modules without an import cycle, no two \
              files importing each other, quota/ and grants/ pure, agent/ reporting through the snapshot, \
-             prometheus_client in metrics/ alone, grants combined in {MERGE_FILE} alone, one name a type, tests in their places, one build, functions <= {} lines ({} \
+             prometheus_client in metrics/ alone, grants combined in {MERGE_FILE} alone, every grant source in one shape, one name a type, tests in their places, one build, functions <= {} lines ({} \
              listed exceptions), {copies} pairs of files sharing a copy (budget {}), {}",
             graph.len(),
             functions::FN_MAX,
