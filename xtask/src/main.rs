@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 use gpushare_base::client;
 mod deb;
 mod demo;
+mod fuzzing;
 mod image;
 mod one_build;
 mod structure;
@@ -112,6 +113,7 @@ fn run(cli: Cli) -> Result<()> {
             no_fuzz,
             args,
         } => {
+            step("setup: what this machine lacks (scripts/setup.sh)");
             setup(&root, true)?;
             // Every step runs; failures are collected and reported together at the end, and so
             // is every step that did not run: a skip is never silent.
@@ -166,21 +168,6 @@ fn run(cli: Cli) -> Result<()> {
                     "the demo: it needs root (cgroups, a device node, eBPF); run as root, as CI does",
                 );
             }
-            if no_fuzz {
-                skip("the fuzzing run (--no-fuzz)");
-            } else {
-                step("fuzz (bounded: 15 s per target)");
-                run_step(
-                    "fuzz",
-                    Command::new("bash")
-                        .arg(root.join("fuzz/run.sh"))
-                        .arg("15")
-                        .current_dir(&root)
-                        .status()
-                        .context("running fuzz/run.sh")
-                        .and_then(|s| check(s, "fuzz/run.sh")),
-                );
-            }
             // Before the tests: gpushare-agent/tests/image.rs runs the archive in Docker.
             step("image: release build, the archive built twice (one digest)");
             run_step("image", image::build_checked(&root).map(drop));
@@ -194,6 +181,15 @@ fn run(cli: Cli) -> Result<()> {
                     run_step("the upgrade's base agent", Err(e));
                     None
                 }
+            };
+            let fuzz = if no_fuzz {
+                skip("the fuzzing run (--no-fuzz)");
+                None
+            } else {
+                step("fuzz (bounded: 15 s per target), beside the tests at nice 19");
+                fuzzing::start(&root, 15)
+                    .map_err(|e| run_step("fuzz", Err(e)))
+                    .ok()
             };
             step("tests");
             let mut test = vec!["test", "--no-fail-fast"];
@@ -249,18 +245,11 @@ fn run(cli: Cli) -> Result<()> {
                         .and_then(|s| check(s, &format!("bench {bench}"))),
                 );
             }
-            if failed.is_empty() && skipped.is_empty() {
-                eprintln!("xtask: all checks passed");
-                Ok(())
-            } else if failed.is_empty() {
-                eprintln!(
-                    "xtask: the checks that ran passed; NOT RUN: {}",
-                    skipped.join("; ")
-                );
-                Ok(())
-            } else {
-                bail!("failed: {}", failed.join(", "))
+            if let Some(fuzz) = fuzz {
+                step("fuzz: waiting for the run beside the tests");
+                run_step("fuzz", fuzz.finish());
             }
+            verdict(&failed, &skipped)
         }
         Cmd::Bench => {
             setup(&root, true)?;
@@ -324,8 +313,66 @@ fn build_mocks(root: &Path) -> Result<PathBuf> {
     install_fake_nvml(root)
 }
 
+/// The end of `cargo xtask test`: where the time went, then what failed and what did not run.
+fn verdict(failed: &[String], skipped: &[String]) -> Result<()> {
+    eprintln!("xtask: time by step, longest first: {}", step_times());
+    if failed.is_empty() && skipped.is_empty() {
+        eprintln!("xtask: all checks passed");
+        Ok(())
+    } else if failed.is_empty() {
+        eprintln!(
+            "xtask: the checks that ran passed; NOT RUN: {}",
+            skipped.join("; ")
+        );
+        Ok(())
+    } else {
+        bail!("failed: {}", failed.join(", "))
+    }
+}
+
+/// The steps begun so far, with when: a long run says where its time went (CI's budget is 45
+/// minutes on a 2-core machine).
+static STEPS: std::sync::Mutex<Vec<(String, std::time::Instant)>> =
+    std::sync::Mutex::new(Vec::new());
+
 fn step(name: &str) {
-    eprintln!("xtask: == {name}");
+    let now = std::time::Instant::now();
+    let mut steps = STEPS.lock().unwrap_or_else(|e| e.into_inner());
+    let at = steps
+        .first()
+        .map_or(0, |(_, t0)| now.duration_since(*t0).as_secs());
+    eprintln!("xtask: == {name}   [{}]", minutes(at));
+    steps.push((name.to_string(), now));
+}
+
+/// `12m05s`.
+fn minutes(secs: u64) -> String {
+    format!("{}m{:02}s", secs / 60, secs % 60)
+}
+
+/// Each step's duration (to the next step's start, the last to now), longest first.
+fn step_times() -> String {
+    let steps = STEPS.lock().unwrap_or_else(|e| e.into_inner());
+    times_of(&steps, std::time::Instant::now())
+}
+
+/// What [`step_times`] says of `steps` at `now`.
+fn times_of(steps: &[(String, std::time::Instant)], now: std::time::Instant) -> String {
+    let mut times: Vec<(&str, u64)> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, (name, t))| {
+            let end = steps.get(i + 1).map_or(now, |(_, next)| *next);
+            (name.as_str(), end.duration_since(*t).as_secs())
+        })
+        .collect();
+    times.sort_by_key(|t| std::cmp::Reverse(t.1));
+    let total: u64 = times.iter().map(|(_, s)| s).sum();
+    let each: Vec<String> = times
+        .iter()
+        .map(|(name, s)| format!("{} {name}", minutes(*s)))
+        .collect();
+    format!("{} in all: {}", minutes(total), each.join("; "))
 }
 
 fn is_root() -> bool {
@@ -501,4 +548,27 @@ fn install_fake_nvml_profile(root: &Path, profile: &str) -> Result<PathBuf> {
         check(status, &format!("installing {what}"))?;
     }
     Ok(dir.join("libnvidia-ml.so.1"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::times_of;
+
+    #[test]
+    fn each_step_runs_to_the_next_and_the_longest_comes_first() {
+        let t0 = Instant::now();
+        let at = |s| t0 + Duration::from_secs(s);
+        let steps = vec![
+            ("clippy".to_string(), at(0)),
+            ("build".to_string(), at(65)),
+            ("tests".to_string(), at(70)),
+        ];
+        assert_eq!(
+            times_of(&steps, at(670)),
+            "11m10s in all: 10m00s tests; 1m05s clippy; 0m05s build"
+        );
+        assert_eq!(times_of(&[], at(1)), "0m00s in all: ");
+    }
 }

@@ -21,7 +21,7 @@ pub const EXCEPTIONS: &[(&str, &str, usize)] = &[
     ("gpushare-agent/src/snapshot/publish.rs", "build_at", 324),
     ("xtask/src/demo.rs", "story", 176),
     ("xtask/src/image.rs", "write_archive", 199),
-    ("xtask/src/main.rs", "run", 217),
+    ("xtask/src/main.rs", "run", 205),
     ("gpushare-testkit/src/bin/fake_gpu_proc.rs", "main", 188),
 ];
 
