@@ -85,7 +85,7 @@ pub struct Agent {
     opts: AgentOptions,
     started: Instant,
     workloads: Observer,
-    /// The CUDA context's memory learned per GPU model.
+    /// What the step counted since the start, kept as the snapshot's counters.
     counters: Totals,
     /// How long things took, published with each snapshot.
     timings: Timings,
