@@ -168,15 +168,6 @@ fn run(cli: Cli) -> Result<()> {
                     "the demo: it needs root (cgroups, a device node, eBPF); run as root, as CI does",
                 );
             }
-            let fuzz = if no_fuzz {
-                skip("the fuzzing run (--no-fuzz)");
-                None
-            } else {
-                step("fuzz (15 s per target), in the background at nice 19 until the end");
-                fuzzing::start(&root, 15)
-                    .map_err(|e| run_step("fuzz", Err(e)))
-                    .ok()
-            };
             // Before the tests: gpushare-agent/tests/image.rs runs the archive in Docker.
             step("image: release build, the archive built twice (one digest)");
             run_step("image", image::build_checked(&root).map(drop));
@@ -190,6 +181,15 @@ fn run(cli: Cli) -> Result<()> {
                     run_step("the upgrade's base agent", Err(e));
                     None
                 }
+            };
+            let fuzz = if no_fuzz {
+                skip("the fuzzing run (--no-fuzz)");
+                None
+            } else {
+                step("fuzz (bounded: 15 s per target), beside the tests at nice 19");
+                fuzzing::start(&root, 15)
+                    .map_err(|e| run_step("fuzz", Err(e)))
+                    .ok()
             };
             step("tests");
             let mut test = vec!["test", "--no-fail-fast"];
@@ -246,7 +246,7 @@ fn run(cli: Cli) -> Result<()> {
                 );
             }
             if let Some(fuzz) = fuzz {
-                step("fuzz: waiting for the run beside the other steps");
+                step("fuzz: waiting for the run beside the tests");
                 run_step("fuzz", fuzz.finish());
             }
             verdict(&failed, &skipped)
