@@ -7,12 +7,12 @@
 //! writes to a log of its own, and is waited for after the benches; its output is printed then,
 //! whole, and a failure fails the run as before.
 //!
-//! Measured on a fresh clone on this 2-core machine (`.ci/run`, 2026-12-06): started just before
-//! the tests, the whole run took 2,172 s and waited 7m48s for the fuzzing after the benches
-//! (before, run in its place as a step: ~47 min). Started before the image instead, it took
-//! 2,182 s: the image's release build took 704 s instead of 505 s (the two cores are shared, and
-//! the fat-LTO link left no core idle to speak of), the wait at the end 2m47s. So it starts
-//! before the tests, where it slows no step that is timed on its own.
+//! Measured on fresh clones on this 2-core machine (`.ci/run`, 2026-12-06), all green: started
+//! just before the tests, 2,172 s (7m48s waited for the fuzzing after the benches) and 2,134 s
+//! (2m59s); started before the image, 2,182 s (2m47s). The machine's speed varied between runs
+//! by a third (the image's release build 505, 704 and 702 s, the first and the last with nothing
+//! beside it), more than the placements differ. It starts before the tests, where no step that
+//! is timed on its own shares the CPU with it. (Before, a step of its own: about 47 minutes.)
 
 use std::{
     fs::File,
